@@ -1,0 +1,459 @@
+"""MXNet-compatible RecordIO (`.rec` + `.idx`) without MXNet.
+
+A drop-in for `mxnet.recordio` 1.9.1: the same names, argument order and
+results, and files that are byte-identical to the ones MXNet writes for the
+same calls (the on-disk layout, multi-part records included, is described in
+FORMATS.md section 1). Scripts switch by changing one import::
+
+    from src import recordio  # instead of: from mxnet import recordio
+
+Differences from MXNet, all on inputs MXNet mishandles:
+
+* Truncated or corrupt `.rec`/`.idx` data raises `RecordIOError` (a
+  `ValueError`) naming the file and byte offset (or index line) instead of
+  aborting in C++ or returning a short record.
+* The objects are context managers.
+* Pickling an open writer raises `TypeError` (MXNet would reopen it with 'w'
+  and truncate what was written); pickled readers reopen at the start, as in
+  MXNet.
+* Blank lines in an `.idx` file are skipped.
+
+Extra helpers for the converter and the DALI loader: `read_index`,
+`write_index` and `iter_records`.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+import struct
+from collections import namedtuple
+from collections.abc import Iterable, Iterator
+from typing import Any, BinaryIO
+
+import numpy as np
+
+__all__ = [
+    "IRHeader",
+    "MXIndexedRecordIO",
+    "MXRecordIO",
+    "RecordIOError",
+    "iter_records",
+    "pack",
+    "pack_img",
+    "read_index",
+    "unpack",
+    "unpack_img",
+    "write_index",
+]
+
+_MAGIC = 0xCED7230A
+_MAGIC_BYTES = struct.pack("<I", _MAGIC)
+_PART_HEADER = struct.Struct("<II")
+_LENGTH_MASK = (1 << 29) - 1
+_MAX_RECORD = 1 << 29
+_PADDING = (b"", b"\0\0\0", b"\0\0", b"\0")  # indexed by length % 4
+
+# cflag values of a part: whole record, first, middle and last part of a split record.
+_WHOLE, _FIRST, _MIDDLE, _LAST = 0, 1, 2, 3
+
+# Writes go through a large buffer: records are small and many, syscalls are not free.
+_WRITE_BUFFER = 1 << 20
+
+
+class RecordIOError(ValueError):
+    """A `.rec` or `.idx` file (or a packed record) is truncated or corrupt."""
+
+
+IRHeader = namedtuple("HEADER", ["flag", "label", "id", "id2"])
+IRHeader.__doc__ = """Header of an image record: flag, label, id, id2 (see FORMATS.md)."""
+
+# MXNet uses native 'IfQQ'; on little-endian machines (all MXNet ever shipped for)
+# that is exactly '<IfQQ', which also keeps files portable.
+_IR = struct.Struct("<IfQQ")
+_IR_SIZE = _IR.size
+
+
+def pack(header: Any, s: bytes) -> bytes:
+    """Pack a header (any 4-sequence) and payload into a record, as MXNet does.
+
+    A numeric label is stored in the header with flag=0; any other label is
+    converted to float32, stored after the header, and flag = its length.
+    """
+    header = IRHeader(*header)
+    if isinstance(header.label, numbers.Number):
+        header = header._replace(flag=0)
+    else:
+        label = np.asarray(header.label, dtype=np.float32)
+        header = header._replace(flag=label.size, label=0)
+        s = label.tobytes() + s
+    return _IR.pack(*header) + s
+
+
+def unpack(s: bytes) -> tuple[IRHeader, bytes]:
+    """Split a record into its `IRHeader` and payload (label array decoded when flag > 0)."""
+    if len(s) < _IR_SIZE:
+        raise RecordIOError(f"record of {len(s)} bytes is shorter than the {_IR_SIZE}-byte IRHeader")
+    header = IRHeader(*_IR.unpack(s[:_IR_SIZE]))
+    s = s[_IR_SIZE:]
+    if header.flag > 0:
+        need = header.flag * 4
+        if len(s) < need:
+            raise RecordIOError(
+                f"record header says {header.flag} float32 labels ({need} bytes) "
+                f"but only {len(s)} bytes follow the header"
+            )
+        header = header._replace(label=np.frombuffer(s, np.float32, header.flag))
+        s = s[need:]
+    return header, s
+
+
+def unpack_img(s: bytes, iscolor: int = -1) -> tuple[IRHeader, np.ndarray]:
+    """Unpack a record and decode its payload with OpenCV (`cv2.imdecode(..., iscolor)`)."""
+    import cv2  # lazily: most users of this module never touch pixels
+
+    header, s = unpack(s)
+    img = cv2.imdecode(np.frombuffer(s, dtype=np.uint8), iscolor)
+    return header, img
+
+
+def pack_img(header: Any, img: np.ndarray, quality: int = 95, img_fmt: str = ".jpg") -> bytes:
+    """Encode `img` with OpenCV (JPEG quality / PNG compression = `quality`) and pack it."""
+    import cv2
+
+    encode_params = None
+    if img_fmt.upper() in (".JPG", ".JPEG"):
+        encode_params = [cv2.IMWRITE_JPEG_QUALITY, quality]
+    elif img_fmt.upper() == ".PNG":
+        encode_params = [cv2.IMWRITE_PNG_COMPRESSION, quality]
+    ret, buf = cv2.imencode(img_fmt, img, encode_params)
+    if not ret:
+        raise ValueError(f"OpenCV failed to encode the image as {img_fmt!r}")
+    return pack(header, buf.tobytes())
+
+
+def _encode_record(buf: bytes) -> list[bytes | memoryview]:
+    """The parts, headers and padding that store one record, ready to write in order.
+
+    The payload is cut at every 4-byte-aligned magic word (the word itself is
+    dropped; readers put it back), exactly where dmlc-core's writer cuts it.
+    """
+    length = len(buf)
+    if length >= _MAX_RECORD:
+        raise ValueError(f"RecordIO records must be shorter than 2**29 bytes, got {length}")
+    chunks: list[bytes | memoryview] = []
+    start = 0  # first byte of the current part
+    find = buf.find
+    hit = find(_MAGIC_BYTES)
+    if hit >= 0:
+        view = memoryview(buf)
+        while hit >= 0:
+            if hit & 3:
+                hit = find(_MAGIC_BYTES, hit + 1)
+                continue
+            cflag = _FIRST if start == 0 else _MIDDLE
+            chunks.append(_PART_HEADER.pack(_MAGIC, (cflag << 29) | (hit - start)))
+            if hit != start:
+                chunks.append(view[start:hit])
+            start = hit + 4
+            hit = find(_MAGIC_BYTES, start)
+        tail: bytes | memoryview = view[start:]
+    else:
+        tail = buf
+    cflag = _LAST if start else _WHOLE
+    chunks.append(_PART_HEADER.pack(_MAGIC, (cflag << 29) | (length - start)))
+    if length != start:
+        chunks.append(tail)
+    if length & 3:
+        chunks.append(_PADDING[length & 3])
+    return chunks
+
+
+def _read_record(f: BinaryIO, path: str, offset: int) -> tuple[bytes | None, int]:
+    """Read the record whose first part starts at `offset` (the file's current position).
+
+    Returns (record, offset after it), or (None, offset) at a clean end of file.
+    """
+    parts: list[bytes] = []
+    pos = offset
+    while True:
+        head = f.read(8)
+        if len(head) < 8:
+            if not head and not parts:
+                return None, pos
+            raise RecordIOError(
+                f"{path}: truncated RecordIO part header at byte offset {pos} "
+                f"(record starting at {offset}): {len(head)} of 8 bytes present"
+            )
+        magic, lrec = _PART_HEADER.unpack(head)
+        if magic != _MAGIC:
+            raise RecordIOError(
+                f"{path}: bad magic 0x{magic:08x} at byte offset {pos} "
+                f"(expected 0x{_MAGIC:08x}); not a RecordIO file, a corrupt one, "
+                "or an index offset that is not the start of a record"
+            )
+        cflag = lrec >> 29
+        length = lrec & _LENGTH_MASK
+        if parts and cflag not in (_MIDDLE, _LAST):
+            raise RecordIOError(
+                f"{path}: part at byte offset {pos} has cflag {cflag} inside the multi-part "
+                f"record starting at {offset} (expected 2 or 3)"
+            )
+        if not parts and cflag not in (_WHOLE, _FIRST):
+            raise RecordIOError(
+                f"{path}: part at byte offset {pos} has cflag {cflag} but starts a record "
+                "(expected 0 or 1); corrupt file or an index offset into the middle of a record"
+            )
+        padded = (length + 3) & ~3
+        data = f.read(padded)
+        if len(data) < padded:
+            raise RecordIOError(
+                f"{path}: truncated record at byte offset {pos}: the part declares {length} bytes "
+                f"(+{padded - length} padding) but only {len(data)} remain"
+            )
+        pos += 8 + padded
+        parts.append(data[:length] if padded != length else data)
+        if cflag in (_WHOLE, _LAST):
+            break
+    record = parts[0] if len(parts) == 1 else _MAGIC_BYTES.join(parts)
+    return record, pos
+
+
+class MXRecordIO:
+    """Sequential reader (`flag='r'`) or writer (`flag='w'`, truncates) of a `.rec` file."""
+
+    def __init__(self, uri: str | os.PathLike[str], flag: str) -> None:
+        self.uri = os.fspath(uri)
+        self.flag = flag
+        self.pid: int | None = None
+        self.is_open = False
+        self.writable = False
+        self._file: BinaryIO | None = None
+        self._pos = 0
+        self.open()
+
+    def open(self) -> None:
+        if self.flag == "w":
+            self._file = open(self.uri, "wb", buffering=_WRITE_BUFFER)
+            self.writable = True
+        elif self.flag == "r":
+            self._file = open(self.uri, "rb")
+            self.writable = False
+        else:
+            raise ValueError(f"Invalid flag {self.flag}")
+        self._pos = 0
+        self.pid = os.getpid()
+        self.is_open = True
+
+    def close(self) -> None:
+        if not self.is_open:
+            return
+        assert self._file is not None
+        self._file.close()
+        self._file = None
+        self.is_open = False
+        self.pid = None
+
+    def reset(self) -> None:
+        """Reopen: a reader starts over; a writer, as in MXNet, truncates the file."""
+        self.close()
+        self.open()
+
+    def __enter__(self) -> MXRecordIO:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # A half-built object (open() raised) has no is_open attribute yet.
+        if getattr(self, "is_open", False):
+            self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self.is_open and self.writable:
+            raise TypeError(f"cannot pickle {self.uri} open for writing: reopening it would truncate it")
+        state = dict(self.__dict__)
+        state["_file"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        was_open = self.is_open
+        self.is_open = False
+        if was_open:
+            self.open()
+
+    def _check_pid(self, allow_reset: bool) -> None:
+        # A forked child shares the file offset with its parent; it must reopen.
+        if self.pid != os.getpid():
+            if allow_reset:
+                self.reset()
+            else:
+                raise RuntimeError("Forbidden operation in multiple processes")
+
+    def _require_open(self, writable: bool) -> BinaryIO:
+        if not self.is_open or self._file is None:
+            raise ValueError(f"{self.uri}: RecordIO file is closed")
+        if self.writable != writable:
+            mode = "writing" if self.writable else "reading"
+            raise ValueError(f"{self.uri}: RecordIO file is open for {mode}")
+        return self._file
+
+    def write(self, buf: bytes) -> None:
+        """Append one record (any bytes-like object)."""
+        f = self._require_open(writable=True)
+        self._check_pid(allow_reset=False)
+        if isinstance(buf, str):
+            raise TypeError("MXRecordIO.write takes bytes, not str")
+        if not isinstance(buf, bytes):
+            buf = bytes(buf)
+        chunks = _encode_record(buf)
+        for chunk in chunks:
+            f.write(chunk)
+        self._pos += sum(len(c) for c in chunks)
+
+    def read(self) -> bytes | None:
+        """The next record, or None at the end of the file."""
+        self._require_open(writable=False)
+        self._check_pid(allow_reset=True)
+        f = self._file  # reset() may have reopened it
+        assert f is not None
+        record, self._pos = _read_record(f, self.uri, self._pos)
+        return record
+
+
+class MXIndexedRecordIO(MXRecordIO):
+    """A `.rec` file with a `key\\toffset` `.idx` beside it, for random access by key."""
+
+    def __init__(
+        self,
+        idx_path: str | os.PathLike[str],
+        uri: str | os.PathLike[str],
+        flag: str,
+        key_type: type = int,
+    ) -> None:
+        self.idx_path = os.fspath(idx_path)
+        self.idx: dict[Any, int] = {}
+        self.keys: list[Any] = []
+        self.key_type = key_type
+        self.fidx: Any = None
+        super().__init__(uri, flag)
+
+    def open(self) -> None:
+        super().open()
+        self.idx = {}
+        self.keys = []
+        if self.writable:
+            self.fidx = open(self.idx_path, "w", buffering=_WRITE_BUFFER)
+            return
+        self.fidx = open(self.idx_path)
+        for key, offset in _parse_index(self.fidx, self.idx_path, self.key_type):
+            self.idx[key] = offset
+            self.keys.append(key)
+
+    def close(self) -> None:
+        if not self.is_open:
+            return
+        super().close()
+        self.fidx.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["fidx"] = None
+        return state
+
+    def seek(self, idx: Any) -> None:
+        """Position the reader at the record with key `idx` (KeyError if absent)."""
+        self._require_open(writable=False)
+        self._check_pid(allow_reset=True)
+        f = self._file
+        assert f is not None
+        self._pos = self.idx[idx]
+        f.seek(self._pos)
+
+    def tell(self) -> int:
+        """Byte offset where the writer's next record will start."""
+        self._require_open(writable=True)
+        return self._pos
+
+    def read_idx(self, idx: Any) -> bytes:
+        """The record with key `idx`."""
+        self.seek(idx)
+        record = self.read()
+        if record is None:
+            raise RecordIOError(
+                f"{self.uri}: index {self.idx_path} puts key {idx!r} at byte offset {self.idx[idx]}, "
+                "at or past the end of the file (truncated .rec?)"
+            )
+        return record
+
+    def write_idx(self, idx: Any, buf: bytes) -> None:
+        """Append record `buf` under key `idx`."""
+        key = self.key_type(idx)
+        pos = self.tell()
+        self.write(buf)
+        self.fidx.write(f"{key}\t{pos}\n")
+        self.idx[key] = pos
+        self.keys.append(key)
+
+
+def _parse_index(lines: Iterable[str], path: str, key_type: type = int) -> Iterator[tuple[Any, int]]:
+    lineno = 0
+    try:
+        for lineno, line in enumerate(lines, 1):  # noqa: B007 (used in the error below)
+            fields = line.strip().split("\t")
+            if len(fields) != 2:
+                if not line.strip():
+                    continue
+                fields = line.split()
+                if len(fields) != 2:
+                    raise RecordIOError(
+                        f"{path}: line {lineno}: expected 'key<TAB>offset', got {line.rstrip()[:80]!r}"
+                    )
+            try:
+                key = key_type(fields[0])
+                offset = int(fields[1])
+            except ValueError:
+                raise RecordIOError(
+                    f"{path}: line {lineno}: expected 'key<TAB>offset', got {line.rstrip()[:80]!r}"
+                ) from None
+            if offset < 0:
+                raise RecordIOError(f"{path}: line {lineno}: negative offset {offset}")
+            yield key, offset
+    except UnicodeDecodeError as e:
+        raise RecordIOError(f"{path}: not a text index file (undecodable byte after line {lineno})") from e
+
+
+def read_index(idx_path: str | os.PathLike[str]) -> list[tuple[int, int]]:
+    """The (key, offset) pairs of an `.idx` file, in file order."""
+    path = os.fspath(idx_path)
+    with open(path, encoding="utf-8") as f:
+        return list(_parse_index(f, path))
+
+
+def write_index(idx_path: str | os.PathLike[str], entries: Iterable[tuple[Any, int]]) -> None:
+    """Write (key, offset) pairs as an `.idx` file, atomically (temp name, then rename)."""
+    path = os.fspath(idx_path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8", buffering=_WRITE_BUFFER) as f:
+            f.writelines(f"{key}\t{offset}\n" for key, offset in entries)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def iter_records(uri: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
+    """Every (byte offset, record) of a `.rec` file, in order; raises on any corruption."""
+    path = os.fspath(uri)
+    with open(path, "rb") as f:
+        pos = 0
+        while True:
+            record, end = _read_record(f, path, pos)
+            if record is None:
+                return
+            yield pos, record
+            pos = end

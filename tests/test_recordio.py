@@ -1,0 +1,240 @@
+"""Tests of src/recordio.py: round trips, the multi-part rule, corrupt input, and
+agreement with the real tools (MXNet 1.9.1 as the format oracle, DALI's reader)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+
+import numpy as np
+import pytest
+
+from src import recordio
+from src.recordio import (
+    IRHeader,
+    MXIndexedRecordIO,
+    MXRecordIO,
+    RecordIOError,
+    iter_records,
+    pack,
+    read_index,
+    unpack,
+    write_index,
+)
+
+MAGIC = struct.pack("<I", 0xCED7230A)
+
+# Payloads that exercise every branch of the multi-part rule.
+EDGE_PAYLOADS = [
+    b"",
+    b"a",
+    b"abc",
+    b"abcd",
+    MAGIC,  # a record that is only the magic word: two empty parts
+    MAGIC * 3,
+    b"abcd" + MAGIC + b"ab",  # aligned magic in the middle
+    b"ab" + MAGIC + b"cd",  # unaligned: no split
+    b"x" + MAGIC + b"yyy" + MAGIC,  # one unaligned, one aligned at the end
+    b"abc" + MAGIC,  # magic ending at len, unaligned
+    MAGIC + b"tail",  # aligned magic at offset 0
+    b"\x0a\x23\xd7",  # a prefix of the magic only
+    bytes(range(256)) * 40 + MAGIC + b"z" * 5,
+]
+
+
+def write_records(idx_path, rec_path, records, keys=None):
+    keys = list(range(len(records))) if keys is None else keys
+    with MXIndexedRecordIO(idx_path, rec_path, "w") as w:
+        for key, rec in zip(keys, records):
+            w.write_idx(key, rec)
+    return keys
+
+
+def parts_of(rec_path):
+    """(cflag, length) of every part in a .rec file, walked independently of the reader."""
+    data = open(rec_path, "rb").read()
+    pos, parts = 0, []
+    while pos < len(data):
+        magic, lrec = struct.unpack_from("<II", data, pos)
+        assert magic == 0xCED7230A
+        length = lrec & ((1 << 29) - 1)
+        parts.append((lrec >> 29, length))
+        pos += 8 + ((length + 3) & ~3)
+    assert pos == len(data)
+    return parts
+
+
+# ---------------------------------------------------------------- round trips
+
+
+def test_indexed_round_trip_edge_payloads(tmp_path):
+    idx, rec = tmp_path / "a.idx", tmp_path / "a.rec"
+    keys = write_records(idx, rec, EDGE_PAYLOADS, keys=[k * 7 + 3 for k in range(len(EDGE_PAYLOADS))])
+    r = MXIndexedRecordIO(idx, rec, "r")
+    assert r.keys == keys
+    for key, payload in reversed(list(zip(keys, EDGE_PAYLOADS))):
+        assert r.read_idx(key) == payload
+    r.reset()
+    assert [r.read() for _ in EDGE_PAYLOADS] == EDGE_PAYLOADS
+    assert r.read() is None
+    r.close()
+    assert [rec_ for _, rec_ in iter_records(rec)] == EDGE_PAYLOADS
+    assert [k for k, _ in read_index(idx)] == keys
+
+
+def test_split_points_follow_the_aligned_magic_rule(tmp_path):
+    rec = tmp_path / "a.rec"
+    with MXRecordIO(rec, "w") as w:
+        w.write(b"abcd" + MAGIC + b"ab")  # split at 4
+        w.write(b"ab" + MAGIC + b"cd")  # unaligned: whole
+        w.write(MAGIC)  # empty first and last part
+        w.write(b"abcd" + MAGIC + b"efgh" + MAGIC + b"i")  # first, middle, last
+    assert parts_of(rec) == [(1, 4), (3, 2), (0, 8), (1, 0), (3, 0), (1, 4), (2, 4), (3, 1)]
+
+
+def test_writer_tell_matches_offsets(tmp_path):
+    idx, rec = tmp_path / "a.idx", tmp_path / "a.rec"
+    write_records(idx, rec, EDGE_PAYLOADS)
+    offsets = [off for _, off in read_index(idx)]
+    assert offsets == [off for off, _ in iter_records(rec)]
+    assert os.path.getsize(rec) % 4 == 0
+
+
+def test_pack_unpack_scalar_and_array_labels():
+    h, s = unpack(pack(IRHeader(9, 3.5, 7, 8), b"payload"))
+    assert h == IRHeader(0, 3.5, 7, 8) and s == b"payload"
+    label = np.arange(231, dtype=np.float32) * 1000.0 + 49406
+    packed = pack(IRHeader(0, label, 1, 2), b"img")
+    assert len(packed) == 24 + 231 * 4 + 3
+    h, s = unpack(packed)
+    assert h.flag == 231 and h.id == 1 and h.id2 == 2 and s == b"img"
+    np.testing.assert_array_equal(h.label, label)
+    h, _ = unpack(pack((0, [1, 2], 0, 0), b""))
+    assert h.flag == 2 and h.label.dtype == np.float32
+
+
+def test_pack_img_unpack_img_png_is_lossless():
+    img = np.random.default_rng(0).integers(0, 256, (17, 23, 3), dtype=np.uint8)
+    h, out = recordio.unpack_img(recordio.pack_img(IRHeader(0, 1.0, 5, 0), img, quality=3, img_fmt=".png"))
+    assert h.id == 5
+    np.testing.assert_array_equal(out, img)
+    _, jpg = recordio.unpack_img(recordio.pack_img((0, 0.0, 0, 0), img, quality=95), iscolor=0)
+    assert jpg.shape == (17, 23)
+
+
+def test_pickled_reader_reopens_and_writer_refuses(tmp_path):
+    idx, rec = tmp_path / "a.idx", tmp_path / "a.rec"
+    write_records(idx, rec, [b"one", b"two"])
+    r = MXIndexedRecordIO(idx, rec, "r")
+    r2 = pickle.loads(pickle.dumps(r))
+    assert r2.read_idx(1) == b"two" and r2.keys == [0, 1]
+    with MXRecordIO(tmp_path / "b.rec", "w") as w, pytest.raises(TypeError, match="truncate"):
+        pickle.dumps(w)
+
+
+def test_write_index_is_read_back(tmp_path):
+    entries = [(5, 0), (2, 40), (900, 1 << 40)]
+    write_index(tmp_path / "x.idx", entries)
+    assert read_index(tmp_path / "x.idx") == entries
+    assert os.listdir(tmp_path) == ["x.idx"]
+
+
+# ---------------------------------------------------------------- misuse and corruption
+
+
+def test_invalid_flag_and_wrong_direction(tmp_path):
+    with pytest.raises(ValueError, match="Invalid flag"):
+        MXRecordIO(tmp_path / "a.rec", "a")
+    with MXRecordIO(tmp_path / "a.rec", "w") as w:
+        with pytest.raises(ValueError, match="open for writing"):
+            w.read()
+        with pytest.raises(TypeError):
+            w.write("text")
+    with MXRecordIO(tmp_path / "a.rec", "r") as r, pytest.raises(ValueError, match="open for reading"):
+        r.write(b"x")
+    with pytest.raises(ValueError, match="closed"):
+        r.read()
+
+
+def _valid_file(tmp_path):
+    idx, rec = tmp_path / "a.idx", tmp_path / "a.rec"
+    write_records(idx, rec, [b"first-record", b"abcd" + MAGIC + b"efgh", b"third"])
+    return idx, rec
+
+
+@pytest.mark.parametrize("cut", [3, 8, 12, 27, 30, -1])
+def test_truncated_rec_names_file_and_offset(tmp_path, cut):
+    idx, rec = _valid_file(tmp_path)
+    data = rec.read_bytes()
+    rec.write_bytes(data[:cut])
+    with pytest.raises(RecordIOError, match=r"a\.rec: truncated .* byte offset \d+"):
+        list(iter_records(rec))
+
+
+def test_bad_magic_and_bad_cflag(tmp_path):
+    idx, rec = _valid_file(tmp_path)
+    data = bytearray(rec.read_bytes())
+    second = read_index(idx)[1][1]
+    bad = bytearray(data)
+    bad[second] ^= 0xFF
+    rec.write_bytes(bytes(bad))
+    with pytest.raises(RecordIOError, match=rf"bad magic .* byte offset {second}\b"):
+        list(iter_records(rec))
+    # A middle part where a record should start (e.g. an index offset into a record).
+    bad = bytearray(data)
+    struct.pack_into("<I", bad, 4, (2 << 29) | 12)
+    rec.write_bytes(bytes(bad))
+    with pytest.raises(RecordIOError, match="offset 0 has cflag 2"):
+        MXRecordIO(rec, "r").read()
+    # A new record starting inside a multi-part one.
+    bad = bytearray(data)
+    first_part_len = struct.unpack_from("<I", bad, second + 4)[0] & ((1 << 29) - 1)
+    struct.pack_into("<I", bad, second + 8 + first_part_len + 4, (0 << 29) | 4)
+    rec.write_bytes(bytes(bad))
+    with pytest.raises(RecordIOError, match="inside the multi-part record"):
+        list(iter_records(rec))
+
+
+def test_index_offset_past_end_or_into_a_record(tmp_path):
+    idx, rec = _valid_file(tmp_path)
+    size = os.path.getsize(rec)
+    idx.write_text(f"0\t0\n1\t{size}\n2\t4\n")
+    r = MXIndexedRecordIO(idx, rec, "r")
+    assert r.read_idx(0) == b"first-record"
+    with pytest.raises(RecordIOError, match=rf"key 1 at byte offset {size}"):
+        r.read_idx(1)
+    with pytest.raises(RecordIOError, match="byte offset 4"):
+        r.read_idx(2)
+    with pytest.raises(KeyError):
+        r.read_idx(99)
+
+
+@pytest.mark.parametrize(
+    "text, line",
+    [("0\t0\n1\n", 2), ("0\t0\nx\t8\n", 2), ("0\t-8\n", 1), ("0\t0\t0\n", 1), ("0\t1.5\n", 1)],
+)
+def test_corrupt_index_names_file_and_line(tmp_path, text, line):
+    idx = tmp_path / "bad.idx"
+    idx.write_text(text)
+    with pytest.raises(RecordIOError, match=rf"bad\.idx: line {line}\b"):
+        read_index(idx)
+    (tmp_path / "bad.rec").write_bytes(b"")
+    with pytest.raises(RecordIOError, match=rf"bad\.idx: line {line}\b"):
+        MXIndexedRecordIO(idx, tmp_path / "bad.rec", "r")
+
+
+def test_binary_index_and_blank_lines(tmp_path):
+    idx = tmp_path / "b.idx"
+    idx.write_bytes(b"0\t0\n\xff\xfe\x00\n")
+    with pytest.raises(RecordIOError, match=r"b\.idx: not a text index"):
+        read_index(idx)
+    idx.write_text("0\t0\n\n3 16\n")
+    assert read_index(idx) == [(0, 0), (3, 16)]
+
+
+def test_unpack_short_records():
+    with pytest.raises(RecordIOError, match="shorter than the 24-byte IRHeader"):
+        unpack(b"\0" * 10)
+    with pytest.raises(RecordIOError, match="231 float32 labels"):
+        unpack(pack((0, np.zeros(231), 0, 0), b"")[:100])

@@ -1,0 +1,302 @@
+"""The CLIP byte-pair-encoding tokenizer, id-for-id equal to the reference one.
+
+RWKV-CLIP, ALIP and open_clip all feed their text towers with OpenAI CLIP's BPE
+tokenizer. Token ids end up inside training records, so "close enough" is not good
+enough: `tokenize` must give exactly the ids of open_clip's `tokenize` (same
+ftfy version) for every input, however broken. The equivalence test in
+tests/test_tokenizer.py checks that against the real open_clip on a large corpus.
+
+What makes it faster than the reference, without changing a single id:
+
+* Text cleaning (ftfy) dominates the reference's cost. ftfy and `html.unescape`
+  provably leave a string alone when it is printable ASCII (plus tab/newline/CR/
+  form feed) without '&': there is no entity to unescape, no mojibake, no
+  control character, ligature, wide form or curly quote to fix, and NFC does not
+  touch ASCII; the line-break fix only swaps one whitespace for another, which
+  the whitespace collapse erases anyway. Such text skips ftfy; everything else
+  takes the reference's cleaning path unchanged.
+* No match of the splitting pattern can contain a space, so the cleaned text can
+  be cut at spaces and each piece's ids cached: captions are built from a small
+  vocabulary of words, so most pieces are a dictionary hit.
+* Only the first `context_length - 2` ids of a text can reach the output, so
+  encoding stops there.
+"""
+
+from __future__ import annotations
+
+import gzip
+import html
+import re as std_re
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import ftfy
+import numpy as np
+import regex
+
+if TYPE_CHECKING:
+    import torch
+
+DEFAULT_CONTEXT_LENGTH = 77
+SOT_TOKEN = 49406
+EOT_TOKEN = 49407
+VOCAB_PATH = Path(__file__).with_name("bpe_simple_vocab_16e6.txt.gz")
+
+# The merge list has more lines than CLIP uses; CLIP's vocabulary is 256 bytes,
+# their 256 end-of-word forms, these merges and the 2 special tokens: 49408 ids.
+_NUM_MERGES = 49152 - 256 - 2
+_SPECIAL_TOKENS = ("<start_of_text>", "<end_of_text>")
+_END_OF_WORD = "</w>"
+
+# Characters that could make ftfy or html.unescape change a string (anything
+# non-ASCII, '&', and the control characters ftfy removes or rewrites). Tab, LF,
+# form feed and CR are allowed: the whitespace collapse treats them like spaces.
+_NEEDS_FULL_CLEAN = std_re.compile(r"[^\t\n\f\r -%'-~]")
+
+# Bound on the piece -> ids cache; when full it is emptied (it refills with the
+# frequent words within a few thousand captions).
+_CACHE_LIMIT = 1 << 18
+
+
+def _byte_symbols() -> tuple[list[str], list[str]]:
+    """One printable character per byte value, in CLIP's vocabulary order.
+
+    Bytes that are visible Latin-1 characters stand for themselves; the others
+    (controls, space, soft hyphen, ...) get code points from 256 up, so that BPE
+    never sees whitespace or control characters. The list order is the id order
+    of the first 256 vocabulary entries.
+    """
+    visible = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shown = set(visible)
+    hidden = [b for b in range(256) if b not in shown]
+    byte_order = visible + hidden
+    chars = [chr(b) for b in visible] + [chr(256 + n) for n in range(len(hidden))]
+    by_byte = [""] * 256
+    for byte, char in zip(byte_order, chars):
+        by_byte[byte] = char
+    return chars, by_byte
+
+
+def _reference_clean(text: str) -> str:
+    """The reference's cleaning: ftfy, HTML unescaping (twice), whitespace collapse, lower case."""
+    text = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
+    return " ".join(text.split()).strip().lower()
+
+
+def _clean_words(text: str) -> list[str]:
+    """Cleaned text cut at spaces (see the module docstring for the ASCII shortcut)."""
+    if _NEEDS_FULL_CLEAN.search(text) is None:
+        return text.lower().split()
+    return _reference_clean(text).split(" ")
+
+
+class SimpleTokenizer:
+    """CLIP's BPE tokenizer: `encode`/`decode` between text and vocabulary ids.
+
+    `encode` returns the ids of the cleaned text without start/end tokens, as the
+    reference does; `decode` is the reference's byte-level inverse (special tokens
+    come out as their names). For fixed-length model input use `tokenize` or
+    `tokenize_np`.
+    """
+
+    def __init__(self, bpe_path: str | Path = VOCAB_PATH) -> None:
+        with gzip.open(bpe_path, "rt", encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        # Line 0 is a version header.
+        merges = [tuple(line.split()) for line in lines[1 : _NUM_MERGES + 1]]
+        byte_chars, self._byte_char = _byte_symbols()
+        vocab = byte_chars + [c + _END_OF_WORD for c in byte_chars]
+        vocab += ["".join(m) for m in merges] + list(_SPECIAL_TOKENS)
+        # Built like the reference (later duplicates win) so that ids agree even if
+        # two merges spell the same string.
+        self.encoder: dict[str, int] = dict(zip(vocab, range(len(vocab))))
+        self.decoder: dict[int, str] = dict(enumerate(vocab))
+        self._ranks: dict[tuple[str, ...], int] = dict(zip(merges, range(len(merges))))
+        self._byte_of = {c: b for b, c in enumerate(self._byte_char)}
+        # UTF-8 bytes, seen as Latin-1 code points, translated to BPE symbols.
+        self._to_symbols = {b: c for b, c in enumerate(self._byte_char)}
+        self.sot_token_id = self.encoder[_SPECIAL_TOKENS[0]]
+        self.eot_token_id = self.encoder[_SPECIAL_TOKENS[1]]
+        self.vocab_size = len(vocab)
+        self._special_ids = {t: self.encoder[t] for t in _SPECIAL_TOKENS}
+        self._pattern = regex.compile(
+            "|".join(_SPECIAL_TOKENS) + r"""|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""",
+            regex.IGNORECASE,
+        )
+        self._piece_cache: dict[str, tuple[int, ...]] = {}
+
+    # -- BPE ---------------------------------------------------------------
+    def _merge(self, symbols: str) -> list[str]:
+        """Apply the merges to one pre-token, lowest rank first, until none applies."""
+        parts = list(symbols)
+        parts[-1] += _END_OF_WORD
+        ranks = self._ranks
+        while len(parts) > 1:
+            best_rank = None
+            for pair in zip(parts, parts[1:]):
+                rank = ranks.get(pair)
+                if rank is not None and (best_rank is None or rank < best_rank):
+                    best_rank, best = rank, pair
+            if best_rank is None:
+                break
+            left, right = best
+            merged: list[str] = []
+            i, last = 0, len(parts) - 1
+            while i <= last:
+                if i < last and parts[i] == left and parts[i + 1] == right:
+                    merged.append(left + right)
+                    i += 2
+                else:
+                    merged.append(parts[i])
+                    i += 1
+            parts = merged
+        return parts
+
+    def _piece_ids(self, piece: str) -> tuple[int, ...]:
+        """Ids of a space-free stretch of cleaned text."""
+        ids: list[int] = []
+        for token in self._pattern.findall(piece):
+            special = self._special_ids.get(token)
+            if special is not None:
+                ids.append(special)
+                continue
+            symbols = token.encode("utf-8").decode("latin-1").translate(self._to_symbols)
+            ids.extend(self.encoder[s] for s in self._merge(symbols))
+        return tuple(ids)
+
+    def _ids_of_words(self, words: list[str], limit: int | None) -> list[int]:
+        cache = self._piece_cache
+        ids: list[int] = []
+        for word in words:
+            found = cache.get(word)
+            if found is None:
+                found = self._piece_ids(word)
+                if len(cache) >= _CACHE_LIMIT:
+                    cache.clear()
+                cache[word] = found
+            ids.extend(found)
+            if limit is not None and len(ids) >= limit:
+                del ids[limit:]
+                break
+        return ids
+
+    # -- public ------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Vocabulary ids of `text` after CLIP's cleaning, without start/end tokens."""
+        _check_text(text, "text")
+        return self._ids_of_words(_clean_words(text), None)
+
+    def decode(self, tokens: Iterable[int]) -> str:
+        """Text of `tokens`, byte-level; end-of-word marks become spaces, as in the reference."""
+        try:
+            symbols = "".join(self.decoder[int(t)] for t in tokens)
+        except KeyError as e:
+            raise ValueError(f"token id {e.args[0]} is not in the vocabulary (0..{self.vocab_size - 1})") from None
+        # Special tokens' names are plain ASCII, which maps to itself.
+        data = bytes(self._byte_of[c] for c in symbols)
+        return data.decode("utf-8", errors="replace").replace(_END_OF_WORD, " ")
+
+    def tokenize_np(self, texts: str | Iterable[str], context_length: int = DEFAULT_CONTEXT_LENGTH) -> np.ndarray:
+        """int64 array [N, context_length]: start, ids, end, zero padding; see `tokenize_np`."""
+        batch = _as_batch(texts)
+        context_length = _check_context_length(context_length)
+        out = np.zeros((len(batch), context_length), dtype=np.int64)
+        if context_length == 1:
+            # The reference keeps the first token and overwrites it with the end token.
+            _check_texts(batch)
+            out[:, 0] = self.eot_token_id
+            return out
+        keep = context_length - 2
+        sot, eot = self.sot_token_id, self.eot_token_id
+        for row, text in enumerate(batch):
+            _check_text(text, f"texts[{row}]")
+            ids = self._ids_of_words(_clean_words(text), keep)
+            ids.insert(0, sot)
+            ids.append(eot)
+            out[row, : len(ids)] = ids
+        return out
+
+    def __call__(self, texts: str | Iterable[str], context_length: int = DEFAULT_CONTEXT_LENGTH) -> torch.Tensor:
+        import torch
+
+        return torch.from_numpy(self.tokenize_np(texts, context_length))
+
+
+def _check_text(text: Any, name: str) -> None:
+    if not isinstance(text, str):
+        hint = " (decode bytes to str first)" if isinstance(text, (bytes, bytearray)) else ""
+        raise TypeError(f"{name} must be str, got {type(text).__name__}{hint}")
+
+
+def _check_texts(batch: list[Any]) -> None:
+    for row, text in enumerate(batch):
+        _check_text(text, f"texts[{row}]")
+
+
+def _as_batch(texts: Any) -> list[Any]:
+    if isinstance(texts, str):
+        return [texts]
+    if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Iterable):
+        raise TypeError(f"texts must be a str or a sequence of str, got {type(texts).__name__}")
+    return list(texts)
+
+
+def _check_context_length(context_length: Any) -> int:
+    if isinstance(context_length, bool) or not isinstance(context_length, (int, np.integer)):
+        raise TypeError(f"context_length must be an int, got {type(context_length).__name__}")
+    if context_length < 1:
+        raise ValueError(f"context_length must be at least 1, got {context_length}")
+    return int(context_length)
+
+
+@lru_cache(maxsize=1)
+def _default_tokenizer() -> SimpleTokenizer:
+    return SimpleTokenizer()
+
+
+def tokenize_np(texts: str | Iterable[str], context_length: int = DEFAULT_CONTEXT_LENGTH) -> np.ndarray:
+    """CLIP token ids as a numpy int64 array [N, context_length] (a str gives N=1).
+
+    Each row is the start token 49406, the text's ids, the end token 49407 and
+    zero padding. Texts longer than the context keep their first
+    `context_length - 1` tokens with the last replaced by the end token, as in
+    CLIP. Values equal `tokenize`; this variant does not import torch, for data
+    workers. Raises TypeError for non-str input.
+    """
+    return _default_tokenizer().tokenize_np(texts, context_length)
+
+
+def tokenize(texts: str | Iterable[str], context_length: int = DEFAULT_CONTEXT_LENGTH) -> torch.Tensor:
+    """CLIP token ids as a torch.LongTensor [N, context_length]; see `tokenize_np`."""
+    import torch
+
+    return torch.from_numpy(tokenize_np(texts, context_length))
+
+
+def decode(ids: Any) -> str:
+    """Text of one row of token ids (list, numpy array or tensor).
+
+    Skips the start token, stops at the first end token (so padding is ignored)
+    and trims the space the last end-of-word mark leaves.
+    """
+    if hasattr(ids, "detach"):
+        ids = ids.detach().cpu().numpy()
+    row = np.asarray(ids)
+    if row.ndim == 2 and row.shape[0] == 1:
+        row = row[0]
+    if row.ndim != 1:
+        raise ValueError(f"decode() takes one row of ids, got shape {tuple(row.shape)}; decode rows one by one")
+    if row.size and not np.issubdtype(row.dtype, np.integer):
+        if not np.all(np.equal(np.mod(row, 1), 0)):
+            raise ValueError("decode() takes integer token ids")
+        row = row.astype(np.int64)
+    tok = _default_tokenizer()
+    kept: list[int] = []
+    for t in row.tolist():
+        if t == tok.eot_token_id:
+            break
+        if t != tok.sot_token_id:
+            kept.append(t)
+    return tok.decode(kept).strip()

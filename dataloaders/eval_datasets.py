@@ -1,0 +1,542 @@
+"""Readers for the evaluation datasets users keep on disk, and the evaluation preprocessing.
+
+Every reader returns a plain description of the data (image sources plus labels or captions)
+so that evaluation code does not care which on-disk layout it came from:
+
+- `read_image_folder`    ImageFolder tree (one sub-folder per class) + optional class-name file
+- `read_imagenet_val`    ImageNet validation folder (synset sub-folders, or flat + LOC_val_solution.csv)
+- `read_cifar`           CIFAR-10 / CIFAR-100 python pickle batches
+- `read_karpathy`        Karpathy-split JSON (dataset_coco.json, dataset_flickr30k.json) + image folder
+- `read_manifest`        CSV/TSV/JSONL manifest (image column + label column, or caption columns)
+
+Preprocessing follows the original evaluation (open_clip's eval transform): resize the shorter side
+to the input size with bicubic interpolation, centre crop, CLIP mean/std normalisation. The "pil"
+path reproduces it exactly on CPU; the "device" path does the resize/crop/normalise with torch on
+the accelerator (antialiased bicubic, rounded to uint8 like PIL) so decoding is the only CPU work.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+import torch
+from PIL import Image
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
+
+# An image is either a file on disk or an in-memory HWC uint8 array (CIFAR).
+ImageSource = Union[Path, np.ndarray]
+
+
+class EvalDataError(ValueError):
+    """A dataset on disk is missing, malformed or ambiguous; the message says what to fix."""
+
+
+@dataclass
+class ClassificationData:
+    name: str
+    images: list[ImageSource]
+    labels: list[int]
+    classnames: list[str]
+
+    def __post_init__(self) -> None:
+        if not self.images:
+            raise EvalDataError(f"dataset {self.name!r}: no images found")
+        if len(self.images) != len(self.labels):
+            raise EvalDataError(f"dataset {self.name!r}: {len(self.images)} images but {len(self.labels)} labels")
+
+
+@dataclass
+class RetrievalData:
+    name: str
+    images: list[ImageSource]
+    captions: list[str]
+    # caption_image[j] is the index in `images` of the image caption j describes
+    caption_image: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.images or not self.captions:
+            raise EvalDataError(f"dataset {self.name!r}: no images or no captions found")
+        if len(self.captions) != len(self.caption_image):
+            raise EvalDataError(f"dataset {self.name!r}: captions and caption_image differ in length")
+
+
+# ---------------------------------------------------------------------------------------------
+# path safety
+
+
+def _inside(root: Path, relative: str, what: str) -> Path:
+    """Resolve `relative` under `root`, refusing names that escape it (``..``, absolute paths)."""
+    if not relative or "\\" in relative or Path(relative).is_absolute():
+        raise EvalDataError(f"{what}: refusing image path {relative!r} (must be relative to {root})")
+    root_resolved = root.resolve()
+    candidate = (root / relative).resolve()
+    if candidate != root_resolved and root_resolved not in candidate.parents:
+        raise EvalDataError(f"{what}: refusing image path {relative!r}, it escapes {root}")
+    return candidate
+
+
+def _require_dir(path: Path, what: str) -> Path:
+    if not path.is_dir():
+        raise EvalDataError(f"{what}: folder {path} does not exist; pass the folder that holds the data")
+    return path
+
+
+def _is_image(path: Path) -> bool:
+    return path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file()
+
+
+def _pretty(folder_name: str) -> str:
+    return folder_name.replace("_", " ").strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# classification readers
+
+
+def read_classnames_file(path: Path, folders: Sequence[str] | None = None) -> list[str]:
+    """Class names from a file: JSON list, JSON {folder: name}, or text.
+
+    Text files hold either one name per line (in class-index order, i.e. sorted folder order for
+    an ImageFolder tree) or ``folder<TAB>name`` / ``folder name...`` lines keyed by folder name
+    (ImageNet's LOC_synset_mapping.txt has that shape).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise EvalDataError(f"class-name file {path} does not exist")
+    if path.suffix.lower() == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and "classnames" in data:
+            data = data["classnames"]
+        if isinstance(data, dict):
+            if folders is None:
+                raise EvalDataError(f"class-name file {path}: a folder->name mapping needs a folder tree")
+            missing = [f for f in folders if f not in data]
+            if missing:
+                raise EvalDataError(f"class-name file {path}: no name for folders {missing[:5]}")
+            return [str(data[f]) for f in folders]
+        if isinstance(data, list):
+            names = [str(x) for x in data]
+        else:
+            raise EvalDataError(f"class-name file {path}: expected a JSON list or object")
+    else:
+        lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        if folders is not None and lines:
+            keyed = {}
+            for ln in lines:
+                key, _, rest = ln.replace("\t", " ").partition(" ")
+                keyed[key] = rest.strip()
+            if set(folders) <= set(keyed) and all(keyed[f] for f in folders):
+                return [keyed[f] for f in folders]
+        names = lines
+    if folders is not None and len(names) != len(folders):
+        raise EvalDataError(
+            f"class-name file {path}: {len(names)} names for {len(folders)} class folders; "
+            "give one name per class folder (sorted folder order) or folder<TAB>name lines"
+        )
+    return names
+
+
+def read_image_folder(
+    root: Path | str, classnames: Sequence[str] | Path | str | None = None, name: str | None = None
+) -> ClassificationData:
+    """An ImageFolder tree: ``root/<class>/<image>``; class index = sorted folder order."""
+    root = _require_dir(Path(root), "image folder")
+    folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not folders:
+        raise EvalDataError(f"image folder {root}: no class sub-folders; expected root/<class>/<image> files")
+    if classnames is None:
+        names = [_pretty(f) for f in folders]
+    elif isinstance(classnames, (str, Path)):
+        names = read_classnames_file(Path(classnames), folders)
+    else:
+        names = list(classnames)
+        if len(names) != len(folders):
+            raise EvalDataError(f"image folder {root}: {len(names)} class names for {len(folders)} class folders")
+    images: list[ImageSource] = []
+    labels: list[int] = []
+    for index, folder in enumerate(folders):
+        for path in sorted((root / folder).rglob("*")):
+            if _is_image(path):
+                images.append(path)
+                labels.append(index)
+    return ClassificationData(name or root.name, images, labels, names)
+
+
+def read_imagenet_val(
+    root: Path | str, classnames: Sequence[str], name: str = "imagenet1k", solution_csv: Path | None = None
+) -> ClassificationData:
+    """ImageNet-1k validation images.
+
+    Two layouts are common: 1000 synset sub-folders (``n01440764/...``; sorted synset order is the
+    standard class index), or a flat folder of ``ILSVRC2012_val_*.JPEG`` with Kaggle's
+    ``LOC_val_solution.csv`` (``ImageId,PredictionString`` whose first word is the synset) next to
+    it or in its parent.
+    """
+    root = _require_dir(Path(root), "imagenet val")
+    synset_dirs = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("n"))
+    if synset_dirs:
+        if len(synset_dirs) != len(classnames):
+            raise EvalDataError(
+                f"imagenet val {root}: {len(synset_dirs)} synset folders, expected {len(classnames)}"
+            )
+        return read_image_folder(root, list(classnames), name=name)
+    candidates = [solution_csv] if solution_csv else [root / "LOC_val_solution.csv", root.parent / "LOC_val_solution.csv"]
+    csv_path = next((p for p in candidates if p is not None and p.is_file()), None)
+    if csv_path is None:
+        raise EvalDataError(
+            f"imagenet val {root}: neither synset sub-folders nor LOC_val_solution.csv found; "
+            "sort the images into synset folders or put LOC_val_solution.csv beside them"
+        )
+    with open(csv_path, newline="", encoding="utf-8") as f:
+        rows = [(r["ImageId"], r["PredictionString"].split()[0]) for r in csv.DictReader(f)]
+    synsets = sorted({s for _, s in rows})
+    if len(synsets) != len(classnames):
+        raise EvalDataError(f"{csv_path}: {len(synsets)} synsets, expected {len(classnames)}")
+    index = {s: i for i, s in enumerate(synsets)}
+    images: list[ImageSource] = []
+    labels: list[int] = []
+    for image_id, synset in sorted(rows):
+        matches = [root / f"{image_id}{ext}" for ext in (".JPEG", ".jpeg", ".jpg", ".png")]
+        path = next((p for p in matches if p.is_file()), None)
+        if path is None:
+            raise EvalDataError(f"imagenet val {root}: image {image_id} listed in {csv_path.name} is missing")
+        images.append(path)
+        labels.append(index[synset])
+    return ClassificationData(name, images, labels, list(classnames))
+
+
+def _unpickle(path: Path) -> dict:
+    if not path.is_file():
+        raise EvalDataError(f"CIFAR file {path} does not exist; pass the extracted cifar-*-python folder")
+    with open(path, "rb") as f:
+        # CIFAR's own format is a pickle; only open files the user downloaded from the CIFAR site.
+        return pickle.load(f, encoding="bytes")
+
+
+def read_cifar(root: Path | str, variant: str = "cifar10", split: str = "test") -> ClassificationData:
+    """CIFAR-10 (``cifar-10-batches-py``) or CIFAR-100 (``cifar-100-python``) pickles."""
+    root = _require_dir(Path(root), variant)
+    if variant == "cifar10":
+        files = ["test_batch"] if split == "test" else [f"data_batch_{i}" for i in range(1, 6)]
+        meta, names_key, labels_key = _unpickle(root / "batches.meta"), b"label_names", b"labels"
+    elif variant == "cifar100":
+        files = ["test" if split == "test" else "train"]
+        meta, names_key, labels_key = _unpickle(root / "meta"), b"fine_label_names", b"fine_labels"
+    else:
+        raise EvalDataError(f"unknown CIFAR variant {variant!r}; use cifar10 or cifar100")
+    names = [_pretty(n.decode()) for n in meta[names_key]]
+    images: list[ImageSource] = []
+    labels: list[int] = []
+    for file in files:
+        batch = _unpickle(root / file)
+        data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        images.extend(np.ascontiguousarray(img) for img in data)
+        labels.extend(int(x) for x in batch[labels_key])
+    return ClassificationData(variant, images, labels, names)
+
+
+# ---------------------------------------------------------------------------------------------
+# retrieval readers
+
+
+def find_karpathy_json(folder: Path) -> Path:
+    found = sorted(folder.glob("dataset_*.json"))
+    if len(found) != 1:
+        raise EvalDataError(
+            f"{folder}: expected exactly one Karpathy split file dataset_*.json, found {len(found)}; "
+            "pass the JSON file itself"
+        )
+    return found[0]
+
+
+def read_karpathy(
+    json_path: Path | str,
+    image_root: Path | str | None = None,
+    split: str = "test",
+    captions_per_image: int | None = 5,
+    name: str | None = None,
+) -> RetrievalData:
+    """Karpathy-split JSON: ``{"images": [{"filename", "filepath"?, "split", "sentences": [{"raw"}]}]}``.
+
+    COCO entries carry ``filepath`` (``val2014``); Flickr30k ones do not, and the images usually
+    sit in ``flickr30k-images/``: both are looked up under `image_root` (default: the JSON's folder).
+    The standard test protocol keeps the first five captions of each image.
+    """
+    json_path = Path(json_path)
+    if json_path.is_dir():
+        json_path = find_karpathy_json(json_path)
+    if not json_path.is_file():
+        raise EvalDataError(f"Karpathy split file {json_path} does not exist")
+    root = Path(image_root) if image_root is not None else json_path.parent
+    try:
+        entries = json.loads(json_path.read_text(encoding="utf-8"))["images"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise EvalDataError(f"{json_path}: not a Karpathy split file ({exc})") from None
+    images: list[ImageSource] = []
+    captions: list[str] = []
+    caption_image: list[int] = []
+    for entry in entries:
+        if entry.get("split") != split:
+            continue
+        relative = "/".join(p for p in (entry.get("filepath"), entry["filename"]) if p)
+        path = _inside(root, relative, str(json_path))
+        if not path.is_file():
+            for sub in ("flickr30k-images", "images"):
+                alt = _inside(root, f"{sub}/{relative}", str(json_path))
+                if alt.is_file():
+                    path = alt
+                    break
+            else:
+                raise EvalDataError(f"{json_path}: image {relative} not found under {root}; pass --image-root")
+        sentences = [s["raw"].strip() for s in entry["sentences"]]
+        if captions_per_image:
+            sentences = sentences[:captions_per_image]
+        index = len(images)
+        images.append(path)
+        captions.extend(sentences)
+        caption_image.extend([index] * len(sentences))
+    if not images:
+        raise EvalDataError(f"{json_path}: no images in split {split!r}")
+    return RetrievalData(name or json_path.stem.removeprefix("dataset_"), images, captions, caption_image)
+
+
+# ---------------------------------------------------------------------------------------------
+# manifests
+
+_IMAGE_COLUMNS = ("image", "filepath", "image_path", "path", "file", "filename", "url")
+_LABEL_COLUMNS = ("label", "class", "target", "classname")
+_CAPTION_PREFIXES = ("caption", "text", "title", "sentence")
+
+
+def _read_rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise EvalDataError(f"manifest {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        rows = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    raise EvalDataError(f"manifest {path}: line {n} is not JSON") from None
+        return rows
+    if suffix in (".csv", ".tsv"):
+        with open(path, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
+    raise EvalDataError(f"manifest {path}: unknown type {suffix!r}; use .csv, .tsv or .jsonl")
+
+
+def _pick(columns: Sequence[str], wanted: str | None, defaults: Sequence[str], path: Path, what: str) -> str:
+    if wanted:
+        if wanted not in columns:
+            raise EvalDataError(f"manifest {path}: no column {wanted!r} (columns: {', '.join(columns)})")
+        return wanted
+    for c in defaults:
+        if c in columns:
+            return c
+    raise EvalDataError(f"manifest {path}: no {what} column among {', '.join(columns)}; name it explicitly")
+
+
+def _manifest_image(root: Path, value: str, path: Path) -> Path:
+    # Absolute paths are the user's explicit choice; relative ones must stay under the manifest's folder.
+    image = Path(value) if Path(value).is_absolute() else _inside(root, value, f"manifest {path}")
+    if not image.is_file():
+        raise EvalDataError(f"manifest {path}: image {value} not found")
+    return image
+
+
+def read_manifest_classification(
+    path: Path | str,
+    classnames: Sequence[str] | None = None,
+    image_column: str | None = None,
+    label_column: str | None = None,
+    name: str | None = None,
+) -> ClassificationData:
+    """Manifest rows ``image,label``: the label is a class index or a class name."""
+    path = Path(path)
+    rows = _read_rows(path)
+    if not rows:
+        raise EvalDataError(f"manifest {path}: no rows")
+    columns = list(rows[0].keys())
+    image_col = _pick(columns, image_column, _IMAGE_COLUMNS, path, "image")
+    label_col = _pick(columns, label_column, _LABEL_COLUMNS, path, "label")
+    raw = [str(r[label_col]).strip() for r in rows]
+    names = list(classnames) if classnames is not None else None
+    if all(v.lstrip("-").isdigit() for v in raw):
+        labels = [int(v) for v in raw]
+        if names is None:
+            names = [str(i) for i in range(max(labels) + 1)]
+    else:
+        if names is None:
+            names = sorted(set(raw))
+        lookup = {n: i for i, n in enumerate(names)}
+        unknown = sorted(set(raw) - set(lookup))
+        if unknown:
+            raise EvalDataError(f"manifest {path}: labels {unknown[:5]} are not among the class names")
+        labels = [lookup[v] for v in raw]
+    if min(labels) < 0 or max(labels) >= len(names):
+        raise EvalDataError(f"manifest {path}: label index outside 0..{len(names) - 1}")
+    images: list[ImageSource] = [_manifest_image(path.parent, str(r[image_col]), path) for r in rows]
+    return ClassificationData(name or path.stem, images, labels, names)
+
+
+def read_manifest_retrieval(
+    path: Path | str,
+    image_column: str | None = None,
+    caption_columns: Sequence[str] | None = None,
+    name: str | None = None,
+) -> RetrievalData:
+    """Manifest rows with an image and one or more captions (caption columns, or a list in JSONL)."""
+    path = Path(path)
+    rows = _read_rows(path)
+    if not rows:
+        raise EvalDataError(f"manifest {path}: no rows")
+    columns = list(rows[0].keys())
+    image_col = _pick(columns, image_column, _IMAGE_COLUMNS, path, "image")
+    if caption_columns:
+        caption_cols = [_pick(columns, c, (), path, "caption") for c in caption_columns]
+    else:
+        caption_cols = [c for c in columns if c.lower().startswith(_CAPTION_PREFIXES)]
+        if not caption_cols:
+            raise EvalDataError(f"manifest {path}: no caption column (caption*, text*); name them explicitly")
+    images: list[ImageSource] = []
+    captions: list[str] = []
+    caption_image: list[int] = []
+    for row in rows:
+        index = len(images)
+        images.append(_manifest_image(path.parent, str(row[image_col]), path))
+        for col in caption_cols:
+            value = row.get(col)
+            for text in value if isinstance(value, list) else [value]:
+                if text is not None and str(text).strip():
+                    captions.append(str(text).strip())
+                    caption_image.append(index)
+    return RetrievalData(name or path.stem, images, captions, caption_image)
+
+
+# ---------------------------------------------------------------------------------------------
+# preprocessing
+
+
+def load_rgb(source: ImageSource) -> Image.Image:
+    if isinstance(source, np.ndarray):
+        return Image.fromarray(source, "RGB")
+    try:
+        with Image.open(source) as img:
+            return img.convert("RGB")
+    except OSError as exc:
+        raise EvalDataError(f"cannot read image {source}: {exc}") from None
+
+
+def _resized_size(width: int, height: int, size: int) -> tuple[int, int]:
+    # torchvision's Resize(int): the shorter side becomes `size`, the longer one is truncated.
+    if width <= height:
+        return size, int(size * height / width)
+    return int(size * width / height), size
+
+
+def _crop_box(width: int, height: int, size: int) -> tuple[int, int]:
+    return int(round((height - size) / 2.0)), int(round((width - size) / 2.0))
+
+
+def _normalise(chw_float01: torch.Tensor) -> torch.Tensor:
+    mean = torch.tensor(CLIP_MEAN, dtype=chw_float01.dtype, device=chw_float01.device).view(-1, 1, 1)
+    std = torch.tensor(CLIP_STD, dtype=chw_float01.dtype, device=chw_float01.device).view(-1, 1, 1)
+    return (chw_float01 - mean) / std
+
+
+def preprocess_pil(img: Image.Image, size: int) -> torch.Tensor:
+    """Bicubic shorter-side resize, centre crop, CLIP normalisation; float32 [3, size, size]."""
+    img = img.convert("RGB")
+    w, h = img.size
+    nw, nh = _resized_size(w, h, size)
+    if (nw, nh) != (w, h):
+        img = img.resize((nw, nh), Image.BICUBIC)
+    top, left = _crop_box(nw, nh, size)
+    if top < 0 or left < 0:
+        raise EvalDataError("image smaller than the crop after resizing")  # cannot happen for size>0
+    img = img.crop((left, top, left + size, top + size))
+    array = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+    return _normalise(array.float() / 255.0)
+
+
+def preprocess_tensor(image: torch.Tensor, size: int) -> torch.Tensor:
+    """The same transform on a uint8 [3, H, W] tensor, on whatever device it lives on."""
+    _, h, w = image.shape
+    nw, nh = _resized_size(w, h, size)
+    x = image.unsqueeze(0).float()
+    if (nw, nh) != (w, h):
+        x = torch.nn.functional.interpolate(
+            x, size=(nh, nw), mode="bicubic", align_corners=False, antialias=True
+        )
+        # PIL hands back uint8: round and clip so both paths see the same quantised pixels
+        x = x.round().clamp(0, 255)
+    top, left = _crop_box(nw, nh, size)
+    x = x[0, :, top : top + size, left : left + size]
+    return _normalise(x / 255.0)
+
+
+class ImageDataset(torch.utils.data.Dataset):
+    """Images (+ optional integer labels). With `size`, items are preprocessed on CPU (PIL);
+    without, items are uint8 [3, H, W] tensors for `preprocess_batch` on the device."""
+
+    def __init__(self, images: Sequence[ImageSource], labels: Sequence[int] | None = None, size: int | None = None):
+        self.images = list(images)
+        self.labels = list(labels) if labels is not None else [-1] * len(self.images)
+        self.size = size
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        img = load_rgb(self.images[index])
+        if self.size is not None:
+            return preprocess_pil(img, self.size), self.labels[index]
+        array = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+        return array, self.labels[index]
+
+
+def _collate_raw(batch: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    return [b[0] for b in batch], torch.tensor([b[1] for b in batch], dtype=torch.long)
+
+
+def make_loader(
+    images: Sequence[ImageSource],
+    labels: Sequence[int] | None,
+    input_size: int,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    workers: int = 0,
+) -> torch.utils.data.DataLoader:
+    """Loader of (images, labels). On CUDA it yields raw uint8 tensors for `preprocess_batch`."""
+    on_device = torch.device(device).type == "cuda"
+    dataset = ImageDataset(images, labels, size=None if on_device else input_size)
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=workers,
+        collate_fn=_collate_raw if on_device else None,
+        pin_memory=on_device,
+    )
+
+
+def preprocess_batch(
+    batch: torch.Tensor | list[torch.Tensor], input_size: int, device: torch.device | str
+) -> torch.Tensor:
+    """Turn one loader batch into a normalised float [B, 3, S, S] tensor on `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    return torch.stack([preprocess_tensor(img.to(device, non_blocking=True), input_size) for img in batch])
+

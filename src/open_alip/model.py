@@ -1,0 +1,287 @@
+"""RWKV-CLIP: the two towers, model configs and checkpoint loading.
+
+    model = create_model("RWKV_CLIP_B32", pretrained="RWKV-CLIP-B32-YFCC15M.pt")
+    image_emb, text_emb, logit_scale = model(images, tokens)
+
+Embeddings come back unnormalised and `logit_scale` is already exponentiated, as in
+the original; callers normalise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .rwkv6 import TimeMix
+from .text_rwkv import TextRWKV
+from .vision_rwkv import VisionRWKV
+from .wkv import IMPLEMENTATIONS
+
+CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
+
+# Keys every model config must give (they fix tensor shapes).
+REQUIRED_KEYS = (
+    "input_size",
+    "image_depth",
+    "image_embed_dims",
+    "image_patch_size",
+    "image_hidden_rate",
+    "image_num_heads",
+    "ctx_len",
+    "vocab_size",
+    "head_size",
+    "n_layer",
+    "n_embd",
+)
+# Optional keys with the released models' values; 0 for dim_att / dim_ffn means "derive".
+DEFAULTS: dict[str, Any] = {
+    "image_output_cls_token": False,
+    "image_with_cls_token": False,
+    "drop_path_rate": 0.0,
+    "head_size_divisor": 8,
+    "dim_att": 0,
+    "dim_ffn": 0,
+    "text_num_head": 0,
+    "pos_emb": 0,
+    "head_qk": 0,
+    "tiny_att_dim": 0,
+    "tiny_att_layer": -999,
+    "dropout": 0.0,
+    "with_cp": False,
+    "precision": "bf16",
+    "text_initialization": True,
+    "workers": 10,
+    "data_type": "utf-8",
+}
+
+
+class CheckpointMismatchError(RuntimeError):
+    """A checkpoint whose tensors do not fit the model (names the offending keys)."""
+
+
+def list_models() -> list[str]:
+    """Names of the shipped model configs (usable with `get_model_config`/`create_model`)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+
+
+def _read_config(source: str | os.PathLike) -> dict[str, Any]:
+    name = str(source)
+    path = CONFIG_DIR / f"{name}.json" if name in list_models() else Path(name)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"model config {name!r} is neither a shipped model ({', '.join(list_models())}) nor a JSON file"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"model config {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"model config {path} must hold a JSON object")
+    return data
+
+
+def get_model_config(config: str | os.PathLike | Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
+    """Resolve a shipped name, a JSON path or a dict into a complete config dict.
+
+    Missing optional keys take the released defaults; `dim_att` and `dim_ffn` given
+    as 0 are derived (n_embd and int(n_embd * 3.5 // 32 * 32)); `overrides` replace
+    values (unknown override keys are an error, to catch typos).
+    """
+    cfg = dict(config) if isinstance(config, Mapping) else _read_config(config)
+    known = set(REQUIRED_KEYS) | set(DEFAULTS)
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown model config key(s) {unknown}; known keys: {sorted(known)}")
+    cfg.update(overrides)
+    missing = [k for k in REQUIRED_KEYS if k not in cfg]
+    if missing:
+        raise ValueError(f"model config lacks required key(s) {missing}")
+    for key, value in DEFAULTS.items():
+        cfg.setdefault(key, value)
+    if not cfg["dim_att"]:
+        cfg["dim_att"] = cfg["n_embd"]
+    if not cfg["dim_ffn"]:
+        cfg["dim_ffn"] = int((cfg["n_embd"] * 3.5) // 32 * 32)
+    # Features of the original code base that the released models never use.
+    if cfg["head_qk"] or cfg["tiny_att_dim"] > 0 or cfg["pos_emb"]:
+        raise ValueError("head_qk, tiny_att_dim and pos_emb are not supported (the released models use 0)")
+    # The original enables the cls token only for the *string* "True", which a JSON
+    # bool never equals: the released models have none. Mirror that for bools.
+    if cfg["image_with_cls_token"] == "True":
+        raise ValueError("image_with_cls_token 'True' (a cls token) is not supported; the released models use none")
+    cfg["image_with_cls_token"] = False
+    return cfg
+
+
+class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for users' scripts
+    """Image and text RWKV towers plus a learnable temperature."""
+
+    def __init__(self, config: Mapping[str, Any]):
+        super().__init__()
+        cfg = get_model_config(config)
+        self.config = cfg
+        # Registration order fixes the state_dict order: logit_scale, text_model, image_model.
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+        self.text_model = TextRWKV(
+            vocab_size=cfg["vocab_size"],
+            n_embd=cfg["n_embd"],
+            dim_att=cfg["dim_att"],
+            dim_ffn=cfg["dim_ffn"],
+            n_layer=cfg["n_layer"],
+            head_size=cfg["head_size"],
+            head_size_divisor=cfg["head_size_divisor"],
+            dropout=cfg["dropout"],
+            with_cp=bool(cfg["with_cp"]),
+            precision=cfg["precision"],
+            text_initialization=bool(cfg["text_initialization"]),
+        )
+        self.image_model = VisionRWKV(
+            img_size=cfg["input_size"],
+            patch_size=cfg["image_patch_size"],
+            embed_dims=cfg["image_embed_dims"],
+            depth=cfg["image_depth"],
+            num_heads=cfg["image_num_heads"],
+            hidden_rate=cfg["image_hidden_rate"],
+            drop_path_rate=cfg["drop_path_rate"],
+            with_cp=bool(cfg["with_cp"]),
+        )
+        self.context_length = cfg["ctx_len"]
+
+    @property
+    def image_embed_dim(self) -> int:
+        return self.image_model.embed_dims
+
+    @property
+    def text_embed_dim(self) -> int:
+        return self.text_model.n_embd
+
+    @property
+    def embed_dim(self) -> int:
+        if self.image_embed_dim != self.text_embed_dim:
+            raise ValueError("the towers have different widths")
+        return self.image_embed_dim
+
+    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+        self.image_model.set_with_cp(enabled)
+        self.text_model.set_with_cp(enabled)
+
+    def set_wkv_impl(self, impl: str) -> None:
+        """Switch every WKV call between "chunked" (default) and "reference"."""
+        if impl not in IMPLEMENTATIONS:
+            raise ValueError(f"unknown wkv implementation {impl!r}; choose one of {sorted(IMPLEMENTATIONS)}")
+        for module in self.modules():
+            if isinstance(module, TimeMix):
+                module.wkv_impl = impl
+
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        return self.image_model(images)
+
+    def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.text_model(tokens)
+
+    def forward(
+        self, images: torch.Tensor, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.encode_image(images), self.encode_text(tokens), self.logit_scale.exp()
+
+
+def create_model(
+    config: str | os.PathLike | Mapping[str, Any], pretrained: str | os.PathLike | None = None, **overrides: Any
+) -> RWKV_CLIP:
+    """Build RWKV_CLIP from a shipped name, JSON path or dict; optionally load weights.
+
+    Device and dtype are left to the caller (`model.to(...)`).
+    """
+    model = RWKV_CLIP(get_model_config(config, **overrides))
+    if pretrained is not None:
+        load_checkpoint(model, pretrained, strict=True)
+    return model
+
+
+def _strip_prefixes(key: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for prefix in ("module.", "_orig_mod."):
+            if key.startswith(prefix):
+                key, changed = key[len(prefix) :], True
+    return key
+
+
+def _extract_state_dict(obj: Any, where: str) -> dict[str, torch.Tensor]:
+    if isinstance(obj, Mapping):
+        for key in ("state_dict", "model"):
+            inner = obj.get(key)
+            if isinstance(inner, Mapping) and inner and all(isinstance(v, torch.Tensor) for v in inner.values()):
+                return dict(inner)
+        if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+            return dict(obj)
+    raise CheckpointMismatchError(
+        f"{where} holds no state_dict (expected a dict of tensors, or one under 'state_dict' or 'model')"
+    )
+
+
+def _summarise(kind: str, keys: list[str], limit: int = 12) -> str:
+    shown = ", ".join(keys[:limit])
+    more = f" ... and {len(keys) - limit} more" if len(keys) > limit else ""
+    return f"{len(keys)} {kind}: {shown}{more}"
+
+
+def load_checkpoint(
+    model: nn.Module, path_or_state_dict: str | os.PathLike | Mapping[str, Any], strict: bool = True
+) -> tuple[list[str], list[str], list[str]]:
+    """Load original or our own checkpoints into `model`.
+
+    Accepts a path (read with weights_only=True) or an in-memory dict: a raw
+    state_dict or one under "state_dict"/"model". `module.` and `_orig_mod.`
+    prefixes are stripped and tensors are cast to the model's dtypes. With `strict`
+    any missing, unexpected or shape-mismatched key raises CheckpointMismatchError
+    naming them and nothing is loaded; otherwise the fitting tensors are loaded and
+    the lists (missing, unexpected, mismatched) are returned.
+    """
+    if isinstance(path_or_state_dict, Mapping):
+        where = "the given checkpoint"
+        raw = path_or_state_dict
+    else:
+        path = Path(path_or_state_dict)
+        where = f"checkpoint {path}"
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint {path} does not exist")
+        try:
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises several types for corrupt or unsafe files
+            raise CheckpointMismatchError(f"cannot read {where}: {type(exc).__name__}: {exc}") from None
+    state = {_strip_prefixes(k): v for k, v in _extract_state_dict(raw, where).items()}
+
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    mismatched = [
+        f"{k} (checkpoint {tuple(state[k].shape)}, model {tuple(own[k].shape)})"
+        for k in own
+        if k in state and state[k].shape != own[k].shape
+    ]
+    if strict and (missing or unexpected or mismatched):
+        parts = [
+            _summarise(kind, keys)
+            for kind, keys in (
+                ("missing keys", missing),
+                ("unexpected keys", unexpected),
+                ("shape mismatches", mismatched),
+            )
+            if keys
+        ]
+        raise CheckpointMismatchError(f"{where} does not fit {type(model).__name__}: " + "; ".join(parts))
+
+    fitting = {
+        k: state[k].to(dtype=own[k].dtype) for k in own if k in state and state[k].shape == own[k].shape
+    }
+    model.load_state_dict(fitting, strict=False)
+    return missing, unexpected, mismatched

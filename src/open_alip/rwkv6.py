@@ -1,0 +1,156 @@
+"""Pieces shared by the image and text towers: the RWKV-6 time mix and drop path.
+
+The two towers differ only in their token shift, the GroupNorm eps, the order in which
+the projections are registered (it fixes the checkpoint key order) and the LoRA
+initialisation; all of that is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .wkv import wkv
+
+MIX_LORA = 32  # rank of the data-dependent token-shift LoRA (5 blocks: w, k, v, r, g)
+DECAY_LORA = 64  # rank of the data-dependent decay LoRA
+
+
+def layer_ratios(layer_id: int, n_layer: int) -> tuple[float, float]:
+    """(r0, r1) = (l / (L-1), 1 - l / L); a one-layer tower gets r0 = 0 instead of 0/0."""
+    r0 = layer_id / (n_layer - 1) if n_layer > 1 else 0.0
+    return r0, 1.0 - layer_id / n_layer
+
+
+def channel_ramp(channels: int) -> torch.Tensor:
+    """ddd_c = c / C as `[1, 1, C]`."""
+    return (torch.arange(channels, dtype=torch.float64) / channels).reshape(1, 1, channels)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drops a sample's whole residual branch while training."""
+
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.p = float(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class TimeMix(nn.Module):
+    """RWKV-6 attention with bidirectional WKV; the caller supplies the shifted input."""
+
+    def __init__(
+        self,
+        n_embd: int,
+        dim_att: int,
+        n_head: int,
+        gn_eps: float,
+        linear_order: tuple[str, ...],
+        decay_dtype: torch.dtype = torch.float32,
+        wkv_impl: str = "chunked",
+    ):
+        super().__init__()
+        if dim_att % n_head:
+            raise ValueError(f"attention width {dim_att} is not divisible by {n_head} heads")
+        self.n_head = n_head
+        self.head_size = dim_att // n_head
+        self.wkv_impl = wkv_impl
+        for name in ("x", "w", "k", "v", "r", "g"):
+            setattr(self, f"time_maa_{name}", nn.Parameter(torch.zeros(1, 1, n_embd)))
+        self.time_maa_w1 = nn.Parameter(torch.zeros(n_embd, MIX_LORA * 5))
+        self.time_maa_w2 = nn.Parameter(torch.zeros(5, MIX_LORA, n_embd))
+        self.time_decay = nn.Parameter(torch.zeros(1, 1, dim_att, dtype=decay_dtype))
+        self.time_decay_w1 = nn.Parameter(torch.zeros(n_embd, DECAY_LORA))
+        self.time_decay_w2 = nn.Parameter(torch.zeros(DECAY_LORA, dim_att))
+        self.time_faaaa = nn.Parameter(torch.zeros(n_head, self.head_size, dtype=decay_dtype))
+        shapes = {
+            "receptance": (n_embd, dim_att),
+            "key": (n_embd, dim_att),
+            "value": (n_embd, dim_att),
+            "gate": (n_embd, dim_att),
+            "output": (dim_att, n_embd),
+        }
+        if sorted(linear_order) != sorted(shapes):
+            raise ValueError(f"linear_order must name each of {sorted(shapes)} once")
+        for name in linear_order:
+            fan_in, fan_out = shapes[name]
+            setattr(self, name, nn.Linear(fan_in, fan_out, bias=False))
+        self.ln_x = nn.GroupNorm(n_head, dim_att, eps=gn_eps)
+
+    @torch.no_grad()
+    def init_mixing(self, layer_id: int, n_layer: int, lora: str) -> None:
+        """The original initialisation of the mixing, decay and bonus parameters.
+
+        lora="image": all four LoRA matrices U(+-1e-4); lora="text": the first
+        factors zero and the second U(+-0.01).
+        """
+        r0, r1 = layer_ratios(layer_id, n_layer)
+        ddd = channel_ramp(self.time_maa_x.shape[-1])
+        for name in ("x", "w", "k"):
+            getattr(self, f"time_maa_{name}").copy_(1.0 - ddd.pow(r1))
+        self.time_maa_v.copy_(1.0 - (ddd.pow(r1) + 0.3 * r0))
+        self.time_maa_r.copy_(1.0 - ddd.pow(0.5 * r1))
+        self.time_maa_g.copy_(1.0 - ddd.pow(0.5 * r1))
+
+        dim_att = self.time_decay.shape[-1]
+        n = torch.arange(dim_att, dtype=torch.float64)
+        frac = n / max(dim_att - 1, 1)
+        self.time_decay.copy_((-6.0 + 5.0 * frac.pow(0.7 + 1.3 * r0)).reshape(1, 1, dim_att))
+        zigzag = torch.remainder(n + 1, 3) - 1
+        self.time_faaaa.copy_((r0 * (1.0 - frac) + 0.1 * zigzag).reshape(self.time_faaaa.shape))
+
+        if lora == "image":
+            for p in (self.time_maa_w1, self.time_maa_w2, self.time_decay_w1, self.time_decay_w2):
+                p.uniform_(-1e-4, 1e-4)
+        elif lora == "text":
+            self.time_maa_w1.zero_()
+            self.time_decay_w1.zero_()
+            self.time_maa_w2.uniform_(-0.01, 0.01)
+            self.time_decay_w2.uniform_(-0.01, 0.01)
+        else:
+            raise ValueError(f"unknown LoRA init {lora!r}")
+
+    def forward(self, x: torch.Tensor, x_shifted: torch.Tensor) -> torch.Tensor:
+        batch, time, _ = x.shape
+        xx = x_shifted - x
+        xxx = x + xx * self.time_maa_x
+        lora = torch.tanh(xxx @ self.time_maa_w1).reshape(batch * time, 5, MIX_LORA).transpose(0, 1)
+        mw, mk, mv, mr, mg = (lora @ self.time_maa_w2).reshape(5, batch, time, -1).unbind(0)
+
+        xw = x + xx * (self.time_maa_w + mw)
+        xk = x + xx * (self.time_maa_k + mk)
+        xv = x + xx * (self.time_maa_v + mv)
+        xr = x + xx * (self.time_maa_r + mr)
+        xg = x + xx * (self.time_maa_g + mg)
+
+        r = self.receptance(xr)
+        k = self.key(xk)
+        v = self.value(xv)
+        g = F.silu(self.gate(xg))
+        w = self.time_decay + torch.tanh(xw @ self.time_decay_w1) @ self.time_decay_w2
+
+        y = wkv(r, k, v, w, self.time_faaaa, impl=self.wkv_impl)
+        y = self.ln_x(y.reshape(batch * time, -1)).reshape(batch, time, -1)
+        return self.output(y * g)
+
+
+def orthogonal_scaled_(weight: torch.Tensor, scale: float) -> None:
+    """Orthogonal init with gain sqrt(out/in) when out > in, times `scale` (0 zeroes)."""
+    out_features, in_features = weight.shape
+    if scale == 0.0:
+        nn.init.zeros_(weight)
+        return
+    gain = math.sqrt(out_features / in_features) if out_features > in_features else 1.0
+    nn.init.orthogonal_(weight, gain=gain * scale)

@@ -1,0 +1,176 @@
+"""The bidirectional WKV-6 operator of RWKV-CLIP.
+
+For one batch element and one head, with key channel j and value channel i:
+
+    y_t[i] = sum_j r_t[j] * ( sum_{s != t} D(s, t)[j] k_s[j] v_s[i]  +  u[j] k_t[j] v_t[i] )
+
+where D(s, t) is the product of the per-step decays d_l = exp(-exp(w_l)) strictly
+between s and t (both end points excluded). Inputs are `[B, T, C]` with channel
+c = head * N + d; the bonus `u` is `[H, N]`.
+
+Two implementations compute the same numbers:
+
+* `wkv_reference`: the two recurrent scans of the original CUDA kernel, written in
+  plain PyTorch. O(T) Python steps; memory for autograd grows with T * N * N.
+* `wkv_chunked` (the default): splits time into chunks of L tokens. Pairs inside a
+  chunk are handled as a small masked L x L "attention" per channel; pairs across
+  chunks go through one N x N state per chunk boundary, in both directions at once.
+  Memory is O(T * L * N) per head, never T * T * N. Every decay factor is the
+  exponential of a sum of log-decays over a contiguous range (never a difference of
+  prefix sums), so nothing cancels and nothing overflows for any decay logit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+Tensor = torch.Tensor
+
+# exp(-exp(20)) is exactly 0 in float32 and float64 alike, and so is the true
+# gradient there; clamping keeps -exp(w) finite so autograd never meets inf * 0.
+_W_MAX = 20.0
+DEFAULT_CHUNK = 16
+
+
+def _split_heads(x: Tensor, heads: int) -> Tensor:
+    batch, time, channels = x.shape
+    return x.reshape(batch, time, heads, channels // heads).transpose(1, 2)  # [B, H, T, N]
+
+
+def _merge_heads(y: Tensor) -> Tensor:
+    batch, heads, time, size = y.shape
+    return y.transpose(1, 2).reshape(batch, time, heads * size)
+
+
+def _check(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor) -> None:
+    if r.dim() != 3 or not (r.shape == k.shape == v.shape == w.shape):
+        raise ValueError(
+            f"wkv expects r, k, v, w of one shape [B, T, C], got "
+            f"{tuple(r.shape)}, {tuple(k.shape)}, {tuple(v.shape)}, {tuple(w.shape)}"
+        )
+    if u.dim() != 2 or u.shape[0] * u.shape[1] != r.shape[2]:
+        raise ValueError(f"wkv expects u of shape [H, C/H] for C={r.shape[2]}, got {tuple(u.shape)}")
+
+
+def wkv_reference(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor) -> Tensor:
+    """The kernel's two scans: right-to-left without bonus plus left-to-right with it."""
+    _check(r, k, v, w, u)
+    heads = u.shape[0]
+    r, k, v, w = (_split_heads(t, heads) for t in (r, k, v, w))
+    decay = torch.exp(-torch.exp(w))
+    batch, _, time, size = r.shape
+    bonus = u.reshape(1, heads, size, 1)
+
+    state = r.new_zeros(batch, heads, size, size)  # [key j, value i]
+    right_to_left: list[Tensor] = [r.new_zeros(0)] * time
+    for t in reversed(range(time)):
+        right_to_left[t] = torch.einsum("bhj,bhji->bhi", r[:, :, t], state)
+        state = state * decay[:, :, t, :, None] + k[:, :, t, :, None] * v[:, :, t, None, :]
+
+    state = r.new_zeros(batch, heads, size, size)
+    left_to_right: list[Tensor] = []
+    for t in range(time):
+        kv = k[:, :, t, :, None] * v[:, :, t, None, :]
+        left_to_right.append(torch.einsum("bhj,bhji->bhi", r[:, :, t], state + bonus * kv))
+        state = state * decay[:, :, t, :, None] + kv
+
+    y = torch.stack(left_to_right, dim=2) + torch.stack(right_to_left, dim=2)
+    return _merge_heads(y)
+
+
+def _chunk_len(time: int, chunk: int) -> int:
+    # As few chunks as `chunk` allows, then as short as possible: T=49 -> 4 x 13, not 4 x 16.
+    n_chunks = -(-time // chunk)
+    return -(-time // n_chunks)
+
+
+def _exclusive_cumsum(x: Tensor, dim: int) -> Tensor:
+    """sum_{l < t} x_l along dim, built by shifting (no subtraction, so no cancellation)."""
+    shifted = torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), x.narrow(dim, 0, x.shape[dim] - 1)], dim)
+    return shifted.cumsum(dim)
+
+
+def _inter_chunk_causal(r: Tensor, k: Tensor, v: Tensor, logd: Tensor) -> Tensor:
+    """Contribution of earlier chunks to each token: inputs `[..., n_chunks, L, N]`."""
+    prefix = _exclusive_cumsum(logd, -2)  # decay from the chunk start up to t-1
+    suffix = _exclusive_cumsum(logd.flip(-2), -2).flip(-2)  # decay from s+1 to the chunk end
+    total = logd.sum(-2)  # [..., n_chunks, N]
+    # kv[c] = sum over chunk c of decay(s+1 .. end) k_s v_s^T
+    kv = (k * torch.exp(suffix)).transpose(-1, -2) @ v  # [..., n_chunks, N, N]
+    carry = torch.exp(total).unsqueeze(-1)
+    states = [torch.zeros_like(kv[..., 0, :, :])]
+    for c in range(kv.shape[-3] - 1):
+        states.append(states[-1] * carry[..., c, :, :] + kv[..., c, :, :])
+    state = torch.stack(states, dim=-3)  # state entering each chunk
+    return (r * torch.exp(prefix)) @ state
+
+
+def wkv_chunked(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: int = DEFAULT_CHUNK) -> Tensor:
+    """Chunked parallel form of `wkv_reference` (same numbers, O(T * chunk * N) memory)."""
+    _check(r, k, v, w, u)
+    heads, size = u.shape
+    batch, time, _ = r.shape
+    length = _chunk_len(time, max(1, int(chunk)))
+    n_chunks = -(-time // length)
+    pad = n_chunks * length - time
+
+    logd = -torch.exp(w.clamp(max=_W_MAX))
+    # Padding sits after the last real token: k = 0 adds nothing, log-decay 0 (d = 1)
+    # lies between no pair of real tokens, r = 0 rows are cut off below.
+    r, k, v, logd = (
+        torch.nn.functional.pad(_split_heads(t, heads), (0, 0, 0, pad)).reshape(
+            batch, heads, n_chunks, length, size
+        )
+        for t in (r, k, v, logd)
+    )
+
+    # Inside a chunk: decay[t, s] = exp(sum_{s<l<t} logd_l) for s < t, built per (t, s)
+    # by masking and a reversed cumsum; the s > t half is the transpose (same interval).
+    before_t = torch.ones(length, length, dtype=torch.bool, device=r.device).tril(-1)  # [t, l]: l < t
+    masked = logd.unsqueeze(-3) * before_t.unsqueeze(-1).to(logd.dtype)  # [..., t, l, N]
+    from_l = masked.flip(-2).cumsum(-2).flip(-2)  # sum_{l' >= l, l' < t}
+    between = torch.nn.functional.pad(from_l[..., 1:, :], (0, 0, 0, 1))  # sum_{s < l < t} at [t, s]
+    lower = torch.exp(between) * before_t.unsqueeze(-1).to(logd.dtype)
+    decay = lower + lower.transpose(-2, -3)
+    scores = torch.einsum("...tj,...sj,...tsj->...ts", r, k, decay)
+    scores = scores + torch.diag_embed((r * u.reshape(1, heads, 1, 1, size) * k).sum(-1))
+    y = scores @ v
+
+    # Across chunks, both directions in one batch: the right-to-left pass is the
+    # left-to-right pass on the time-reversed sequence (chunk boundaries mirror).
+    def reverse(t: Tensor) -> Tensor:
+        return t.flip(-2, -3)
+
+    both = _inter_chunk_causal(
+        torch.stack([r, reverse(r)]),
+        torch.stack([k, reverse(k)]),
+        torch.stack([v, reverse(v)]),
+        torch.stack([logd, reverse(logd)]),
+    )
+    y = y + both[0] + reverse(both[1])
+
+    y = y.reshape(batch, heads, n_chunks * length, size)[:, :, :time]
+    return _merge_heads(y)
+
+
+IMPLEMENTATIONS: dict[str, Callable[..., Tensor]] = {
+    "chunked": wkv_chunked,
+    "reference": wkv_reference,
+}
+
+
+def wkv(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, impl: str = "chunked") -> Tensor:
+    """WKV as the model uses it: float32 even under autocast, float64 when given float64.
+
+    `w` is the decay logit (per-step decay exp(-exp(w))); `u` is the bonus `[H, N]`.
+    Returns `[B, T, C]` in float32 (float64 for float64 inputs).
+    """
+    try:
+        fn = IMPLEMENTATIONS[impl]
+    except KeyError:
+        raise ValueError(f"unknown wkv implementation {impl!r}; choose one of {sorted(IMPLEMENTATIONS)}") from None
+    dtype = torch.float64 if r.dtype == torch.float64 else torch.float32
+    with torch.autocast(device_type=r.device.type, enabled=False):
+        return fn(*(t.to(dtype) for t in (r, k, v, w, u)))

@@ -1,0 +1,177 @@
+"""Deterministic text corpora for the tokenizer's equivalence test and benchmark.
+
+Nothing is downloaded: captions come from templates and word lists, web junk from
+hand-picked hostile fragments (entities, mojibake, controls, emoji, scripts) glued
+together at random, plus raw random code points. The same seed always gives the
+same corpus, so a failure can be replayed.
+"""
+
+from __future__ import annotations
+
+import random
+
+_ADJ = [
+    "red", "old", "beautiful", "small", "Happy", "wooden", "snowy", "sunny", "dark", "tiny", "huge",
+    "vintage", "colorful", "blurry", "empty", "crowded", "ancient", "modern", "wet", "golden",
+]
+_NOUN = [
+    "cat", "dog", "house", "bridge", "car", "tree", "beach", "mountain", "city", "church", "flower",
+    "bird", "boat", "train", "girl", "man", "woman", "children", "street", "lake", "sunset", "castle",
+    "market", "festival", "wedding", "garden", "museum", "horse", "bicycle", "skyline",
+]
+_PLACE = [
+    "Paris", "New York", "Tokyo", "Berlin", "the park", "San Francisco", "London", "the river",
+    "Yosemite", "Barcelona", "the old town", "Lake Tahoe", "Amsterdam", "Kyoto", "Sydney",
+]
+_TEMPLATES = [
+    "a photo of a {adj} {noun}.",
+    "{adj} {noun} in {place}",
+    "A {adj} {noun} next to the {noun2} in {place}, {year}",
+    "IMG_{num}",
+    "DSC{num}.JPG",
+    "{place} {year} - {noun}s and {noun2}s",
+    "My {noun} ({year})",
+    "{noun2} #{num} @ {place}!!",
+    "We're at the {noun}; it's {adj} & {adj2} :)",
+    "{place}: the {adj} {noun} I'll never forget...",
+    "Photo taken on {month} {day}, {year} by {name}",
+    "http://www.flickr.com/photos/{name}/{num}/",
+    "{adj} {noun} / {adj2} {noun2} / {place}",
+    "\"{adj} {noun}\" - {name}'s {noun2}",
+]
+_MONTH = ["January", "March", "June", "August", "October", "December"]
+_NAME = ["john_smith", "Marie", "k.tanaka", "ALEX", "photo-guy", "anna89"]
+# Non-ASCII captions as they appear in web data: accents, CJK, emoji.
+_INTL = [
+    "Café au lait à {place}", "Straße in München {year}", "niño jugando en la playa", "São Paulo à noite",
+    "東京タワーの夜景", "北京 故宫 {year}", "서울의 밤", "Москва, Красная площадь", "Ελληνικό νησί",
+    "{adj} {noun} 😀", "I ❤ {place}", "{noun} 🐱🐶 #cute", "naïve façade — {place}", "Zürich – “{noun}”",
+    "‘{adj}’ {noun}…", "ﬁsh and chips in {place}", "{noun} © {name} {year}", "½ price {noun}",
+]
+
+# Fragments chosen to poke every step of the reference cleaning.
+FRAGMENTS = [
+    # HTML entities: named, numeric, hex, double-escaped, upper-case, no semicolon, bogus.
+    "&amp;", "&amp;amp;", "&lt;b&gt;", "&#39;", "&#x27;", "&#8217;", "&quot;", "&nbsp;", "&EACUTE;",
+    "&Eacute;", "&eacute", "&not", "&notin;", "&AMP;", "&#0;", "&#x110000;", "&#xD800;", "&bogus;",
+    "&#128512;", "&hearts;", "&Jscr;", "&", "&&", "&#", "&#x", "P&EACUTE;REZ", "this&not that",
+    # Tags and '<' (which switches off ftfy's HTML unescaping for the rest of the text).
+    "<b>", "</i>", "<br/>", "<", ">", "<a href=\"x\">",
+    # Special-token look-alikes.
+    "<start_of_text>", "<end_of_text>", "<START_OF_TEXT>", "<End_Of_Text>", "<ſtart_of_text>",
+    "<<end_of_text>>", "start_of_text",
+    # Contractions and case folding edge cases.
+    "'s", "'S", "'ll", "'LL", "'d", "'re", "'ve", "'m", "'t", "'ſ", "n't", "K", "İstanbul", "ß", "ẞ",
+    "ǅ", "ﬀ", "Σ", "ς",
+    # Mojibake (UTF-8 read as cp1252 / latin-1 / macroman) and things that look like it.
+    "Ã©", "Ã¨", "Ã¢â‚¬â„¢", "â€œ", "â€\x9d", "Ã\xa0", "Ã ", "Ã¼ber", "Ð¿Ñ€Ð¸Ð²ÐµÑ‚", "Ã¡", "ÃƒÂ©",
+    "Ã\x83Â©", "â\x80\x99", "Ã£Â\x81Â\x82", "Â£", "Â ", "ˆ", "√", "Ï€", "Ã¥Â\xadÂ\x97",
+    # Controls: C0, DEL, C1, terminal escapes, BOM, zero-width, bidi, separators.
+    "\x00", "\x01", "\x08", "\x0b", "\x0c", "\x1b", "\x1b[31m", "\x1b[0m", "\x1c", "\x1f", "\x7f",
+    "\x80", "\x85", "\x93", "\x9f", "\ufeff", "\u200b", "\u200d", "\u202e", "\u2028", "\u2029",
+    "\u206a", "\ufff9", "\ufffd", "\ufffe",
+    # Whitespace of all kinds.
+    " ", "  ", "\t", "\n", "\r", "\r\n", "\xa0", "\u3000", "\u2003", "\u202f", "\u1680", "\u180e",
+    # Surrogates, lone and paired.
+    "\ud800", "\udfff", "\ud83d\ude00", "\udc00\ud800",
+    # Width, ligatures, quotes, combining marks (NFC), compatibility characters.
+    "ＬＯＵＤ", "ｶﾀｶﾅ", "ﬁ", "ﬂ", "“", "”", "‘", "’", "«", "»", "e\u0301", "a\u0308", "\u0301",
+    "Å", "Å", "\uf900", "\u2126", "㎏", "①", "²", "½", "ⅷ",
+    # Scripts and symbols.
+    "日本語", "中文", "한국어", "ひらがな", "カタカナ", "Русский", "العربية", "עברית", "हिन्दी",
+    "ไทย", "Ελληνικά", "ქართული", "አማርኛ", "𝒥ohn", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "™", "€", "¥", "§",
+    # Emoji: plain, skin tone, ZWJ family, flag, keycap, variation selector.
+    "😀", "👍🏽", "👨\u200d👩\u200d👧", "🇺🇸", "1\ufe0f\u20e3", "❤\ufe0f", "🏳️‍🌈",
+    # Digits, numbers, punctuation, URLs.
+    "0", "42", "3.14", "1,000,000", "٣", "๓", "¹", "https://example.com/a?b=c&d=e#f", "www.x.org",
+    "user@example.com", "#hashtag", "@mention", "...", "!!!", "?!", "--", "__", "~", "`", "^", "|",
+    "\\", "/", "{", "}", "[", "]", "(", ")", "$", "%", "*", "+", "=", ":", ";", ",", ".", "'", "\"",
+    # Plain words.
+    "a", "photo", "of", "the", "Cat", "DOG", "running", "beautiful", "xyzzy", "supercalifragilistic",
+]
+
+
+def _caption(rng: random.Random, templates: list[str]) -> str:
+    return rng.choice(templates).format(
+        adj=rng.choice(_ADJ), adj2=rng.choice(_ADJ), noun=rng.choice(_NOUN), noun2=rng.choice(_NOUN),
+        place=rng.choice(_PLACE), year=rng.randint(1950, 2024), num=rng.randint(0, 99999),
+        month=rng.choice(_MONTH), day=rng.randint(1, 28), name=rng.choice(_NAME),
+    )
+
+
+def caption_corpus(n: int, seed: int = 0, intl_fraction: float = 0.15) -> list[str]:
+    """Caption-like texts; `intl_fraction` of them non-ASCII (accents, CJK, emoji, typography)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        templates = _INTL if rng.random() < intl_fraction else _TEMPLATES
+        text = _caption(rng, templates)
+        if rng.random() < 0.3:
+            text += " " + _caption(rng, _TEMPLATES)
+        out.append(text)
+    return out
+
+
+def _random_codepoints(rng: random.Random, length: int) -> str:
+    chars = []
+    for _ in range(length):
+        r = rng.random()
+        if r < 0.4:
+            chars.append(chr(rng.randrange(0, 0x80)))
+        elif r < 0.6:
+            chars.append(chr(rng.randrange(0x80, 0x800)))
+        elif r < 0.9:
+            chars.append(chr(rng.randrange(0x800, 0x10000)))  # includes surrogates and private use
+        else:
+            chars.append(chr(rng.randrange(0x10000, 0x110000)))
+    return "".join(chars)
+
+
+def _mojibake(rng: random.Random, text: str) -> str:
+    encoding = rng.choice(["cp1252", "latin-1", "mac_roman", "cp437", "cp1251"])
+    return text.encode("utf-8").decode(encoding, errors="replace")
+
+
+def junk_corpus(n: int, seed: int = 0) -> list[str]:
+    """Hostile web-like texts: glued fragments, mojibake, random code points, ASCII noise."""
+    rng = random.Random(seed)
+    ascii_all = [chr(i) for i in range(128)]
+    out = ["", " ", "\n", "\t \r\n", "&", "<", "a", "A", "'", "\x00", "\ufeff", "\ud800"]
+    while len(out) < n:
+        kind = rng.random()
+        if kind < 0.35:
+            parts = [rng.choice(FRAGMENTS) for _ in range(rng.randint(1, 12))]
+            sep = rng.choice(["", " ", " ", "\n"])
+            out.append(sep.join(parts))
+        elif kind < 0.5:
+            out.append(_mojibake(rng, _caption(rng, _INTL + _TEMPLATES)))
+        elif kind < 0.65:
+            out.append(_random_codepoints(rng, rng.randint(0, 40)))
+        elif kind < 0.8:
+            # Printable-ish ASCII with the odd control or '&': the shortcut's border.
+            out.append("".join(rng.choice(ascii_all) if rng.random() < 0.1 else chr(rng.randrange(32, 127))
+                               for _ in range(rng.randint(0, 60))))
+        elif kind < 0.9:
+            text = _caption(rng, _TEMPLATES + _INTL)
+            pos = rng.randint(0, len(text))
+            out.append(text[:pos] + rng.choice(FRAGMENTS) + text[pos:])
+        else:
+            out.append(_caption(rng, _TEMPLATES).upper() if rng.random() < 0.5 else _caption(rng, _INTL))
+    return out[:n]
+
+
+def long_texts(seed: int = 0) -> list[str]:
+    """Texts far past the context length, some with many lines (ftfy works line by line)."""
+    rng = random.Random(seed)
+    words = [rng.choice(FRAGMENTS) for _ in range(3000)]
+    return [
+        " ".join(caption_corpus(400, seed)),
+        "".join(words),
+        "\n".join(words),
+        "x" * 20000,
+        "é" * 5000,
+        "Ã©" * 3000,
+        "日本" * 4000,
+        "<b>" + "&amp;" * 2000,
+        "&amp;" * 2000 + "\n<b>\n" + "&amp;" * 10,
+    ]

@@ -1,0 +1,205 @@
+"""The CLIP tokenizer must give open_clip's ids on any text, and fail clearly on non-text.
+
+The reference is the real open_clip tokenizer (with ftfy 6.3.1) in an isolated venv,
+see tests/_tokenizer_oracle.py. Corpora are generated here, deterministically.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from src.open_alip import tokenizer as tok_mod
+from src.open_alip.tokenizer import (
+    EOT_TOKEN,
+    SOT_TOKEN,
+    SimpleTokenizer,
+    decode,
+    tokenize,
+    tokenize_np,
+)
+from tests._tokenizer_corpus import FRAGMENTS, caption_corpus, junk_corpus, long_texts
+from tests._tokenizer_oracle import ReferenceTokenizer, reference_python
+from tests.venvs import REPO_ROOT
+
+HYPOTHESIS = settings(
+    max_examples=250, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    ref = ReferenceTokenizer(reference_python())
+    yield ref
+    ref.close()
+
+
+def _assert_same(reference: ReferenceTokenizer, texts: list[str], context_length: int = 77) -> None:
+    expected = np.array(reference.tokenize(texts, context_length), dtype=np.int64).reshape(
+        len(texts), context_length
+    )
+    got = tokenize_np(texts, context_length)
+    bad = np.flatnonzero((got != expected).any(axis=1))
+    detail = [(texts[i][:80], got[i][:12].tolist(), expected[i][:12].tolist()) for i in bad[:5]]
+    assert bad.size == 0, f"{bad.size} of {len(texts)} texts differ from the reference, e.g. {detail}"
+
+
+# -- equivalence with the reference --------------------------------------------------------
+
+
+def test_matches_reference_on_generated_corpus(reference):
+    texts = caption_corpus(8000, seed=1) + junk_corpus(16000, seed=2) + long_texts(seed=3)
+    # A second pass hits the piece cache everywhere; it must not change anything.
+    _assert_same(reference, texts)
+    _assert_same(reference, texts)
+
+
+@pytest.mark.parametrize("context_length", [1, 2, 3, 8, 77, 300])
+def test_matches_reference_at_any_context_length(reference, context_length):
+    texts = caption_corpus(300, seed=4) + junk_corpus(300, seed=5) + long_texts(seed=6)[:3]
+    _assert_same(reference, texts, context_length)
+
+
+@HYPOTHESIS
+@given(st.lists(st.text(alphabet=st.characters(exclude_categories=())), max_size=20))
+def test_matches_reference_on_any_unicode(reference, texts):
+    _assert_same(reference, texts)
+
+
+@HYPOTHESIS
+@given(st.lists(st.lists(st.sampled_from(FRAGMENTS), max_size=15).map("".join), max_size=20))
+def test_matches_reference_on_glued_fragments(reference, texts):
+    _assert_same(reference, texts)
+
+
+@HYPOTHESIS
+@given(st.lists(st.text(alphabet=st.characters(max_codepoint=0xFF), max_size=60), max_size=20))
+def test_matches_reference_near_the_ascii_shortcut(reference, texts):
+    # Latin-1 and ASCII controls sit right at the border of the no-ftfy shortcut.
+    _assert_same(reference, texts)
+
+
+def test_encode_and_decode_match_reference(reference):
+    texts = caption_corpus(200, seed=7) + junk_corpus(400, seed=8)
+    ours = SimpleTokenizer()
+    assert [ours.encode(t) for t in texts] == reference.encode(texts)
+    rows = [ours.encode(t) for t in texts] + [[SOT_TOKEN, 320, 1125, EOT_TOKEN, 0, 0], [0, 255, 49405]]
+    assert [ours.decode(r) for r in rows] == reference.decode(rows)
+
+
+# -- the ASCII shortcut, checked against ftfy itself ---------------------------------------
+
+
+_SHORTCUT_ALPHABET = "".join(chr(c) for c in range(128) if tok_mod._NEEDS_FULL_CLEAN.search(chr(c)) is None)
+
+
+def test_shortcut_alphabet_is_what_the_docs_say():
+    assert set(_SHORTCUT_ALPHABET) == set("\t\n\f\r") | {chr(c) for c in range(0x20, 0x7F)} - {"&"}
+
+
+@settings(max_examples=500, derandomize=True, deadline=None)
+@given(st.text(alphabet=_SHORTCUT_ALPHABET, max_size=80))
+def test_shortcut_equals_full_cleaning(text):
+    assert tok_mod._clean_words(text) == tok_mod._reference_clean(text).split()
+    assert " ".join(tok_mod._clean_words(text)) == tok_mod._reference_clean(text)
+
+
+@pytest.mark.parametrize("char", ["&", "\x0b", "\x1b", "\x7f", "\x00", "é", "\u3000", "\ufeff"])
+def test_characters_ftfy_may_touch_take_the_full_path(char):
+    assert tok_mod._NEEDS_FULL_CLEAN.search(f"a {char} b") is not None
+
+
+# -- output shape and values ----------------------------------------------------------------
+
+
+def test_output_layout():
+    out = tokenize("a photo of a cat")
+    assert out.dtype == torch.int64 and out.shape == (1, 77)
+    assert out[0, :7].tolist() == [SOT_TOKEN, 320, 1125, 539, 320, 2368, EOT_TOKEN]
+    assert out[0, 7:].eq(0).all()
+    batch = tokenize_np(["a", "b", ""], context_length=5)
+    assert batch.dtype == np.int64 and batch.shape == (3, 5)
+    assert batch[2].tolist() == [SOT_TOKEN, EOT_TOKEN, 0, 0, 0]
+    assert tokenize_np([]).shape == (0, 77)
+    assert torch.equal(tokenize(["x y", "z"]), torch.from_numpy(tokenize_np(("x y", "z"))))
+
+
+def test_truncation_keeps_the_start_and_ends_with_the_end_token():
+    out = tokenize_np("word " * 500)
+    assert out[0, 0] == SOT_TOKEN and out[0, -1] == EOT_TOKEN
+    assert (out[0, 1:-1] == tokenize_np("word")[0, 1]).all()
+
+
+def test_tiny_piece_cache_gives_the_same_ids(monkeypatch):
+    texts = caption_corpus(300, seed=9) + junk_corpus(300, seed=10)
+    expected = SimpleTokenizer().tokenize_np(texts)
+    monkeypatch.setattr(tok_mod, "_CACHE_LIMIT", 4)
+    assert np.array_equal(SimpleTokenizer().tokenize_np(texts), expected)
+
+
+def test_tokenize_np_does_not_import_torch():
+    code = (
+        "import sys; from src.open_alip import tokenize_np; "
+        "assert tokenize_np(['a cat'])[0, 1] == 320; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+# -- decode ----------------------------------------------------------------------------------
+
+
+def test_decode_skips_start_and_stops_at_end():
+    row = tokenize("A photo of a cat!")[0]
+    assert decode(row) == "a photo of a cat !"
+    assert decode(row.numpy()) == decode(row.tolist()) == decode(row[None]) == "a photo of a cat !"
+    # Float rows are how captions come back out of RecordIO labels.
+    assert decode(row.numpy().astype(np.float32)) == "a photo of a cat !"
+    assert decode([SOT_TOKEN, 320, 2368, EOT_TOKEN, 320, 320]) == "a cat"
+    assert decode([320, 2368]) == "a cat"
+    assert decode(tokenize("Café 日本 😀")[0]) == "café 日本 😀"
+
+
+def test_decode_rejects_bad_ids():
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        decode([SOT_TOKEN, 60000])
+    with pytest.raises(ValueError, match="one row"):
+        decode(np.zeros((2, 77), dtype=np.int64))
+    with pytest.raises(ValueError, match="integer"):
+        decode([1.5])
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("texts", "message"),
+    [
+        (None, "texts must be a str or a sequence of str, got NoneType"),
+        (123, "got int"),
+        (b"caption", "got bytes"),
+        (["ok", 3], r"texts\[1\] must be str, got int"),
+        (["ok", b"raw"], r"texts\[1\] must be str, got bytes \(decode bytes to str first\)"),
+        ([None], r"texts\[0\] must be str, got NoneType"),
+    ],
+)
+def test_non_text_input_raises_type_error(texts, message):
+    with pytest.raises(TypeError, match=message):
+        tokenize(texts)
+    with pytest.raises(TypeError, match=message):
+        tokenize_np(texts, context_length=1)
+
+
+def test_bad_context_length():
+    with pytest.raises(ValueError, match="at least 1"):
+        tokenize_np("x", context_length=0)
+    with pytest.raises(TypeError, match="context_length must be an int"):
+        tokenize_np("x", context_length=7.5)
+    with pytest.raises(TypeError, match="text must be str"):
+        SimpleTokenizer().encode(None)

@@ -1,0 +1,249 @@
+"""Which `.rec/.idx` shards a loader reads, and the one combined index DALI needs.
+
+DALI's `fn.readers.mxnet` takes many `.rec` files but exactly one index whose
+offsets run over the files as if concatenated (FORMATS.md section 1), and it reads
+records in offset order whatever the line order. So the order of records here
+(shard after shard, each by ascending offset) is the order DALI sees; both
+loader backends index records by that position.
+
+Building the combined index reads every per-shard index, which takes a while for
+thousands of shards; the result is cached under a key made of the shards' paths,
+sizes and modification times, so a changed or rewritten shard gets a new index.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from src.recordio import RecordIOError, read_index
+
+__all__ = ["Shard", "ShardError", "ShardSet", "default_cache_dir", "load_shards", "resolve_shards"]
+
+_MAGIC_BYTES = b"\x0a\x23\xd7\xce"
+_GLOB_CHARS = re.compile(r"[*?\[]")
+# Bump when the cached files' layout changes, so old caches are not misread.
+_CACHE_VERSION = 1
+
+
+class ShardError(ValueError):
+    """The loader's input is missing, empty, unmatched or corrupt (message is one line)."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    rec: Path
+    idx: Path
+
+    @property
+    def name(self) -> str:
+        return self.rec.name
+
+
+def _natural_key(path: Path) -> list:
+    # shard-2 before shard-10, as a person numbering shards expects.
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
+def _pair(recs: list[Path], idxs: list[Path], what: str) -> list[Shard]:
+    rec_stems = {p.with_suffix(""): p for p in recs}
+    idx_stems = {p.with_suffix(""): p for p in idxs}
+    lonely_idx = sorted(set(idx_stems) - set(rec_stems))
+    if lonely_idx:
+        raise ShardError(f"{idx_stems[lonely_idx[0]]}: index without a matching .rec in {what}; "
+                         "remove it or restore its .rec")
+    shards = []
+    for stem, rec in sorted(rec_stems.items(), key=lambda kv: _natural_key(kv[0])):
+        idx = idx_stems.get(stem, stem.with_suffix(".idx"))
+        if not idx.is_file():
+            raise ShardError(f"{rec}: no index {idx.name} beside it; rebuild it (data2rec.py writes both)")
+        shards.append(Shard(rec, idx))
+    return shards
+
+
+def _resolve_one(item: str | os.PathLike[str]) -> list[Shard]:
+    text = os.fspath(item)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        files = [p for p in path.iterdir() if p.is_file()]
+        recs = [p for p in files if p.suffix == ".rec"]
+        if not recs:
+            raise ShardError(f"{path}: directory holds no .rec files; pass a folder of .rec/.idx shards")
+        return _pair(recs, [p for p in files if p.suffix == ".idx"], str(path))
+    if _GLOB_CHARS.search(text):
+        matches = [Path(p) for p in glob.glob(str(path))]
+        recs = [p for p in matches if p.suffix == ".rec" and p.is_file()]
+        if not recs:
+            # A glob of prefixes ("shards/part-*") names shards by stem.
+            recs = [p.with_suffix(".rec") for p in matches if p.with_suffix(".rec").is_file()]
+            recs = sorted(set(recs))
+        if not recs:
+            raise ShardError(f"{text}: pattern matches no .rec files")
+        return _pair(recs, [p for p in matches if p.suffix == ".idx"], text)
+    if path.suffix in (".rec", ".idx"):
+        rec, idx = path.with_suffix(".rec"), path.with_suffix(".idx")
+    else:
+        rec, idx = Path(text + ".rec").expanduser(), Path(text + ".idx").expanduser()
+    if not rec.is_file():
+        raise ShardError(f"{text}: no such .rec file ({rec}); pass a prefix, a .rec file, a folder or a glob")
+    if not idx.is_file():
+        raise ShardError(f"{rec}: no index {idx.name} beside it; rebuild it (data2rec.py writes both)")
+    return [Shard(rec, idx)]
+
+
+def resolve_shards(data) -> list[Shard]:
+    """Shards named by a prefix, a `.rec`/`.idx` path, a folder, a glob, or a list of those."""
+    items = [data] if isinstance(data, str | os.PathLike) else list(data)
+    if not items:
+        raise ShardError("no input given; pass a prefix, a .rec file, a folder or a glob of shards")
+    shards: list[Shard] = []
+    seen: set[Path] = set()
+    for item in items:
+        for shard in _resolve_one(item):
+            real = shard.rec.resolve()
+            if real in seen:
+                raise ShardError(f"{shard.rec}: shard given twice; list each shard once")
+            seen.add(real)
+            shards.append(Shard(real, shard.idx.resolve()))
+    return shards
+
+
+def default_cache_dir() -> Path:
+    """Where combined indexes are cached: $RWKV_CLIP_CACHE, else $XDG_CACHE_HOME or ~/.cache."""
+    env = os.environ.get("RWKV_CLIP_CACHE")
+    if env:
+        return Path(env).expanduser() / "loader"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "rwkv-clip" / "loader"
+
+
+@dataclass
+class ShardSet:
+    """Shards plus the combined index; record `i` is the i-th record DALI reads."""
+
+    shards: list[Shard]
+    index_path: Path  # the combined .idx handed to DALI
+    counts: np.ndarray  # records per shard
+    keys: np.ndarray  # per record: its key in its shard's own index
+    offsets: np.ndarray  # per record: byte offset inside its shard
+
+    @property
+    def total_records(self) -> int:
+        return int(self.counts.sum())
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.counts)])
+
+    def locate(self, record: int) -> tuple[Shard, int, int]:
+        """(shard, key, offset) of record number `record`."""
+        shard = int(np.searchsorted(self.starts, record, side="right")) - 1
+        return self.shards[shard], int(self.keys[record]), int(self.offsets[record])
+
+    def key_at(self, rec_name: str, offset: int) -> tuple[Shard, int] | None:
+        """The shard and key of the record at `offset` in the shard file named `rec_name`."""
+        starts = self.starts
+        for i, shard in enumerate(self.shards):
+            if shard.name != rec_name:
+                continue
+            lo, hi = starts[i], starts[i + 1]
+            j = lo + int(np.searchsorted(self.offsets[lo:hi], offset))
+            if j < hi and self.offsets[j] == offset:
+                return shard, int(self.keys[j])
+        return None
+
+
+def _cache_key(shards: list[Shard]) -> str:
+    parts = []
+    for s in shards:
+        rs, ist = s.rec.stat(), s.idx.stat()
+        parts.append([str(s.rec), rs.st_size, rs.st_mtime_ns, str(s.idx), ist.st_size, ist.st_mtime_ns])
+    blob = json.dumps([_CACHE_VERSION, parts]).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def _read_shard_index(shard: Shard) -> tuple[np.ndarray, np.ndarray]:
+    size = shard.rec.stat().st_size
+    if size == 0:
+        raise ShardError(f"{shard.rec}: empty .rec file; reconvert this shard")
+    with open(shard.rec, "rb") as f:
+        if f.read(4) != _MAGIC_BYTES:
+            raise ShardError(f"{shard.rec}: not a RecordIO file (no magic at byte 0)")
+    try:
+        entries = read_index(shard.idx)
+    except (RecordIOError, UnicodeDecodeError) as e:
+        raise ShardError(f"{shard.idx}: unreadable index: {e}") from None
+    if not entries:
+        raise ShardError(f"{shard.idx}: index lists no records; reconvert this shard")
+    arr = np.asarray(entries, dtype=np.int64)
+    keys, offsets = arr[:, 0], arr[:, 1]
+    order = np.argsort(offsets, kind="stable")
+    keys, offsets = keys[order], offsets[order]
+    if offsets[-1] >= size:
+        raise ShardError(f"{shard.idx}: offset {offsets[-1]} is past the end of {shard.rec.name} "
+                         f"({size} bytes); the .rec is truncated or the index is stale")
+    if np.any(np.diff(offsets) == 0):
+        raise ShardError(f"{shard.idx}: two entries share one offset; rebuild the index")
+    if len(np.unique(keys)) != len(keys):
+        raise ShardError(f"{shard.idx}: duplicate keys; rebuild the index")
+    return keys, offsets
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_combined(path: Path, shards: list[Shard], offsets: np.ndarray, counts: np.ndarray) -> None:
+    bases = np.repeat(np.concatenate([[0], np.cumsum([s.rec.stat().st_size for s in shards])[:-1]]), counts)
+    combined = (offsets + bases).tolist()
+
+    def write(f):
+        # Keys are record numbers: unique even when shards reuse keys; DALI ignores them anyway.
+        for lo in range(0, len(combined), 1 << 20):
+            chunk = combined[lo:lo + (1 << 20)]
+            f.write("".join(f"{lo + i}\t{o}\n" for i, o in enumerate(chunk)).encode())
+
+    _atomic_write(path, write)
+
+
+def load_shards(data, cache_dir: str | os.PathLike[str] | None = None) -> ShardSet:
+    """Resolve `data` and return its shards with a (cached) combined index."""
+    shards = resolve_shards(data)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = _cache_key(shards)
+    idx_path, meta_path = cache / f"{key}.idx", cache / f"{key}.npz"
+    if idx_path.is_file() and meta_path.is_file():
+        try:
+            with np.load(meta_path) as z:
+                return ShardSet(shards, idx_path, z["counts"], z["keys"], z["offsets"])
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged cache entry is rebuilt below
+    per_shard = [_read_shard_index(s) for s in shards]
+    counts = np.array([len(k) for k, _ in per_shard], dtype=np.int64)
+    keys = np.concatenate([k for k, _ in per_shard])
+    offsets = np.concatenate([o for _, o in per_shard])
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        # The .npz goes last: its presence marks a complete cache entry.
+        _write_combined(idx_path, shards, offsets, counts)
+        _atomic_write(meta_path, lambda f: np.savez(f, counts=counts, keys=keys, offsets=offsets))
+    except OSError as e:
+        raise ShardError(f"{cache}: cannot write the combined index cache ({e.strerror}); "
+                         "set RWKV_CLIP_CACHE to a writable folder") from None
+    return ShardSet(shards, idx_path, counts, keys, offsets)

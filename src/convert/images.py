@@ -1,0 +1,155 @@
+"""Image validation and transformation: make every stored payload something DALI decodes.
+
+DALI's CPU decoder aborts the whole pipeline on one truncated JPEG, an empty payload
+or non-image bytes, so this is the gate. Levels (`validate`):
+
+* ``off``:   free byte checks only: non-empty, a known image signature, a JPEG ends
+             with its EOI marker, and the header parses (size, colour mode).
+* ``quick``: ``off`` + a reduced-size (1/8 DCT scale) decode; catches corrupt
+             headers and entropy data at a fraction of a full decode. The default.
+* ``full``:  ``off`` + a full strict decode.
+
+JPEGs in RGB or grayscale pass through byte for byte unless a resize or quality is
+asked for; everything else (PNG, WebP, GIF, BMP, TIFF, CMYK, 16-bit, alpha) is
+decoded and re-encoded as RGB JPEG, alpha composited on white.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from .items import EMPTY_IMAGE, NOT_AN_IMAGE, TOO_LARGE, TRUNCATED, UNDECODABLE
+
+# The decompression-bomb guard is ours (`max_pixels`, checked from the header), not PIL's
+# warning-then-error at a fixed size.
+Image.MAX_IMAGE_PIXELS = None
+
+VALIDATE_LEVELS = ("off", "quick", "full")
+CONVERT_QUALITY = 95  # JPEG quality for images we must re-encode when the user named none
+_PASS_MODES = ("RGB", "L")  # JPEG colour modes DALI decodes as-is
+_EOI_WINDOW = 4096  # trailing bytes searched for the EOI marker (some writers append padding)
+
+_SIGNATURES = (
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"BM", "BMP"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+)
+
+
+class ImageRejected(Exception):
+    """The payload cannot be stored; `reason` is one of the skip reasons in items.py."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    validate: str = "quick"
+    resize_short: int = 0  # shrink so the short side is this many pixels (0: keep size)
+    quality: int | None = None  # re-encode every image at this JPEG quality
+    max_pixels: int = 100_000_000  # reject larger images (0: no limit)
+
+
+def sniff(data: bytes) -> str | None:
+    """The image format from the leading bytes, or None for anything else."""
+    for magic, fmt in _SIGNATURES:
+        if data.startswith(magic):
+            return fmt
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return None
+
+
+def _target_size(w: int, h: int, short: int) -> tuple[int, int] | None:
+    if short <= 0 or min(w, h) <= short:
+        return None
+    if w <= h:
+        return short, max(1, round(h * short / w))
+    return max(1, round(w * short / h)), short
+
+
+def _to_rgb(img: Image.Image) -> np.ndarray:
+    """HxWx3 uint8 RGB from any PIL mode: 16-bit scaled down, alpha composited on white."""
+    mode = img.mode
+    if mode.startswith("I") or mode == "F":
+        arr = np.asarray(img)
+        if mode.startswith("I;16") or (mode == "I" and arr.size and arr.max() > 255):
+            arr = arr.astype(np.float32) / 257.0
+        gray = np.clip(np.rint(arr), 0, 255).astype(np.uint8)
+        return np.repeat(gray[:, :, None], 3, axis=2)
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info:
+        rgba = np.asarray(img.convert("RGBA"), dtype=np.float32)
+        alpha = rgba[:, :, 3:4] / 255.0
+        rgb = rgba[:, :, :3] * alpha + 255.0 * (1.0 - alpha)
+        return np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
+    return np.asarray(img.convert("RGB"))
+
+
+def _encode_jpeg(rgb: np.ndarray, quality: int) -> bytes:
+    import cv2
+
+    ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(rgb[:, :, ::-1]), [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise ImageRejected(UNDECODABLE, "JPEG encoding failed")
+    return buf.tobytes()
+
+
+def prepare_image(data: bytes, opts: ImageOptions) -> tuple[bytes, bool]:
+    """The bytes to store for this image and whether they were re-encoded.
+
+    Raises ImageRejected with the skip reason when the image is unusable.
+    """
+    if not data:
+        raise ImageRejected(EMPTY_IMAGE, "zero bytes")
+    fmt = sniff(data)
+    if fmt is None:
+        raise ImageRejected(NOT_AN_IMAGE, f"unknown signature {data[:8]!r}")
+    if fmt == "JPEG" and data.rfind(b"\xff\xd9", max(0, len(data) - _EOI_WINDOW)) < 0:
+        raise ImageRejected(TRUNCATED, "JPEG has no end-of-image marker")
+    try:
+        img = Image.open(io.BytesIO(data))
+        w, h = img.size
+    except Exception as exc:
+        raise ImageRejected(UNDECODABLE, f"{fmt} header: {exc}") from None
+    if w <= 0 or h <= 0:
+        raise ImageRejected(UNDECODABLE, f"size {w}x{h}")
+    if opts.max_pixels and w * h > opts.max_pixels:
+        raise ImageRejected(TOO_LARGE, f"{w}x{h} is over {opts.max_pixels} pixels")
+
+    target = _target_size(w, h, opts.resize_short)
+    passthrough = fmt == "JPEG" and img.mode in _PASS_MODES and target is None and opts.quality is None
+    try:
+        if passthrough:
+            if opts.validate == "quick":
+                img.draft(img.mode, (max(1, w // 8), max(1, h // 8)))
+                img.load()
+            elif opts.validate == "full":
+                img.load()
+            return data, False
+        if fmt == "JPEG" and target is not None:
+            img.draft("RGB" if img.mode != "CMYK" else img.mode, target)  # DCT-domain shrink first
+        img.load()
+        rgb = _to_rgb(img)
+    except ImageRejected:
+        raise
+    except Exception as exc:  # PIL raises OSError for truncated data, SyntaxError/ValueError for junk
+        text = str(exc)
+        reason = TRUNCATED if "truncated" in text.lower() else UNDECODABLE
+        raise ImageRejected(reason, f"{fmt}: {text}") from None
+    if target is not None:
+        import cv2
+
+        if (rgb.shape[1], rgb.shape[0]) != target:
+            rgb = cv2.resize(rgb, target, interpolation=cv2.INTER_AREA)
+    return _encode_jpeg(rgb, opts.quality or CONVERT_QUALITY), True

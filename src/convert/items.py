@@ -1,0 +1,75 @@
+"""The small values that flow through a conversion: input units, items, results, skip reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Why an item was skipped. Reports count by these names, so they are part of the output format.
+UNREADABLE = "unreadable_file"
+EMPTY_IMAGE = "empty_image"
+NOT_AN_IMAGE = "not_an_image"
+TRUNCATED = "truncated_image"
+UNDECODABLE = "undecodable_image"
+TOO_LARGE = "image_too_large"
+MISSING_IMAGE = "missing_image"
+MISSING_CAPTION = "missing_caption"
+EMPTY_CAPTION = "empty_caption"
+EMPTY_TOKENS = "caption_tokenizes_to_nothing"
+BAD_TOKENS = "bad_tokens"
+CAPTION_COUNT = "caption_count_mismatch"
+UNSAFE_PATH = "unsafe_path"
+BROKEN_ROW = "broken_row"
+BROKEN_INPUT = "broken_input"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One independently readable piece of input: a file, or a slice of a folder listing.
+
+    Units are the grain of the multi-machine split and of sample ids: `index` is the
+    unit's position in the full (unsplit) input list.
+    """
+
+    index: int
+    path: str
+    start: int = 0  # first item of the slice (folders only)
+    stop: int | None = None
+
+
+@dataclass
+class Item:
+    """One image-text pair as a source yields it; the worker turns it into a record.
+
+    A source either reads the image bytes (`image`) or leaves the path for the worker
+    (`image_path`), so that parallel workers, not the parent, pay for file reads.
+    """
+
+    pos: int  # position in the unit, counting every item, good or bad
+    ref: str  # human-readable pointer for reports, e.g. "a.parquet:row 17"
+    image: bytes | None = None
+    image_path: str | None = None
+    captions: list[str] | None = None
+    tokens: np.ndarray | None = None  # float32 [K*77] token ids, already tokenised
+    error: str | None = None  # the source already knows this item is bad
+    detail: str = ""
+    row: int = 0  # row in the source file, stored as the record's id2
+    extra: dict = field(default_factory=dict)
+    sample_id: int = 0  # set by the pipeline: unique over all machines
+    slot: int = 0  # set by the pipeline: the unit's place in this machine's unit list
+
+
+@dataclass
+class Result:
+    """What a worker returns for one item: a packed record or the reason it was skipped."""
+
+    pos: int
+    ref: str
+    slot: int = 0
+    sample_id: int = 0
+    record: bytes | None = None
+    captions: int = 0  # K: number of 77-token blocks in the record
+    reason: str | None = None
+    detail: str = ""
+    converted: bool = False  # the image was re-encoded (not passed through)

@@ -1,0 +1,64 @@
+"""Input readers, one class per input kind, and detection of the kind from the paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .base import IMAGE_EXTS, InputError, Source, SourceOptions
+from .folder import FolderSource
+from .manifest import MANIFEST_EXTS, ManifestSource
+from .parquet import ParquetSource
+from .webdataset import TAR_EXTS, WebDatasetSource
+
+SOURCES: dict[str, type[Source]] = {
+    cls.kind: cls for cls in (ParquetSource, FolderSource, ManifestSource, WebDatasetSource)
+}
+
+__all__ = ["SOURCES", "InputError", "Source", "SourceOptions", "detect_kind", "make_source"]
+
+
+def _kind_of(path: Path) -> str:
+    name = path.name.lower()
+    if path.is_file():
+        if name.endswith(".parquet"):
+            return "parquet"
+        if name.endswith(TAR_EXTS):
+            return "webdataset"
+        if name.endswith(MANIFEST_EXTS):
+            return "manifest"
+        raise InputError(f"{path}: cannot tell the input kind from the name; pass --format")
+    if path.is_dir():
+        # Look at the first level, then one below: enough to tell a hub download from an image tree.
+        for pattern in ("*", "*/*"):
+            names = [p.name.lower() for p in path.glob(pattern) if p.is_file()]
+            if any(n.endswith(".parquet") for n in names):
+                return "parquet"
+            if any(n.endswith(TAR_EXTS) for n in names):
+                return "webdataset"
+            if any(n.endswith(IMAGE_EXTS) for n in names):
+                return "folder"
+        raise InputError(f"{path}: found no parquet, tar or image files in this folder; pass --format")
+    raise InputError(f"{path}: no such file or folder; check the input path")
+
+
+def detect_kind(paths: list[Path]) -> str:
+    """The one input kind of all `paths`; mixing kinds in one run is an error."""
+    if not paths:
+        raise InputError("no inputs given; pass parquet files, tar files, manifests or an image folder")
+    kinds = {str(p): _kind_of(p) for p in paths}
+    if len(set(kinds.values())) > 1:
+        listing = ", ".join(f"{p} ({k})" for p, k in kinds.items())
+        raise InputError(f"inputs are of different kinds: {listing}; convert each kind in its own run")
+    return next(iter(kinds.values()))
+
+
+def make_source(paths: list[Path], kind: str = "auto", options: SourceOptions | None = None) -> Source:
+    options = options or SourceOptions()
+    if kind == "auto":
+        kind = detect_kind(paths)
+    if kind not in SOURCES:
+        raise InputError(f"unknown input format {kind!r}; use one of: auto, {', '.join(SOURCES)}")
+    for p in paths:
+        if not p.exists():
+            raise InputError(f"{p}: no such file or folder; check the input path")
+    return SOURCES[kind](paths, options)

@@ -1,0 +1,92 @@
+"""A folder of images, each with a caption `.txt`: beside it (`a.jpg` + `a.txt`) or in a
+parallel tree (`img/0001.jpg` + `captions/0001.txt`, the seed guide's layout).
+
+The folder listing is sorted, so item order (and thus sample ids) depends only on the
+file names, and it is cut into units of `folder_chunk` images so that several machines
+can split one big folder.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..items import Item, Unit
+from .base import IMAGE_EXTS, InputError, Source
+
+IMAGE_DIRS = ("img", "imgs", "image", "images")
+CAPTION_DIRS = ("captions", "caption", "texts", "text", "txt")
+
+
+def list_images(root: Path) -> list[str]:
+    """Relative POSIX paths of every image file under `root`, sorted."""
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        rel = os.path.relpath(dirpath, root)
+        for name in filenames:
+            if name.lower().endswith(IMAGE_EXTS) and not name.startswith("."):
+                found.append(name if rel == "." else f"{rel}/{name}".replace(os.sep, "/"))
+    found.sort()
+    return found
+
+
+def caption_candidates(root: Path, rel: str, caption_dir: str | None) -> list[str]:
+    """Where the caption of image `root/rel` may be, most specific first."""
+    stem = rel.rsplit(".", 1)[0]
+    out: list[str] = []
+    if caption_dir:
+        out.append(os.path.join(caption_dir, stem + ".txt"))
+    out.append(str(root / (stem + ".txt")))
+    parts = stem.split("/")
+    for i, part in enumerate(parts[:-1]):
+        if part.lower() in IMAGE_DIRS:
+            for cap in CAPTION_DIRS:
+                out.append(str(root.joinpath(*parts[:i], cap, *parts[i + 1 :])) + ".txt")
+    if root.name.lower() in IMAGE_DIRS:  # the user pointed at img/ itself
+        for cap in CAPTION_DIRS:
+            out.append(str(root.parent / cap / stem) + ".txt")
+    return out
+
+
+class FolderSource(Source):
+    kind = "folder"
+
+    def __init__(self, paths: list[Path], options) -> None:
+        super().__init__(paths, options)
+        self._listing: dict[str, list[str]] = {}
+
+    def _list(self, root: str) -> list[str]:
+        if root not in self._listing:
+            self._listing[root] = list_images(Path(root))
+        return self._listing[root]
+
+    def units(self) -> list[Unit]:
+        units: list[Unit] = []
+        chunk = max(1, self.options.folder_chunk)
+        for path in self.paths:
+            if not path.is_dir():
+                raise InputError(f"{path}: not a folder; folder input needs a folder of images and .txt captions")
+            root = str(path)
+            n = len(self._list(root))
+            if n == 0:
+                raise InputError(f"{path}: no image files ({', '.join(IMAGE_EXTS)}) in this folder")
+            for start in range(0, n, chunk):
+                units.append(Unit(len(units), root, start, min(n, start + chunk)))
+        return units
+
+    def count(self, unit: Unit) -> int:
+        assert unit.stop is not None
+        return unit.stop - unit.start
+
+    def items(self, unit: Unit, start: int = 0) -> Iterator[Item]:
+        root = Path(unit.path)
+        listing = self._list(unit.path)
+        for pos in range(start, self.count(unit)):
+            index = unit.start + pos
+            rel = listing[index]
+            yield Item(
+                pos, str(root / rel), image_path=str(root / rel), row=index,
+                extra={"caption_files": caption_candidates(root, rel, self.options.caption_dir)},
+            )

@@ -1,0 +1,128 @@
+"""Parquet shards as the hub publishes YFCC15M: `images` {bytes, path} + `texts` list<float32> tokens.
+
+Rows are streamed one record batch at a time, so a 750 MB shard never sits in memory
+whole. Image bytes and token floats are passed through untouched; a string (or
+list<string>) caption column is also accepted and then tokenised by the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..items import BROKEN_INPUT, BROKEN_ROW, Item, Unit
+from .base import InputError, Source, expand
+
+IMAGE_COLUMNS = ("images", "image", "jpg", "img")
+TEXT_COLUMNS = ("texts", "text", "tokens", "caption", "captions")
+BATCH_ROWS = 256
+
+
+def _pick(schema: pa.Schema, wanted: str | None, defaults: tuple[str, ...], what: str, path: Path) -> str:
+    names = schema.names
+    if wanted:
+        if wanted not in names:
+            raise InputError(f"{path}: no {what} column {wanted!r} (columns: {', '.join(names)})")
+        return wanted
+    for name in defaults:
+        if name in names:
+            return name
+    raise InputError(
+        f"{path}: no {what} column among {', '.join(defaults)} (columns: {', '.join(names)}); "
+        f"name it with --{'image-column' if what == 'image' else 'caption-columns'}"
+    )
+
+
+def _image_bytes(col: pa.Array) -> list[bytes | None]:
+    if pa.types.is_struct(col.type):
+        if col.type.get_field_index("bytes") < 0:
+            raise ValueError(f"image struct has no 'bytes' field ({col.type})")
+        values = col.field("bytes").to_pylist()
+        # A null struct hides whatever its child holds.
+        return [None if null else v for v, null in zip(values, col.is_null().to_pylist())]
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        return col.to_pylist()
+    raise ValueError(f"image column has type {col.type}, expected binary or struct<bytes, path>")
+
+
+class ParquetSource(Source):
+    kind = "parquet"
+
+    def units(self) -> list[Unit]:
+        return [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, (".parquet",)))]
+
+    def count(self, unit: Unit) -> int:
+        try:
+            return pq.ParquetFile(unit.path).metadata.num_rows
+        except Exception:
+            return 1  # an unreadable file is one bad item, see items()
+
+    def items(self, unit: Unit, start: int = 0) -> Iterator[Item]:
+        path = Path(unit.path)
+        try:
+            pf = pq.ParquetFile(path)
+        except Exception as exc:  # not parquet, truncated footer, unreadable
+            if start == 0:
+                yield Item(0, str(path), error=BROKEN_INPUT, detail=f"cannot open parquet: {exc}")
+            return
+        schema = pf.schema_arrow
+        wanted_text = self.options.caption_columns[0] if self.options.caption_columns else None
+        try:
+            image_col = _pick(schema, self.options.image_column, IMAGE_COLUMNS, "image", path)
+            text_col = _pick(schema, wanted_text, TEXT_COLUMNS, "caption", path)
+        except InputError as exc:  # one odd file among many must not end the run
+            if start == 0:
+                yield Item(0, str(path), error=BROKEN_INPUT, detail=str(exc))
+            return
+        first_row = 0
+        for rg in range(pf.metadata.num_row_groups):
+            n = pf.metadata.row_group(rg).num_rows
+            if first_row + n <= start:
+                first_row += n
+                continue
+            yield from self._row_group(pf, rg, first_row, n, image_col, text_col, start, path)
+            first_row += n
+
+    def _row_group(
+        self, pf: pq.ParquetFile, rg: int, first_row: int, n: int, image_col: str, text_col: str,
+        start: int, path: Path,
+    ) -> Iterator[Item]:
+        row = first_row
+        try:
+            for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=[image_col, text_col]):
+                images = _image_bytes(batch.column(0))
+                texts = batch.column(1)
+                for i, image in enumerate(images):
+                    if row >= start:
+                        yield self._item(row, path, image, texts, i)
+                    row += 1
+        except Exception as exc:  # a corrupt page: the rest of this row group is lost, the file is not
+            for r in range(max(row, start), first_row + n):
+                yield Item(r, f"{path}:row {r}", row=r, error=BROKEN_ROW, detail=f"row group {rg}: {exc}")
+
+    @staticmethod
+    def _item(row: int, path: Path, image: bytes | None, texts: pa.Array, i: int) -> Item:
+        ref = f"{path}:row {row}"
+        if image is None:
+            return Item(row, ref, row=row, error=BROKEN_ROW, detail="image is null")
+        value = texts[i]
+        if not value.is_valid:
+            return Item(row, ref, row=row, image=image, error=BROKEN_ROW, detail="caption is null")
+        t = texts.type
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            vt = t.value_type
+            if pa.types.is_string(vt) or pa.types.is_large_string(vt):
+                return Item(row, ref, row=row, image=image, captions=[c or "" for c in value.as_py()])
+            if pa.types.is_floating(vt) or pa.types.is_integer(vt):
+                values = value.values
+                if values.null_count:
+                    return Item(row, ref, row=row, image=image, error=BROKEN_ROW, detail="null token id")
+                tokens = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32)
+                return Item(row, ref, row=row, image=image, tokens=tokens)
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            return Item(row, ref, row=row, image=image, captions=[value.as_py()])
+        return Item(row, ref, row=row, image=image, error=BROKEN_ROW, detail=f"caption column type {t}")

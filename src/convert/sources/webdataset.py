@@ -1,0 +1,94 @@
+"""WebDataset tars as img2dataset writes them: `KEY.jpg` + `KEY.txt` [+ `KEY.json`, ...].
+
+Members of one sample are consecutive and share the key (the member name up to the
+first dot of its base name). A caption missing from `.txt` is taken from the json's
+"caption" field when present. A tar that breaks part-way yields what came before and
+one `broken_input` item.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..items import BROKEN_INPUT, MISSING_CAPTION, MISSING_IMAGE, Item, Unit
+from .base import IMAGE_EXTS, Source, expand
+
+TAR_EXTS = (".tar", ".tar.gz", ".tgz")
+
+
+def _split(name: str) -> tuple[str, str]:
+    head, _, base = name.rpartition("/")
+    key, dot, ext = base.partition(".")
+    return (f"{head}/{key}" if head else key), (dot + ext).lower()
+
+
+def _groups(tar: tarfile.TarFile) -> Iterator[tuple[str, list[tarfile.TarInfo]]]:
+    key, members = None, []
+    for info in tar:
+        if not info.isfile():
+            continue
+        k, _ = _split(info.name)
+        if k != key and members:
+            yield key, members  # type: ignore[misc]
+            members = []
+        key = k
+        members.append(info)
+    if members:
+        yield key, members  # type: ignore[misc]
+
+
+class WebDatasetSource(Source):
+    kind = "webdataset"
+
+    def units(self) -> list[Unit]:
+        return [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, TAR_EXTS))]
+
+    def count(self, unit: Unit) -> int:
+        n = 0
+        try:
+            with tarfile.open(unit.path, "r:*") as tar:
+                for _ in _groups(tar):
+                    n += 1
+        except (tarfile.TarError, OSError, EOFError):
+            n += 1  # the broken_input item
+        return n
+
+    def items(self, unit: Unit, start: int = 0) -> Iterator[Item]:
+        path = Path(unit.path)
+        pos = 0
+        try:
+            with tarfile.open(path, "r:*") as tar:
+                for key, members in _groups(tar):
+                    if pos >= start:
+                        yield self._item(tar, path, pos, key, members)
+                    pos += 1
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            if pos >= start:
+                yield Item(pos, f"{path}:{pos}", row=pos, error=BROKEN_INPUT, detail=f"tar read failed: {exc}")
+
+    @staticmethod
+    def _item(tar: tarfile.TarFile, path: Path, pos: int, key: str, members: list[tarfile.TarInfo]) -> Item:
+        ref = f"{path}:{key}"
+        by_ext = {_split(m.name)[1]: m for m in members}
+        image_member = next((by_ext[e] for e in by_ext if e in IMAGE_EXTS), None)
+        if image_member is None:
+            return Item(pos, ref, row=pos, error=MISSING_IMAGE, detail=f"members: {', '.join(sorted(by_ext))}")
+        f = tar.extractfile(image_member)
+        image = f.read() if f else b""
+        caption = None
+        if ".txt" in by_ext:
+            f = tar.extractfile(by_ext[".txt"])
+            caption = f.read().decode("utf-8", errors="replace") if f else None
+        elif ".json" in by_ext:
+            f = tar.extractfile(by_ext[".json"])
+            try:
+                meta = json.loads(f.read()) if f else {}
+                caption = meta.get("caption") if isinstance(meta, dict) else None
+            except ValueError:
+                caption = None
+        if caption is None:
+            return Item(pos, ref, row=pos, error=MISSING_CAPTION, detail="no .txt (or json caption)")
+        return Item(pos, ref, image=image, captions=[caption], row=pos)

@@ -1,0 +1,83 @@
+"""Turn one item into one packed record (or a skip reason). Runs in the worker processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..recordio import IRHeader, pack
+from .captions import CONTEXT_LENGTH, CaptionRejected, check_tokens, tokenize_captions
+from .images import ImageOptions, ImageRejected, prepare_image
+from .items import MISSING_CAPTION, MISSING_IMAGE, UNREADABLE, Item, Result
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    image: ImageOptions = ImageOptions()
+    context_length: int = CONTEXT_LENGTH
+
+
+_config = WorkerConfig()
+
+
+def init_worker(config: WorkerConfig) -> None:
+    """Process-pool initializer: one thread per process, the pool is the parallelism."""
+    global _config
+    _config = config
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+def _read_caption_file(candidates: list[str]) -> list[str] | None:
+    for path in candidates:
+        try:
+            with open(path, encoding="utf-8-sig", errors="replace") as f:
+                return [" ".join(f.read().split())]
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            continue
+    return None
+
+
+def _skip(item: Item, reason: str, detail: str) -> Result:
+    return Result(item.pos, item.ref, item.slot, item.sample_id, reason=reason, detail=detail)
+
+
+def process_item(item: Item, config: WorkerConfig) -> Result:
+    if item.error:
+        return _skip(item, item.error, item.detail)
+    ctx = config.context_length
+    captions = item.captions
+    if item.tokens is None and captions is None:
+        captions = _read_caption_file(item.extra.get("caption_files", []))
+        if captions is None:
+            return _skip(item, MISSING_CAPTION, "no caption .txt found")
+    try:
+        if item.tokens is not None:
+            tokens = check_tokens(item.tokens, ctx)
+        elif not captions or not all(c.strip() for c in captions):
+            tokens = tokenize_captions(captions or [], ctx)  # raises the empty-caption reason
+        else:
+            tokens = None  # tokenised after the image passed: the cheaper check goes first
+        data = item.image
+        if data is None:
+            try:
+                with open(item.image_path or "", "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                return _skip(item, MISSING_IMAGE, f"{item.image_path}: no such file")
+            except OSError as exc:
+                return _skip(item, UNREADABLE, f"{item.image_path}: {exc.strerror or exc}")
+        payload, converted = prepare_image(data, config.image)
+        if tokens is None:
+            tokens = tokenize_captions(captions or [], ctx)
+    except (ImageRejected, CaptionRejected) as exc:
+        return _skip(item, exc.reason, exc.detail)
+    record = pack(IRHeader(0, tokens, item.sample_id, item.row), payload)
+    return Result(
+        item.pos, item.ref, item.slot, item.sample_id, record=record,
+        captions=tokens.size // ctx, converted=converted,
+    )
+
+
+def process_chunk(items: list[Item]) -> list[Result]:
+    return [process_item(item, _config) for item in items]

@@ -1,0 +1,61 @@
+"""Write one shard under temporary names and publish it by rename only when it is complete."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..recordio import MXIndexedRecordIO
+
+TMP_SUFFIX = ".tmp"
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ShardWriter:
+    """`.rec` + `.idx` written as `NAME.rec.tmp` / `NAME.idx.tmp`, renamed by `commit()`.
+
+    A reader that sees `NAME.rec` can rely on it being whole: the index is renamed
+    first, the data file last, both after an fsync.
+    """
+
+    def __init__(self, rec: Path, idx: Path) -> None:
+        self.rec, self.idx = rec, idx
+        self.tmp_rec = rec.with_name(rec.name + TMP_SUFFIX)
+        self.tmp_idx = idx.with_name(idx.name + TMP_SUFFIX)
+        self._io = MXIndexedRecordIO(str(self.tmp_idx), str(self.tmp_rec), "w")
+        self.records = 0
+        self.first_id: int | None = None
+        self.last_id: int | None = None
+
+    def write(self, key: int, record: bytes) -> None:
+        self._io.write_idx(key, record)
+        self.records += 1
+        if self.first_id is None:
+            self.first_id = key
+        self.last_id = key
+
+    def commit(self) -> dict:
+        """Publish the shard; returns its summary for the report."""
+        size = self._io.tell()
+        self._io.close()
+        for tmp in (self.tmp_idx, self.tmp_rec):
+            fsync_path(tmp)
+        os.replace(self.tmp_idx, self.idx)
+        os.replace(self.tmp_rec, self.rec)
+        fsync_path(self.rec.parent)
+        return {
+            "rec": self.rec.name, "idx": self.idx.name, "records": self.records, "bytes": size,
+            "first_id": self.first_id, "last_id": self.last_id,
+        }
+
+    def abort(self) -> None:
+        self._io.close()
+        for tmp in (self.tmp_idx, self.tmp_rec):
+            tmp.unlink(missing_ok=True)

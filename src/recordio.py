@@ -57,6 +57,9 @@ _PADDING = (b"", b"\0\0\0", b"\0\0", b"\0")  # indexed by length % 4
 # cflag values of a part: whole record, first, middle and last part of a split record.
 _WHOLE, _FIRST, _MIDDLE, _LAST = 0, 1, 2, 3
 
+# Records at least this long are scanned for magic words with numpy, shorter ones with bytes.find.
+_NUMPY_SCAN_MIN = 8192
+
 # Writes go through a large buffer: records are small and many, syscalls are not free.
 _WRITE_BUFFER = 1 << 20
 
@@ -132,8 +135,26 @@ def pack_img(header: Any, img: np.ndarray, quality: int = 95, img_fmt: str = ".j
     return pack(header, buf.tobytes())
 
 
-def _encode_record(buf: bytes) -> list[bytes | memoryview]:
-    """The parts, headers and padding that store one record, ready to write in order.
+def _aligned_magic_offsets(buf: bytes) -> list[int]:
+    """Offsets of the magic word at 4-byte-aligned positions of `buf`, in order."""
+    if len(buf) >= _NUMPY_SCAN_MIN:
+        # One vectorised compare of every aligned word beats bytes.find on large,
+        # random-looking data, where the magic's first byte turns up every 256 bytes.
+        words = np.frombuffer(buf, dtype="<u4", count=len(buf) >> 2)
+        return (np.flatnonzero(words == _MAGIC) << 2).tolist()
+    hits = []
+    hit = buf.find(_MAGIC_BYTES)
+    while hit >= 0:
+        if hit & 3:
+            hit = buf.find(_MAGIC_BYTES, hit + 1)
+        else:
+            hits.append(hit)
+            hit = buf.find(_MAGIC_BYTES, hit + 4)
+    return hits
+
+
+def _encode_record(buf: bytes) -> tuple[list[bytes | memoryview], int]:
+    """The headers, parts and padding that store one record, in write order, and their size.
 
     The payload is cut at every 4-byte-aligned magic word (the word itself is
     dropped; readers put it back), exactly where dmlc-core's writer cuts it.
@@ -141,32 +162,22 @@ def _encode_record(buf: bytes) -> list[bytes | memoryview]:
     length = len(buf)
     if length >= _MAX_RECORD:
         raise ValueError(f"RecordIO records must be shorter than 2**29 bytes, got {length}")
+    pad = _PADDING[length & 3]
+    hits = _aligned_magic_offsets(buf)
+    if not hits:
+        return [_PART_HEADER.pack(_MAGIC, length), buf, pad], 8 + length + len(pad)
     chunks: list[bytes | memoryview] = []
+    view = memoryview(buf)
     start = 0  # first byte of the current part
-    find = buf.find
-    hit = find(_MAGIC_BYTES)
-    if hit >= 0:
-        view = memoryview(buf)
-        while hit >= 0:
-            if hit & 3:
-                hit = find(_MAGIC_BYTES, hit + 1)
-                continue
-            cflag = _FIRST if start == 0 else _MIDDLE
-            chunks.append(_PART_HEADER.pack(_MAGIC, (cflag << 29) | (hit - start)))
-            if hit != start:
-                chunks.append(view[start:hit])
-            start = hit + 4
-            hit = find(_MAGIC_BYTES, start)
-        tail: bytes | memoryview = view[start:]
-    else:
-        tail = buf
-    cflag = _LAST if start else _WHOLE
-    chunks.append(_PART_HEADER.pack(_MAGIC, (cflag << 29) | (length - start)))
-    if length != start:
-        chunks.append(tail)
-    if length & 3:
-        chunks.append(_PADDING[length & 3])
-    return chunks
+    for hit in hits:
+        chunks.append(_PART_HEADER.pack(_MAGIC, ((_FIRST if start == 0 else _MIDDLE) << 29) | (hit - start)))
+        chunks.append(view[start:hit])
+        start = hit + 4
+    chunks.append(_PART_HEADER.pack(_MAGIC, (_LAST << 29) | (length - start)))
+    chunks.append(view[start:])
+    chunks.append(pad)
+    # Each of the len(hits) dropped magic words became an extra 8-byte part header.
+    return chunks, 8 + length + 4 * len(hits) + len(pad)
 
 
 def _read_record(f: BinaryIO, path: str, offset: int) -> tuple[bytes | None, int]:
@@ -204,15 +215,16 @@ def _read_record(f: BinaryIO, path: str, offset: int) -> tuple[bytes | None, int
                 f"{path}: part at byte offset {pos} has cflag {cflag} but starts a record "
                 "(expected 0 or 1); corrupt file or an index offset into the middle of a record"
             )
-        padded = (length + 3) & ~3
-        data = f.read(padded)
-        if len(data) < padded:
+        pad = -length & 3
+        data = f.read(length)
+        # Read the padding separately: slicing it off would copy the whole part.
+        if len(data) < length or (pad and len(f.read(pad)) < pad):
             raise RecordIOError(
                 f"{path}: truncated record at byte offset {pos}: the part declares {length} bytes "
-                f"(+{padded - length} padding) but only {len(data)} remain"
+                f"(+{pad} padding) but the file ends before that"
             )
-        pos += 8 + padded
-        parts.append(data[:length] if padded != length else data)
+        pos += 8 + length + pad
+        parts.append(data)
         if cflag in (_WHOLE, _LAST):
             break
     record = parts[0] if len(parts) == 1 else _MAGIC_BYTES.join(parts)
@@ -308,10 +320,10 @@ class MXRecordIO:
             raise TypeError("MXRecordIO.write takes bytes, not str")
         if not isinstance(buf, bytes):
             buf = bytes(buf)
-        chunks = _encode_record(buf)
+        chunks, size = _encode_record(buf)
         for chunk in chunks:
             f.write(chunk)
-        self._pos += sum(len(c) for c in chunks)
+        self._pos += size
 
     def read(self) -> bytes | None:
         """The next record, or None at the end of the file."""
@@ -344,19 +356,25 @@ class MXIndexedRecordIO(MXRecordIO):
         super().open()
         self.idx = {}
         self.keys = []
-        if self.writable:
-            self.fidx = open(self.idx_path, "w", buffering=_WRITE_BUFFER)
-            return
-        self.fidx = open(self.idx_path)
-        for key, offset in _parse_index(self.fidx, self.idx_path, self.key_type):
-            self.idx[key] = offset
-            self.keys.append(key)
+        try:
+            if self.writable:
+                self.fidx = open(self.idx_path, "w", buffering=_WRITE_BUFFER)
+                return
+            self.fidx = open(self.idx_path)
+            for key, offset in _parse_index(self.fidx, self.idx_path, self.key_type):
+                self.idx[key] = offset
+                self.keys.append(key)
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         if not self.is_open:
             return
         super().close()
-        self.fidx.close()
+        if self.fidx is not None:
+            self.fidx.close()
+            self.fidx = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

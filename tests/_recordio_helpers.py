@@ -29,7 +29,7 @@ def reference_encode(data: bytes) -> bytes:
     return out + b"\0" * (-len(data) % 4)
 
 
-def random_payloads(seed: int, count: int, max_size: int = 6000) -> list[bytes]:
+def random_payloads(seed: int, count: int, max_size: int = 20000) -> list[bytes]:
     """Random payloads, most with magic words planted at aligned and unaligned offsets."""
     rng = np.random.default_rng(seed)
     out = []

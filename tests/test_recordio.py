@@ -7,7 +7,10 @@ import json
 import os
 import pickle
 import struct
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,6 +146,68 @@ def test_pickled_reader_reopens_and_writer_refuses(tmp_path):
     assert r2.read_idx(1) == b"two" and r2.keys == [0, 1]
     with MXRecordIO(tmp_path / "b.rec", "w") as w, pytest.raises(TypeError, match="truncate"):
         pickle.dumps(w)
+
+
+# Runs in a fresh interpreter: forking the pytest process, where other tests may have
+# started DALI's threads, could deadlock the child. Exit status 0 = all checks held.
+FORK_SCRIPT = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from src.recordio import MXIndexedRecordIO, MXRecordIO
+d = sys.argv[2]
+
+def in_child(fn):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if fn() else 3)
+        except BaseException:
+            os._exit(4)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+with MXIndexedRecordIO(d + "/a.idx", d + "/a.rec", "w") as w:
+    for n, rec in enumerate([b"zero", b"one", b"two"]):
+        w.write_idx(n, rec)
+r = MXIndexedRecordIO(d + "/a.idx", d + "/a.rec", "r")
+assert r.read() == b"zero"
+# The child reopens and starts over, instead of sharing the parent's file offset...
+assert in_child(lambda: [r.read(), r.read_idx(2)] == [b"zero", b"two"])
+# ...so the parent's position is untouched.
+assert r.read() == b"one"
+
+w = MXRecordIO(d + "/b.rec", "w")
+w.write(b"parent")
+
+def child_write():
+    try:
+        w.write(b"child")
+    except RuntimeError:
+        return True
+    return False
+
+assert in_child(child_write)
+w.close()
+r = MXRecordIO(d + "/b.rec", "r")
+assert [r.read(), r.read()] == [b"parent", None]
+"""
+
+
+def test_forked_children_reopen_readers_and_refuse_writers(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT, str(Path(__file__).resolve().parent.parent), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_missing_index_file_is_a_clear_error(tmp_path):
+    write_records(tmp_path / "a.idx", tmp_path / "a.rec", [b"x"])
+    with pytest.raises(FileNotFoundError, match="nope.idx"):
+        MXIndexedRecordIO(tmp_path / "nope.idx", tmp_path / "a.rec", "r")
+    with pytest.raises(FileNotFoundError, match="nope.rec"):
+        MXRecordIO(tmp_path / "nope.rec", "r")
 
 
 def test_write_index_is_read_back(tmp_path):
@@ -286,20 +351,31 @@ def test_property_pack_unpack_round_trip(flag, label, id_, id2, payload):
 
 
 @PROPERTY_SETTINGS
-@given(records=st.lists(payloads, max_size=12))
-def test_property_writer_matches_spec_and_reader_inverts_it(records):
-    with tempfile.TemporaryDirectory() as d:
-        idx, rec = os.path.join(d, "p.idx"), os.path.join(d, "p.rec")
-        write_records(idx, rec, records)
-        with open(rec, "rb") as f:
-            assert f.read() == b"".join(reference_encode(r) for r in records)
-        with MXRecordIO(rec, "r") as r:
-            assert [r.read() for _ in records] == records
-            assert r.read() is None
-        reader = MXIndexedRecordIO(idx, rec, "r")
-        for key in reversed(reader.keys):
-            assert reader.read_idx(key) == records[key]
-        reader.close()
+@given(records=st.lists(payloads, max_size=12), numpy_scan_min=st.sampled_from([0, 8, 1 << 30]))
+def test_property_writer_matches_spec_and_reader_inverts_it(records, numpy_scan_min):
+    # Both magic-word scanners (numpy for long records, bytes.find for short) are exercised.
+    saved = recordio._NUMPY_SCAN_MIN
+    recordio._NUMPY_SCAN_MIN = numpy_scan_min
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            _check_writer_against_spec(d, records)
+    finally:
+        recordio._NUMPY_SCAN_MIN = saved
+
+
+def _check_writer_against_spec(d, records):
+    """Write `records`, compare the bytes with the spec-literal encoder, read them back."""
+    idx, rec = os.path.join(d, "p.idx"), os.path.join(d, "p.rec")
+    write_records(idx, rec, records)
+    with open(rec, "rb") as f:
+        assert f.read() == b"".join(reference_encode(r) for r in records)
+    with MXRecordIO(rec, "r") as r:
+        assert [r.read() for _ in records] == records
+        assert r.read() is None
+    reader = MXIndexedRecordIO(idx, rec, "r")
+    for key in reversed(reader.keys):
+        assert reader.read_idx(key) == records[key]
+    reader.close()
 
 
 # ---------------------------------------------------------------- MXNet 1.9.1 as the oracle

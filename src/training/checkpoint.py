@@ -1,0 +1,162 @@
+"""Training checkpoints: atomic writes, discovery of the latest one, RNG state capture.
+
+A checkpoint is a dict that `torch.load(..., weights_only=True)` accepts: tensors,
+numbers, strings, lists, tuples and dicts only. Its `state_dict` holds the unwrapped
+model's parameters (no `module.` / `_orig_mod.` prefixes), so
+`create_model(config, pretrained=path)` loads it directly.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CHECKPOINT_DIR = "checkpoints"
+_NAME = re.compile(r"^(?:step|epoch)_(\d+)\.pt$")
+_STEP_NAME = re.compile(r"^step_(\d+)\.pt$")
+
+
+def checkpoint_dir(output: str | os.PathLike) -> Path:
+    return Path(output) / CHECKPOINT_DIR
+
+
+def step_checkpoint_path(output: str | os.PathLike, step: int) -> Path:
+    return checkpoint_dir(output) / f"step_{step:09d}.pt"
+
+
+def epoch_checkpoint_path(output: str | os.PathLike, epoch: int) -> Path:
+    """`epoch` counts completed epochs (1 after the first)."""
+    return checkpoint_dir(output) / f"epoch_{epoch:03d}.pt"
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
+    """Write `obj` to a temporary file beside `path`, fsync it, then rename over `path`.
+
+    A kill at any moment leaves either the previous file or the complete new one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def list_checkpoints(output: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(global step, path) of every complete checkpoint, oldest first.
+
+    The step is read from the file name; temporary files never match the pattern.
+    """
+    folder = checkpoint_dir(output)
+    if not folder.is_dir():
+        return []
+    found = []
+    for p in folder.iterdir():
+        if _NAME.match(p.name) and p.is_file():
+            found.append((_step_of(p), p))
+    return sorted(found, key=lambda sp: (sp[0], sp[1].name.startswith("epoch")))
+
+
+def _step_of(path: Path) -> int:
+    # Epoch files are named by epoch, so their step lives inside; the header read is cheap
+    # compared with the training run and only happens at start-up.
+    m = _STEP_NAME.match(path.name)
+    if m:
+        return int(m.group(1))
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])
+    except Exception:
+        return -1
+
+
+def latest_checkpoint(output: str | os.PathLike) -> Path | None:
+    found = list_checkpoints(output)
+    return found[-1][1] if found else None
+
+
+def prune_step_checkpoints(output: str | os.PathLike, keep: int) -> None:
+    """Delete all but the newest `keep` step checkpoints (epoch checkpoints are kept)."""
+    if keep <= 0:
+        return
+    steps = sorted(p for p in checkpoint_dir(output).glob("step_*.pt") if _STEP_NAME.match(p.name))
+    for p in steps[:-keep]:
+        p.unlink(missing_ok=True)
+
+
+def resolve_resume(resume: str | None, output: str | os.PathLike) -> Path | None:
+    """`--resume latest` -> newest checkpoint in the output folder (None on a fresh run)."""
+    if not resume:
+        return None
+    if resume == "latest":
+        return latest_checkpoint(output)
+    path = Path(resume)
+    if not path.is_file():
+        raise FileNotFoundError(f"--resume {resume}: no such checkpoint file; pass a .pt path or 'latest'")
+    return path
+
+
+def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise ValueError(f"checkpoint {path} has no 'state_dict'; it is not a training checkpoint")
+    return ckpt
+
+
+def strip_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Remove the wrappers' `module.` and `_orig_mod.` prefixes."""
+    out = {}
+    for key, value in state_dict.items():
+        while key.startswith(("module.", "_orig_mod.")):
+            key = key.split(".", 1)[1]
+        out[key] = value
+    return out
+
+
+# --- RNG state --------------------------------------------------------------------------
+# numpy's state holds an ndarray, which weights_only loading refuses: store it as a tensor.
+
+
+def capture_rng_state() -> dict[str, Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss_next],
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda_states = state["cuda"]
+        if len(cuda_states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_states)

@@ -1,0 +1,103 @@
+"""torch.distributed set-up from torchrun's environment (or a single plain process)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str | None  # None: a single process, no process group
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+    @property
+    def is_master(self) -> bool:
+        return self.rank == 0
+
+
+def launched_by_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def resolve_device(device: str, local_rank: int) -> torch.device:
+    """`auto` picks this rank's GPU when CUDA is usable, else the CPU."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: use auto, cpu or cuda")
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def init_distributed(device: str = "auto", timeout_s: int = 1800) -> DistEnv:
+    """Join the process group torchrun describes: NCCL on GPUs, gloo on CPUs.
+
+    Without torchrun's variables this is a single process and no group is made, so
+    `python train.py ...` works as it is.
+    """
+    if not launched_by_torchrun():
+        return DistEnv(0, 0, 1, resolve_device(device, 0), None)
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    dev = resolve_device(device, local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if world_size == 1:
+        return DistEnv(rank, local_rank, 1, dev, None)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    kwargs = {"device_id": dev} if dev.type == "cuda" else {}
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    return DistEnv(rank, local_rank, world_size, dev, backend)
+
+
+def cleanup(env: DistEnv) -> None:
+    if env.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(env: DistEnv) -> None:
+    if env.distributed:
+        if env.device.type == "cuda":
+            dist.barrier(device_ids=[env.device.index])
+        else:
+            dist.barrier()
+
+
+def all_reduce_mean(value: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Mean of a tensor over ranks (a copy; the input is left alone)."""
+    out = value.detach().clone()
+    if env.distributed:
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        out /= env.world_size
+    return out
+
+
+def any_rank(flag: bool, env: DistEnv) -> bool:
+    """True when `flag` is true on at least one rank (a collective: all ranks call it)."""
+    if not env.distributed:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=env.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def broadcast_object(obj, env: DistEnv, src: int = 0):
+    if not env.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

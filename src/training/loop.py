@@ -1,0 +1,163 @@
+"""One optimizer step of contrastive training: forward, loss, backward, clip, update.
+
+With `accum_freq` > 1 the step is *real* accumulation, as open_clip does it: the
+features of all micro-batches are first computed without gradients, then each
+micro-batch is recomputed with gradients and its features swapped into the cached
+set, so the loss contrasts the whole accumulated batch and the summed gradient equals
+that of one big batch. The RNG state is replayed for each recompute so that drop-path
+masks are the same in both passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from src.training.distributed import DistEnv, all_reduce_mean
+
+LOGIT_SCALE_MAX = math.log(100)
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; nothing was updated or saved for that step."""
+
+
+@dataclass
+class StepResult:
+    loss: float  # mean over ranks of the step's loss
+    grad_norm: torch.Tensor | None  # global norm before clipping (tensor: read it only when logging)
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
+def make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16 needs loss scaling; bf16 has fp32's range and does not."""
+    if precision != "fp16":
+        return None
+    # The original's settings: start small, grow slowly.
+    return torch.amp.GradScaler(device.type, init_scale=128, growth_interval=200)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model under DistributedDataParallel and/or torch.compile wrappers."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def _rng_snapshot(device: torch.device):
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _rng_restore(snapshot, device: torch.device) -> None:
+    cpu, cuda = snapshot
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        loss_fn: nn.Module,
+        env: DistEnv,
+        *,
+        precision: str = "fp32",
+        grad_clip_norm: float = 1.0,
+        accum_freq: int = 1,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        self.model = model
+        self.raw_model = unwrap(model)
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.loss_fn = loss_fn
+        self.env = env
+        self.device = env.device
+        self.dtype = autocast_dtype(precision)
+        self.grad_clip_norm = grad_clip_norm
+        self.accum_freq = accum_freq
+        self.scaler = scaler
+
+    def _autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def _no_sync(self, last: bool):
+        if not last and isinstance(self.model, nn.parallel.DistributedDataParallel):
+            return self.model.no_sync()
+        return contextlib.nullcontext()
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def _forward_backward(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        if len(micro) == 1:
+            images, tokens = micro[0]
+            with self._autocast():
+                image_emb, text_emb, logit_scale = self.model(images, tokens)
+            loss = self.loss_fn(image_emb, text_emb, logit_scale)
+            self._backward(loss)
+            return loss.detach()
+
+        cached_image, cached_text, rng = [], [], []
+        with torch.no_grad():
+            for images, tokens in micro:
+                rng.append(_rng_snapshot(self.device))
+                with self._autocast():
+                    image_emb, text_emb, _ = self.model(images, tokens)
+                cached_image.append(image_emb)
+                cached_text.append(text_emb)
+        loss = None
+        for j, (images, tokens) in enumerate(micro):
+            _rng_restore(rng[j], self.device)
+            with self._no_sync(last=j == len(micro) - 1):
+                with self._autocast():
+                    image_emb, text_emb, logit_scale = self.model(images, tokens)
+                all_image = torch.cat(cached_image[:j] + [image_emb] + cached_image[j + 1 :])
+                all_text = torch.cat(cached_text[:j] + [text_emb] + cached_text[j + 1 :])
+                loss = self.loss_fn(all_image, all_text, logit_scale)
+                self._backward(loss)
+        return loss.detach()
+
+    def step(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
+        """One optimizer step over `micro` (accum_freq micro-batches)."""
+        self.model.train()
+        local_loss = self._forward_backward(micro)
+        loss = all_reduce_mean(local_loss.float(), self.env).item()
+        if not math.isfinite(loss):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(f"loss is {loss}")
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grad_norm = None
+        if self.grad_clip_norm > 0:
+            grad_norm = nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.grad_clip_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            self.raw_model.logit_scale.clamp_(0, LOGIT_SCALE_MAX)
+        self.scheduler.step()
+        return StepResult(loss=loss, grad_norm=grad_norm)

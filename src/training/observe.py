@@ -1,0 +1,121 @@
+"""What a long run tells its user: log lines, TensorBoard scalars, a metrics file.
+
+Rank 0 speaks; the other ranks log warnings and errors only, so an 8-GPU job does not
+print everything eight times.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+LOG = logging.getLogger("rwkv_clip.train")
+
+
+def setup_logging(output: Path | None, rank: int) -> None:
+    """Rank 0: INFO to stdout and `<output>/train.log`; other ranks: WARNING to stderr."""
+    LOG.handlers.clear()
+    LOG.propagate = False
+    fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
+    stream = logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)
+    stream.setFormatter(fmt)
+    LOG.addHandler(stream)
+    if rank == 0 and output is not None:
+        file_handler = logging.FileHandler(output / "train.log")
+        file_handler.setFormatter(fmt)
+        LOG.addHandler(file_handler)
+    LOG.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+def format_duration(seconds: float) -> str:
+    """`1d02h03m`, `5h07m`, `3m09s`: readable at both ends of a 26-hour run."""
+    if seconds != seconds or seconds == float("inf"):
+        return "?"
+    s = int(round(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    if d:
+        return f"{d}d{h:02d}h{m:02d}m"
+    if h:
+        return f"{h}h{m:02d}m"
+    return f"{m}m{s:02d}s"
+
+
+class Throughput:
+    """Samples/s, data-wait share and ETA over the interval since the last report.
+
+    The first interval after start or resume includes warm-up (compilation, loader
+    start), so the ETA uses an exponential average that later intervals soon dominate.
+    """
+
+    def __init__(self, samples_per_step: int, world_size: int, total_steps: int, start_step: int) -> None:
+        self.samples_per_step = samples_per_step
+        self.world_size = world_size
+        self.total_steps = total_steps
+        self.start_time = time.perf_counter()
+        self._last_time = self.start_time
+        self._last_step = start_step
+        self._data_wait = 0.0
+        self._step_time_ema: float | None = None
+
+    def add_data_wait(self, seconds: float) -> None:
+        self._data_wait += seconds
+
+    def report(self, step: int) -> dict[str, float]:
+        now = time.perf_counter()
+        elapsed = max(now - self._last_time, 1e-9)
+        steps = max(step - self._last_step, 1)
+        step_time = elapsed / steps
+        if self._step_time_ema is None:
+            self._step_time_ema = step_time
+        else:
+            self._step_time_ema = 0.7 * self._step_time_ema + 0.3 * step_time
+        per_rank = steps * self.samples_per_step / elapsed
+        out = {
+            "samples_per_s_per_rank": per_rank,
+            "samples_per_s": per_rank * self.world_size,
+            "data_wait_frac": min(1.0, self._data_wait / elapsed),
+            "step_time_s": step_time,
+            "eta_s": max(0, self.total_steps - step) * self._step_time_ema,
+            "elapsed_s": now - self.start_time,
+        }
+        self._last_time, self._last_step, self._data_wait = now, step, 0.0
+        return out
+
+
+class RunLog:
+    """TensorBoard scalars and `metrics.jsonl` (one JSON object per logged step), rank 0 only."""
+
+    def __init__(self, output: Path, enabled: bool) -> None:
+        self.enabled = enabled
+        self._writer = None
+        self._metrics = None
+        if not enabled:
+            return
+        self._metrics = open(output / "metrics.jsonl", "a", buffering=1)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard is optional at run time; the metrics file stays
+            LOG.warning("tensorboard is not installed: scalars go to metrics.jsonl only")
+        else:
+            self._writer = SummaryWriter(str(output / "tensorboard"))
+
+    def scalars(self, step: int, values: dict[str, Any], prefix: str = "train") -> None:
+        if not self.enabled:
+            return
+        if self._writer is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)):
+                    self._writer.add_scalar(f"{prefix}/{key}", value, step)
+        self._metrics.write(json.dumps({"kind": prefix, "step": step, **values}) + "\n")
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._metrics is not None:
+            self._metrics.close()

@@ -1,0 +1,34 @@
+#!/usr/bin/env python
+"""Train RWKV-CLIP on RecordIO shards.
+
+One process:      python train.py --train-data DATA --output runs/b32 --config RWKV_CLIP_B32
+One node, 8 GPUs: torchrun --nproc_per_node 8 train.py ...
+Many nodes:       see shell/train_RWKV_CLIP_B32_YFCC15M.sh (torchrun rendezvous from env vars)
+Resume after a kill: add --resume latest.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from src.training.params import parse_args
+
+    args = parse_args(argv)
+    from src.training.loop import NonFiniteLossError
+    from src.training.main import TrainingError, run
+
+    try:
+        run(args)
+    except (TrainingError, NonFiniteLossError, ValueError, FileNotFoundError) as exc:
+        print(f"train.py: error: {exc}", file=sys.stderr)
+        return 2 if not isinstance(exc, NonFiniteLossError) else 3
+    except KeyboardInterrupt:
+        print("train.py: interrupted; resume with --resume latest", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -25,17 +25,28 @@ def _split(name: str) -> tuple[str, str]:
     return (f"{head}/{key}" if head else key), (dot + ext).lower()
 
 
-def _groups(tar: tarfile.TarFile) -> Iterator[tuple[str, list[tarfile.TarInfo]]]:
+def _plain_size(path: str) -> int | None:
+    """Size of an uncompressed tar (member offsets are file offsets only then)."""
+    return None if path.lower().endswith((".gz", ".tgz")) else Path(path).stat().st_size
+
+
+def _groups(tar: tarfile.TarFile, size: int | None) -> Iterator[tuple[str, list[tarfile.TarInfo]]]:
     key, members = None, []
     for info in tar:
         if not info.isfile():
             continue
+        # tarfile reads a cut-off last member as short data without complaint.
+        if size is not None and info.offset_data + info.size > size:
+            raise tarfile.ReadError(f"member {info.name} is cut off at byte {size} (truncated tar)")
         k, _ = _split(info.name)
         if k != key and members:
             yield key, members  # type: ignore[misc]
             members = []
         key = k
         members.append(info)
+    # A tar cut inside a header also reads as a clean end; a whole one ends in two zero blocks.
+    if size is not None and size - tar.offset < 2 * tarfile.BLOCKSIZE:
+        raise tarfile.ReadError(f"no end-of-archive blocks after byte {tar.offset} (truncated tar)")
     if members:
         yield key, members  # type: ignore[misc]
 
@@ -50,7 +61,7 @@ class WebDatasetSource(Source):
         n = 0
         try:
             with tarfile.open(unit.path, "r:*") as tar:
-                for _ in _groups(tar):
+                for _ in _groups(tar, _plain_size(unit.path)):
                     n += 1
         except (tarfile.TarError, OSError, EOFError):
             n += 1  # the broken_input item
@@ -61,7 +72,7 @@ class WebDatasetSource(Source):
         pos = 0
         try:
             with tarfile.open(path, "r:*") as tar:
-                for key, members in _groups(tar):
+                for key, members in _groups(tar, _plain_size(unit.path)):
                     if pos >= start:
                         yield self._item(tar, path, pos, key, members)
                     pos += 1

@@ -75,6 +75,7 @@ class RequestRecord:
     range: str | None
     authorization: bool
     status: int = 0
+    sent: int = 0  # body bytes written (tests use it to see that a resume did not start over)
 
 
 @dataclass
@@ -259,6 +260,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
+            rec.sent = len(body)
 
     def _json(self, rec: RequestRecord, obj, headers: dict | None = None) -> None:
         self._send(rec, 200, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})})
@@ -424,7 +426,7 @@ class _Handler(BaseHTTPRequestHandler):
         plain = cut is None and faults.throttle_bps is None and f.rfilename not in faults.corrupt
         if plain and f.path is not None:
             with open(f.path, "rb") as fh:
-                self.connection.sendfile(fh, start, length)
+                rec.sent = self.connection.sendfile(fh, start, length)
             return
         sent = 0
         began = time.monotonic()
@@ -433,11 +435,13 @@ class _Handler(BaseHTTPRequestHandler):
                 chunk = bytes([chunk[0] ^ 0xFF]) + chunk[1:]
             if cut is not None and sent + len(chunk) >= cut:
                 self.wfile.write(chunk[: cut - sent])
+                rec.sent = cut
                 self.close_connection = True
                 self.connection.shutdown(2)  # the client sees a short body
                 return
             self.wfile.write(chunk)
             sent += len(chunk)
+            rec.sent = sent
             bps = faults.throttle_bps
             if bps:
                 ahead = sent / bps - (time.monotonic() - began)

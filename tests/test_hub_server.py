@@ -1,0 +1,248 @@
+"""The local hub server: faithful enough that the real huggingface_hub client works against it,
+and its fault injection does what the downloader tests rely on."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from src.hub_server import Faults, serve_in_background
+
+REPO = "testorg/tiny"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def repo_dir(tmp_path_factory) -> Path:
+    import random
+
+    rnd = random.Random(1)
+    root = tmp_path_factory.mktemp("hubrepo")
+    (root / "data").mkdir()
+    (root / "data" / "train-00000-of-00002.parquet").write_bytes(rnd.randbytes(300_000))
+    (root / "data" / "train-00001-of-00002.parquet").write_bytes(rnd.randbytes(200_001))
+    (root / "README.md").write_text("# tiny\n")
+    (root / "meta").mkdir()
+    (root / "meta" / "info.json").write_text('{"rows": 2}\n')
+    # the downloader's state folder is never part of the repo
+    (root / ".hfd").mkdir()
+    (root / ".hfd" / "manifest.tsv").write_text("")
+    return root
+
+
+def request(endpoint: str, method: str, path: str, headers: dict | None = None):
+    u = urlsplit(endpoint if path.startswith("/") else path)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    target = path if path.startswith("/") else (u.path + ("?" + u.query if u.query else ""))
+    conn.request(method, target, headers=headers or {})
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    return resp, body
+
+
+def git_hash_object(path: Path) -> str:
+    """git itself is the oracle for the blob ids of small files."""
+    return subprocess.run(["git", "hash-object", str(path)], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_listing_and_resolve_match_the_hub_protocol(repo_dir: Path):
+    with serve_in_background(repo_dir, REPO) as server:
+        resp, body = request(server.endpoint, "GET", f"/api/datasets/{REPO}/revision/main?blobs=true")
+        assert resp.status == 200
+        info = json.loads(body)
+        assert len(info["sha"]) == 40
+        sib = {s["rfilename"]: s for s in info["siblings"]}
+        assert set(sib) == {"README.md", "meta/info.json", "data/train-00000-of-00002.parquet",
+                            "data/train-00001-of-00002.parquet"}
+        shard = repo_dir / "data" / "train-00000-of-00002.parquet"
+        sha = hashlib.sha256(shard.read_bytes()).hexdigest()
+        assert sib["data/train-00000-of-00002.parquet"]["lfs"]["sha256"] == sha
+        assert "lfs" not in sib["README.md"]
+        assert sib["README.md"]["blobId"] == git_hash_object(repo_dir / "README.md")
+
+        # small file: served in place, git sha1 ETag
+        resp, body = request(server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/README.md")
+        assert resp.status == 200 and body == b"# tiny\n"
+        assert resp.getheader("ETag") == f'"{git_hash_object(repo_dir / "README.md")}"'
+        assert resp.getheader("X-Repo-Commit") == info["sha"]
+
+        # LFS file: 302 to the second host name, sha256 and size in X-Linked-*
+        resp, _ = request(server.endpoint, "HEAD", f"/datasets/{REPO}/resolve/{info['sha']}/data/train-00000-of-00002.parquet")
+        assert resp.status == 302
+        assert resp.getheader("X-Linked-Etag") == f'"{sha}"'
+        assert int(resp.getheader("X-Linked-Size")) == shard.stat().st_size
+        location = resp.getheader("Location")
+        assert urlsplit(location).hostname == "localhost" and urlsplit(server.endpoint).hostname == "127.0.0.1"
+
+        # Range on the CDN URL
+        resp, body = request(server.endpoint, "GET", location, {"Range": "bytes=1000-"})
+        assert resp.status == 206
+        assert body == shard.read_bytes()[1000:]
+        assert resp.getheader("Content-Range") == f"bytes 1000-{shard.stat().st_size - 1}/{shard.stat().st_size}"
+        resp, _ = request(server.endpoint, "GET", location, {"Range": f"bytes={shard.stat().st_size}-"})
+        assert resp.status == 416
+        # a tampered signature is refused
+        resp, _ = request(server.endpoint, "GET", location.replace("sig=", "sig=0"))
+        assert resp.status == 403
+
+        # errors name what is missing, with the hub's X-Error-Code
+        resp, _ = request(server.endpoint, "GET", "/api/datasets/other/repo")
+        assert resp.status == 404 and resp.getheader("X-Error-Code") == "RepoNotFound"
+        resp, _ = request(server.endpoint, "GET", f"/api/datasets/{REPO}/revision/v2")
+        assert resp.status == 404 and resp.getheader("X-Error-Code") == "RevisionNotFound"
+        resp, _ = request(server.endpoint, "HEAD", f"/datasets/{REPO}/resolve/main/nope.txt")
+        assert resp.status == 404 and resp.getheader("X-Error-Code") == "EntryNotFound"
+
+
+def test_tree_listing_paginates_with_link_header(repo_dir: Path):
+    with serve_in_background(repo_dir, REPO) as server:
+        server.set_tree_page_size(2)
+        url, seen = f"/api/datasets/{REPO}/tree/main?recursive=true", []
+        while url:
+            resp, body = request(server.endpoint, "GET", url)
+            assert resp.status == 200
+            seen += json.loads(body)
+            link = resp.getheader("Link")
+            url = link.split(">")[0].lstrip("<") if link else ""
+        files = {e["path"]: e for e in seen if e["type"] == "file"}
+        assert len(files) == 4
+        assert {e["path"] for e in seen if e["type"] == "directory"} == {"data", "meta"}
+        shard = repo_dir / "data" / "train-00001-of-00002.parquet"
+        assert files["data/train-00001-of-00002.parquet"]["lfs"]["oid"] == hashlib.sha256(shard.read_bytes()).hexdigest()
+
+
+def test_gating_and_fault_injection(repo_dir: Path):
+    faults = Faults()
+    with serve_in_background(repo_dir, REPO, token="hf_secret_test", faults=faults) as server:
+        path = f"/datasets/{REPO}/resolve/main/data/train-00000-of-00002.parquet"
+        assert request(server.endpoint, "HEAD", path)[0].status == 401
+        assert request(server.endpoint, "HEAD", path, {"Authorization": "Bearer wrong"})[0].status == 403
+        resp, _ = request(server.endpoint, "HEAD", path, {"Authorization": "Bearer hf_secret_test"})
+        assert resp.status == 302
+        location = resp.getheader("Location")
+
+        faults.fail_503 = 2
+        assert [request(server.endpoint, "GET", location)[0].status for _ in range(3)] == [503, 503, 200]
+
+        faults.drop_count, faults.drop_after = 1, 50_000
+        with pytest.raises(http.client.IncompleteRead):
+            request(server.endpoint, "GET", location)
+        resp, body = request(server.endpoint, "GET", location)
+        assert resp.status == 200 and len(body) == 300_000
+
+        faults.corrupt = {"data/train-00000-of-00002.parquet"}
+        body = request(server.endpoint, "GET", location)[1]
+        assert body != (repo_dir / "data" / "train-00000-of-00002.parquet").read_bytes() and len(body) == 300_000
+        faults.corrupt = set()
+
+        records = server.requests
+        assert [r.sent for r in records if r.status == 200 and "/cdn/" in r.path][0] == 300_000
+        assert any(r.sent == 50_000 for r in records)
+
+
+def test_reuses_hashes_verified_by_the_downloader(tmp_path: Path):
+    # data/hfd.sh leaves .hfd/verified.tsv; a 1 TB mirror must not be re-hashed at start-up
+    (tmp_path / "a.parquet").write_bytes(b"x" * 1000)
+    st = (tmp_path / "a.parquet").stat()
+    (tmp_path / ".hfd").mkdir()
+    fake = "ab" * 32
+    (tmp_path / ".hfd" / "verified.tsv").write_text(f"a.parquet\t1000\t{int(st.st_mtime)}\tsha256\t{fake}\n")
+    with serve_in_background(tmp_path, REPO) as server:
+        assert server.repo.files["a.parquet"].sha256 == fake
+    os.utime(tmp_path / "a.parquet", (st.st_atime, st.st_mtime + 10))  # changed since: hash again
+    with serve_in_background(tmp_path, REPO) as server:
+        assert server.repo.files["a.parquet"].sha256 == hashlib.sha256(b"x" * 1000).hexdigest()
+
+
+HF_CLIENT = r"""
+import json, sys
+from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+repo, out, cache = sys.argv[1:4]
+try:
+    snap = snapshot_download(repo, repo_type="dataset", local_dir=out, cache_dir=cache)
+except Exception as e:  # report the client's own error class
+    print(json.dumps({"error": type(e).__name__}))
+    sys.exit(0)
+one = hf_hub_download(repo, "data/train-00001-of-00002.parquet", repo_type="dataset", cache_dir=cache)
+api = HfApi()
+tree = sorted(e.path for e in api.list_repo_tree(repo, repo_type="dataset", recursive=True))
+info = api.dataset_info(repo, files_metadata=True)
+print(json.dumps({"snapshot": snap, "one": one, "tree": tree,
+                  "lfs": {s.rfilename: s.lfs.sha256 for s in info.siblings if s.lfs}}))
+"""
+
+
+def run_hf_client(endpoint: str, tmp_path: Path, token: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(tmp_path / "hfhome"), HF_HUB_DISABLE_TELEMETRY="1",
+               HF_HUB_DISABLE_XET="1")
+    if token:
+        env["HF_TOKEN"] = token
+    out = subprocess.run([sys.executable, "-c", HF_CLIENT, REPO, str(tmp_path / "snap"), str(tmp_path / "cache")],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_real_huggingface_hub_client_downloads_from_it(repo_dir: Path, tmp_path: Path):
+    with serve_in_background(repo_dir, REPO, token="hf_client_token") as server:
+        assert run_hf_client(server.endpoint, tmp_path, token=None) == {"error": "GatedRepoError"}
+        server.set_tree_page_size(3)  # the client must follow the Link header
+        got = run_hf_client(server.endpoint, tmp_path, token="hf_client_token")
+        records = server.requests
+    for rel in ("README.md", "meta/info.json", "data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet"):
+        assert (Path(got["snapshot"]) / rel).read_bytes() == (repo_dir / rel).read_bytes()
+    assert Path(got["one"]).read_bytes() == (repo_dir / "data/train-00001-of-00002.parquet").read_bytes()
+    assert got["tree"] == ["README.md", "data", "data/train-00000-of-00002.parquet",
+                           "data/train-00001-of-00002.parquet", "meta", "meta/info.json"]
+    shard = repo_dir / "data/train-00000-of-00002.parquet"
+    assert got["lfs"]["data/train-00000-of-00002.parquet"] == hashlib.sha256(shard.read_bytes()).hexdigest()
+    cdn = [r for r in records if r.path.startswith("/cdn/")]
+    assert cdn and all(r.host.startswith("localhost:") for r in cdn)
+    # the client drops the token when the redirect leaves the hub's host; so must we
+    assert not any(r.authorization for r in cdn)
+
+
+def test_cli_serves_and_writes_port_file(repo_dir: Path, tmp_path: Path):
+    port_file = tmp_path / "endpoint.txt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "src.hub_server", "--root", str(repo_dir), "--repo-id", REPO, "--port-file", str(port_file)],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        for _ in range(300):
+            if port_file.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        endpoint = port_file.read_text().strip()
+        resp, body = request(endpoint, "GET", f"/api/datasets/{REPO}")
+        assert resp.status == 200 and json.loads(body)["id"] == REPO
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert f"export HF_ENDPOINT={endpoint}" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--root", "/nonexistent/dir", "--repo-id", "a/b"], "--root /nonexistent/dir is not a folder"),
+        (["--root", ".", "--repo-id", "noslash"], "--repo-id 'noslash' must look like ORG/NAME"),
+    ],
+)
+def test_cli_bad_input_is_one_line(args: list[str], message: str):
+    out = subprocess.run([sys.executable, "-m", "src.hub_server", *args], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1

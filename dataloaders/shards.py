@@ -75,9 +75,10 @@ def _resolve_one(item: str | os.PathLike[str]) -> list[Shard]:
     if path.is_dir():
         files = [p for p in path.iterdir() if p.is_file()]
         recs = [p for p in files if p.suffix == ".rec"]
-        if not recs:
+        idxs = [p for p in files if p.suffix == ".idx"]
+        if not recs and not idxs:
             raise ShardError(f"{path}: directory holds no .rec files; pass a folder of .rec/.idx shards")
-        return _pair(recs, [p for p in files if p.suffix == ".idx"], str(path))
+        return _pair(recs, idxs, str(path))
     if _GLOB_CHARS.search(text):
         matches = [Path(p) for p in glob.glob(str(path))]
         recs = [p for p in matches if p.suffix == ".rec" and p.is_file()]
@@ -149,10 +150,10 @@ class ShardSet:
         return self.shards[shard], int(self.keys[record]), int(self.offsets[record])
 
     def key_at(self, rec_name: str, offset: int) -> tuple[Shard, int] | None:
-        """The shard and key of the record at `offset` in the shard file named `rec_name`."""
+        """The shard and key of the record at `offset` in the shard file `rec_name` (path or name)."""
         starts = self.starts
         for i, shard in enumerate(self.shards):
-            if shard.name != rec_name:
+            if rec_name not in (str(shard.rec), shard.name):
                 continue
             lo, hi = starts[i], starts[i + 1]
             j = lo + int(np.searchsorted(self.offsets[lo:hi], offset))

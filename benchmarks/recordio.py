@@ -151,14 +151,21 @@ def main() -> None:
         print(f"read   ours         {mb / t_ours_r:8.0f} MB/s  {args.records / t_ours_r:9.0f} rec/s  "
               f"= {t_raw_r / t_ours_r:.2f}x plain read")
 
-        # read_index on a combined-index-sized file, against reading its text.
+        # Index parsing at combined-index scale, against a plain line-by-line parse.
         n = args.index_lines
         big = os.path.join(tmp, "big.idx")
         recordio.write_index(big, ((k, k * 45_000) for k in range(n)))
-        t_text = best_of(args.repeats, lambda: Path(big).read_text().split())
+
+        def line_by_line() -> None:
+            with open(big) as f:
+                [(int(k), int(o)) for k, o in (line.split("\t") for line in f)]
+
+        t_lines = best_of(args.repeats, line_by_line)
         t_index = best_of(args.repeats, lambda: recordio.read_index(big))
-        print(f"read_index {n} lines: {t_index:.2f} s = {n / t_index:,.0f} lines/s "
-              f"({t_index / t_text:.1f}x reading + splitting the text)")
+        t_arrays = best_of(args.repeats, lambda: recordio.read_index_arrays(big))
+        print(f"index  {n} lines: line-by-line {n / t_lines:10,.0f} lines/s")
+        print(f"index  read_index        {n / t_index:10,.0f} lines/s = {t_lines / t_index:.1f}x line-by-line")
+        print(f"index  read_index_arrays {n / t_arrays:10,.0f} lines/s = {t_lines / t_arrays:.1f}x line-by-line")
     finally:
         shutil.rmtree(tmp)
 

@@ -19,7 +19,7 @@ Differences from MXNet, all on inputs MXNet mishandles:
 * Blank lines in an `.idx` file are skipped.
 
 Extra helpers for the converter and the DALI loader: `read_index`,
-`write_index` and `iter_records`.
+`read_index_arrays`, `write_index` and `iter_records`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import numbers
 import os
 import struct
+import warnings
 from collections import namedtuple
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
@@ -42,6 +43,7 @@ __all__ = [
     "pack",
     "pack_img",
     "read_index",
+    "read_index_arrays",
     "unpack",
     "unpack_img",
     "write_index",
@@ -316,10 +318,11 @@ class MXRecordIO:
         """Append one record (any bytes-like object)."""
         f = self._require_open(writable=True)
         self._check_pid(allow_reset=False)
-        if isinstance(buf, str):
-            raise TypeError("MXRecordIO.write takes bytes, not str")
         if not isinstance(buf, bytes):
-            buf = bytes(buf)
+            try:
+                buf = memoryview(buf).tobytes()  # any bytes-like; never bytes(int) or a str
+            except TypeError:
+                raise TypeError(f"MXRecordIO.write takes bytes, not {type(buf).__name__}") from None
         chunks, size = _encode_record(buf)
         for chunk in chunks:
             f.write(chunk)
@@ -443,9 +446,44 @@ def _parse_index(lines: Iterable[str], path: str, key_type: type = int) -> Itera
         raise RecordIOError(f"{path}: not a text index file (undecodable byte after line {lineno})") from e
 
 
-def read_index(idx_path: str | os.PathLike[str]) -> list[tuple[int, int]]:
-    """The (key, offset) pairs of an `.idx` file, in file order."""
+def _load_index_fast(path: str) -> np.ndarray | None:
+    """(n, 2) int64 array of a well-formed index, or None: the slow parser then says what is wrong."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy warns about an empty file
+            table = np.loadtxt(path, dtype=np.int64, delimiter="\t", ndmin=2, comments=None, encoding="utf-8")
+    except (ValueError, UnicodeDecodeError, OverflowError):
+        return None
+    if table.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    if table.shape[1] != 2 or (table[:, 1] < 0).any():
+        return None
+    return table
+
+
+def read_index_arrays(idx_path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Keys and offsets of an `.idx` file as two int64 arrays, in file order.
+
+    The fast way to combine many shard indexes (offsets shift by the sizes of
+    the shards before them); raises `RecordIOError` naming file and line.
+    """
     path = os.fspath(idx_path)
+    table = _load_index_fast(path)
+    if table is None:
+        pairs = read_index(path)
+        try:
+            table = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        except OverflowError:
+            raise RecordIOError(f"{path}: a key or offset does not fit in int64") from None
+    return table[:, 0].copy(), table[:, 1].copy()
+
+
+def read_index(idx_path: str | os.PathLike[str]) -> list[tuple[int, int]]:
+    """The (key, offset) pairs of an `.idx` file, in file order; `RecordIOError` names a bad line."""
+    path = os.fspath(idx_path)
+    table = _load_index_fast(path)
+    if table is not None:
+        return list(zip(table[:, 0].tolist(), table[:, 1].tolist()))
     with open(path, encoding="utf-8") as f:
         return list(_parse_index(f, path))
 

@@ -211,10 +211,16 @@ def test_missing_index_file_is_a_clear_error(tmp_path):
 
 
 def test_write_index_is_read_back(tmp_path):
-    entries = [(5, 0), (2, 40), (900, 1 << 40)]
+    entries = [(5, 0), (2, 40), (900, 1 << 40), (-3, 48)]
     write_index(tmp_path / "x.idx", entries)
     assert read_index(tmp_path / "x.idx") == entries
+    keys, offsets = recordio.read_index_arrays(tmp_path / "x.idx")
+    assert keys.dtype == offsets.dtype == np.int64
+    assert list(zip(keys.tolist(), offsets.tolist())) == entries
     assert os.listdir(tmp_path) == ["x.idx"]
+    write_index(tmp_path / "empty.idx", [])
+    assert read_index(tmp_path / "empty.idx") == []
+    assert recordio.read_index_arrays(tmp_path / "empty.idx")[0].shape == (0,)
 
 
 # ---------------------------------------------------------------- misuse and corruption
@@ -226,10 +232,15 @@ def test_invalid_flag_and_wrong_direction(tmp_path):
     with MXRecordIO(tmp_path / "a.rec", "w") as w:
         with pytest.raises(ValueError, match="open for writing"):
             w.read()
-        with pytest.raises(TypeError):
-            w.write("text")
-    with MXRecordIO(tmp_path / "a.rec", "r") as r, pytest.raises(ValueError, match="open for reading"):
-        r.write(b"x")
+        for bad in ("text", 5):
+            with pytest.raises(TypeError, match="takes bytes"):
+                w.write(bad)
+        w.write(bytearray(b"ok"))
+        w.write(memoryview(b"fine"))
+    with MXRecordIO(tmp_path / "a.rec", "r") as r:
+        with pytest.raises(ValueError, match="open for reading"):
+            r.write(b"x")
+        assert [r.read(), r.read(), r.read()] == [b"ok", b"fine", None]
     with pytest.raises(ValueError, match="closed"):
         r.read()
 
@@ -296,6 +307,8 @@ def test_corrupt_index_names_file_and_line(tmp_path, text, line):
     idx.write_text(text)
     with pytest.raises(RecordIOError, match=rf"bad\.idx: line {line}\b"):
         read_index(idx)
+    with pytest.raises(RecordIOError, match=rf"bad\.idx: line {line}\b"):
+        recordio.read_index_arrays(idx)
     (tmp_path / "bad.rec").write_bytes(b"")
     with pytest.raises(RecordIOError, match=rf"bad\.idx: line {line}\b"):
         MXIndexedRecordIO(idx, tmp_path / "bad.rec", "r")
@@ -306,8 +319,9 @@ def test_binary_index_and_blank_lines(tmp_path):
     idx.write_bytes(b"0\t0\n\xff\xfe\x00\n")
     with pytest.raises(RecordIOError, match=r"b\.idx: not a text index"):
         read_index(idx)
-    idx.write_text("0\t0\n\n3 16\n")
+    idx.write_text("0\t0\n\n3 16\n")  # blank line and a space: the lenient path
     assert read_index(idx) == [(0, 0), (3, 16)]
+    assert [a.tolist() for a in recordio.read_index_arrays(idx)] == [[0, 3], [0, 16]]
 
 
 def test_unpack_short_records():

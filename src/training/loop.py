@@ -4,7 +4,7 @@ With `accum_freq` > 1 the step is *real* accumulation, as open_clip does it: the
 features of all micro-batches are first computed without gradients, then each
 micro-batch is recomputed with gradients and its features swapped into the cached
 set, so the loss contrasts the whole accumulated batch and the summed gradient equals
-that of one big batch. The RNG state is replayed for each recompute so that drop-path
+that of one big batch (the temperature's gradient is taken in the last pass only). The RNG state is replayed for each recompute so that drop-path
 masks are the same in both passes.
 """
 
@@ -129,9 +129,14 @@ class Trainer:
         loss = None
         for j, (images, tokens) in enumerate(micro):
             _rng_restore(rng[j], self.device)
-            with self._no_sync(last=j == len(micro) - 1):
+            last = j == len(micro) - 1
+            with self._no_sync(last=last):
                 with self._autocast():
                     image_emb, text_emb, logit_scale = self.model(images, tokens)
+                if not last:
+                    # Every pass computes the full loss; its gradient w.r.t. the temperature
+                    # must be taken once, not once per micro-batch.
+                    logit_scale = logit_scale.detach()
                 all_image = torch.cat(cached_image[:j] + [image_emb] + cached_image[j + 1 :])
                 all_text = torch.cat(cached_text[:j] + [text_emb] + cached_text[j + 1 :])
                 loss = self.loss_fn(all_image, all_text, logit_scale)
@@ -142,7 +147,7 @@ class Trainer:
         """One optimizer step over `micro` (accum_freq micro-batches)."""
         self.model.train()
         local_loss = self._forward_backward(micro)
-        loss = all_reduce_mean(local_loss.float(), self.env).item()
+        loss = all_reduce_mean(local_loss, self.env).item()
         if not math.isfinite(loss):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(f"loss is {loss}")

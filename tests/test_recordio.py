@@ -154,6 +154,7 @@ FORK_SCRIPT = r"""
 import os, sys
 sys.path.insert(0, sys.argv[1])
 from src.recordio import MXIndexedRecordIO, MXRecordIO
+assert "cv2" not in sys.modules  # OpenCV is imported only by pack_img/unpack_img
 d = sys.argv[2]
 
 def in_child(fn):

@@ -9,6 +9,7 @@ one produce the same files.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import sys
 import time
@@ -64,7 +65,8 @@ def shard_paths(prefix: Path, shard: int | None) -> tuple[Path, Path]:
 
 
 def _fingerprint(source: Source, units: list[Unit], opts: ConvertOptions) -> dict:
-    return {
+    # Through JSON and back, so it compares equal to the copy read from the state file.
+    return json.loads(json.dumps({
         "kind": source.kind,
         "units": [[u.path, u.start, u.stop] for u in units],
         "source": asdict(opts.source),
@@ -74,7 +76,7 @@ def _fingerprint(source: Source, units: list[Unit], opts: ConvertOptions) -> dic
         "num_machines": opts.num_machines,
         "machine_id": opts.machine_id,
         "id_offset": opts.id_offset,
-    }
+    }))
 
 
 def _check_writable(prefix: Path) -> None:

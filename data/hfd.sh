@@ -328,7 +328,7 @@ save_state() {
   for name in "${!VERIFIED[@]}"; do printf '%s\t%s\n' "$name" "${VERIFIED[$name]}"; done | sort >"$STATE.tmp"
   mv -f -- "$STATE.tmp" "$STATE"
 }
-stat_size_mtime() { stat -c '%s	%Y' -- "$1"; }
+stat_size_mtime() { stat -c '%s	%.9Y' -- "$1"; }
 
 # is_verified I: the file is in place with the size and mtime it had when it was verified
 is_verified() {

@@ -87,6 +87,8 @@ class Faults:
         bytes are cut after ``drop_after`` bytes by closing the connection.
     throttle_bps: cap each body transfer at this many bytes per second.
     corrupt: names whose content is served with its first byte flipped.
+    target: 503s and drops only hit requests whose path contains this ("/cdn/": file
+        bodies only, not the API); empty: every request.
     """
 
     fail_503: int = 0
@@ -94,19 +96,22 @@ class Faults:
     drop_after: int = 64 * 1024
     throttle_bps: float | None = None
     corrupt: set[str] = field(default_factory=set)
+    target: str = ""
+    dropped: int = 0  # connections cut so far
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def take_503(self) -> bool:
+    def take_503(self, path: str) -> bool:
         with self.lock:
-            if self.fail_503 > 0:
+            if self.fail_503 > 0 and self.target in path:
                 self.fail_503 -= 1
                 return True
             return False
 
-    def take_drop(self, length: int) -> int | None:
+    def take_drop(self, path: str, length: int) -> int | None:
         with self.lock:
-            if self.drop_count > 0 and length > self.drop_after:
+            if self.drop_count > 0 and length > self.drop_after and self.target in path:
                 self.drop_count -= 1
+                self.dropped += 1
                 return self.drop_after
             return None
 
@@ -127,18 +132,20 @@ def _is_lfs(rel: str, size: int, threshold: int) -> bool:
     return size >= threshold or Path(rel).suffix.lower() in LFS_SUFFIXES
 
 
-def _known_hashes(root: Path) -> dict[str, tuple[int, int, str, str]]:
+def _known_hashes(root: Path) -> dict[str, tuple[int, str, str, str]]:
     """Hashes the downloader (data/hfd.sh) already verified: name -> (size, mtime, kind, hash).
+
+    mtime is kept as hfd.sh writes it (seconds with 9 decimals), compared as text.
 
     Re-serving a 1 TB mirror would otherwise re-hash every shard at start-up.
     """
     state = root / ".hfd" / "verified.tsv"
-    known: dict[str, tuple[int, int, str, str]] = {}
+    known: dict[str, tuple[int, str, str, str]] = {}
     if state.is_file():
         for line in state.read_text(errors="replace").splitlines():
             parts = line.split("\t")
-            if len(parts) == 5 and parts[1].isdigit() and parts[2].isdigit():
-                known[parts[0]] = (int(parts[1]), int(parts[2]), parts[3], parts[4])
+            if len(parts) == 5 and parts[1].isdigit():
+                known[parts[0]] = (int(parts[1]), parts[2], parts[3], parts[4])
     return known
 
 
@@ -160,7 +167,8 @@ def scan_folder(root: Path, lfs_threshold: int = LFS_THRESHOLD, progress: bool =
         bar = tqdm(total=sum(s for _, _, s in found), unit="B", unit_scale=True, desc="hashing", file=sys.stderr)
     files = []
     for rel, p, size in found:
-        mtime = int(p.stat().st_mtime)
+        ns = p.stat().st_mtime_ns
+        mtime = f"{ns // 10**9}.{ns % 10**9:09d}"
         if _is_lfs(rel, size, lfs_threshold):
             k = known.get(rel)
             if k and k[0] == size and k[1] == mtime and k[2] == "sha256":
@@ -274,7 +282,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self) -> None:
         rec = self._record()
         try:
-            if self.server.faults.take_503():
+            if self.server.faults.take_503(self.path):
                 self._send(rec, 503, b"Service temporarily unavailable\n", {"Retry-After": "1"})
                 return
             url = urlsplit(self.path)
@@ -422,7 +430,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return
         faults = self.server.faults
-        cut = faults.take_drop(length)
+        cut = faults.take_drop(self.path, length)
         plain = cut is None and faults.throttle_bps is None and f.rfilename not in faults.corrupt
         if plain and f.path is not None:
             with open(f.path, "rb") as fh:

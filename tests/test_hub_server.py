@@ -156,7 +156,8 @@ def test_reuses_hashes_verified_by_the_downloader(tmp_path: Path):
     st = (tmp_path / "a.parquet").stat()
     (tmp_path / ".hfd").mkdir()
     fake = "ab" * 32
-    (tmp_path / ".hfd" / "verified.tsv").write_text(f"a.parquet\t1000\t{int(st.st_mtime)}\tsha256\t{fake}\n")
+    mtime = subprocess.run(["stat", "-c", "%.9Y", str(tmp_path / "a.parquet")], capture_output=True, text=True).stdout.strip()
+    (tmp_path / ".hfd" / "verified.tsv").write_text(f"a.parquet\t1000\t{mtime}\tsha256\t{fake}\n")
     with serve_in_background(tmp_path, REPO) as server:
         assert server.repo.files["a.parquet"].sha256 == fake
     os.utime(tmp_path / "a.parquet", (st.st_atime, st.st_mtime + 10))  # changed since: hash again

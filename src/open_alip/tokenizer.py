@@ -8,13 +8,17 @@ tests/test_tokenizer.py checks that against the real open_clip on a large corpus
 
 What makes it faster than the reference, without changing a single id:
 
-* Text cleaning (ftfy) dominates the reference's cost. ftfy and `html.unescape`
-  provably leave a string alone when it is printable ASCII (plus tab/newline/CR/
-  form feed) without '&': there is no entity to unescape, no mojibake, no
-  control character, ligature, wide form or curly quote to fix, and NFC does not
-  touch ASCII; the line-break fix only swaps one whitespace for another, which
-  the whitespace collapse erases anyway. Such text skips ftfy; everything else
-  takes the reference's cleaning path unchanged.
+* Text cleaning (ftfy) dominates the reference's cost, and most captions are
+  text it provably leaves alone; those skip it (`_clean_words`). Printable ASCII
+  (plus tab/LF/CR/form feed) with no '&' that could start an entity: there is no entity to unescape, no
+  mojibake, no control character, ligature, wide form or curly quote to fix, NFC
+  does not touch ASCII, and the line-break fix only swaps one whitespace for
+  another, which the whitespace collapse erases. Other text is one ftfy segment
+  (no line break, under ftfy's segment length) that holds none of the characters
+  a ftfy 6.3.1 fixer rewrites (its own control, ligature and width tables, curly
+  quotes, C1 controls, surrogates) nor a possible entity, is already NFC, and that ftfy's own
+  mojibake detector (`is_bad`) passes: every step of ftfy's loop then returns it
+  unchanged. Everything else takes the reference's cleaning path.
 * No match of the splitting pattern can contain a space, so the cleaned text can
   be cut at spaces and each piece's ids cached: captions are built from a small
   vocabulary of words, so most pieces are a dictionary hit.
@@ -27,6 +31,7 @@ from __future__ import annotations
 import gzip
 import html
 import re as std_re
+import unicodedata
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -35,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import ftfy
 import numpy as np
 import regex
+from ftfy.badness import is_bad
 
 if TYPE_CHECKING:
     import torch
@@ -50,12 +56,15 @@ _NUM_MERGES = 49152 - 256 - 2
 _SPECIAL_TOKENS = ("<start_of_text>", "<end_of_text>")
 _END_OF_WORD = "</w>"
 
-# Characters that could make ftfy or html.unescape change a string (anything
-# non-ASCII, '&', and the control characters ftfy removes or rewrites). Tab, LF,
+# An '&' that could begin an entity for html.unescape or ftfy: both need at least
+# one character after it other than whitespace ("Tom & Jerry" is safe).
+_ENTITY_START = r"&(?![\t\n\f ]|\Z)"
+# Text that could make ftfy or html.unescape change a string: anything non-ASCII, a
+# possible entity, and the control characters ftfy removes or rewrites. Tab, LF,
 # form feed and CR are allowed: the whitespace collapse treats them like spaces.
-_NEEDS_FULL_CLEAN = std_re.compile(r"[^\t\n\f\r -%'-~]")
+_NEEDS_FULL_CLEAN = std_re.compile(r"[^\t\n\f\r -~]|" + _ENTITY_START)
 
-# Bound on the piece -> ids cache; when full it is emptied (it refills with the
+# Bound on each ids cache; when full it is emptied (it refills with the
 # frequent words within a few thousand captions).
 _CACHE_LIMIT = 1 << 18
 
@@ -79,6 +88,45 @@ def _byte_symbols() -> tuple[list[str], list[str]]:
     return chars, by_byte
 
 
+def _non_ascii_unsafe_pattern() -> std_re.Pattern[str] | None:
+    """Characters that some ftfy fixer would rewrite, from ftfy's own tables.
+
+    None (no non-ASCII shortcut) for any ftfy but the one this was checked against.
+    """
+    if ftfy.__version__ != "6.3.1":
+        return None
+    from ftfy import chardata, fixes
+
+    table_chars = {*chardata.CONTROL_CHARS, *chardata.LIGATURES, *chardata.WIDTH_MAP}
+    # Line breaks would split the text into several ftfy segments.
+    table_chars |= {ord(c) for c in "\n\r\x85\u2028\u2029"}
+    listed = "".join(std_re.escape(chr(c)) for c in sorted(table_chars))
+    patterns = [
+        chardata.SINGLE_QUOTE_RE.pattern,
+        chardata.DOUBLE_QUOTE_RE.pattern,
+        chardata.C1_CONTROL_RE.pattern,
+        fixes.SURROGATE_RE.pattern,
+        f"[{listed}]",
+        _ENTITY_START,
+    ]
+    return std_re.compile("|".join(patterns))
+
+
+_NON_ASCII_UNSAFE = _non_ascii_unsafe_pattern()
+_FTFY_SEGMENT_LENGTH = 1_000_000
+
+
+def _ftfy_leaves_alone(text: str) -> bool:
+    """True when ftfy.fix_text and html.unescape provably return non-ASCII `text` unchanged."""
+    return (
+        _NON_ASCII_UNSAFE is not None
+        and len(text) <= _FTFY_SEGMENT_LENGTH
+        and _NON_ASCII_UNSAFE.search(text) is None
+        and unicodedata.is_normalized("NFC", text)
+        and not is_bad(text)
+    )
+
+
 def _reference_clean(text: str) -> str:
     """The reference's cleaning: ftfy, HTML unescaping (twice), whitespace collapse, lower case."""
     text = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
@@ -89,6 +137,9 @@ def _clean_words(text: str) -> list[str]:
     """Cleaned text cut at spaces (see the module docstring for the ASCII shortcut)."""
     if _NEEDS_FULL_CLEAN.search(text) is None:
         return text.lower().split()
+    if _ftfy_leaves_alone(text):
+        # As the reference: collapse whitespace, then lower-case (which can change length).
+        return " ".join(text.split()).lower().split(" ")
     return _reference_clean(text).split(" ")
 
 
@@ -126,6 +177,9 @@ class SimpleTokenizer:
             regex.IGNORECASE,
         )
         self._piece_cache: dict[str, tuple[int, ...]] = {}
+        # Pre-tokens -> ids. Seeded with the special tokens, which must never be merged.
+        self._special_cache = {t: (i,) for t, i in self._special_ids.items()}
+        self._token_cache: dict[str, tuple[int, ...]] = dict(self._special_cache)
 
     # -- BPE ---------------------------------------------------------------
     def _merge(self, symbols: str) -> list[str]:
@@ -157,13 +211,17 @@ class SimpleTokenizer:
     def _piece_ids(self, piece: str) -> tuple[int, ...]:
         """Ids of a space-free stretch of cleaned text."""
         ids: list[int] = []
+        token_cache = self._token_cache
         for token in self._pattern.findall(piece):
-            special = self._special_ids.get(token)
-            if special is not None:
-                ids.append(special)
-                continue
-            symbols = token.encode("utf-8").decode("latin-1").translate(self._to_symbols)
-            ids.extend(self.encoder[s] for s in self._merge(symbols))
+            found = token_cache.get(token)
+            if found is None:
+                symbols = token.encode("utf-8").decode("latin-1").translate(self._to_symbols)
+                found = tuple(self.encoder[s] for s in self._merge(symbols))
+                if len(token_cache) >= _CACHE_LIMIT:
+                    token_cache.clear()
+                    token_cache.update(self._special_cache)
+                token_cache[token] = found
+            ids.extend(found)
         return tuple(ids)
 
     def _ids_of_words(self, words: list[str], limit: int | None) -> list[int]:

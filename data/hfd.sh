@@ -243,6 +243,7 @@ explain_status() {
       if [[ $err == EntryNotFound ]]; then die "$what not found in $KIND_WORD '$REPO_ID' at revision '$REVISION'"; fi
       die "$KIND_WORD '$REPO_ID' (revision '$REVISION') not found at $ENDPOINT; check the name$([[ $REPO_TYPE == model ]] && echo ', add --dataset for a dataset repo')"
       ;;
+    429) die "the hub is rate-limiting requests (429) for $what; wait a few minutes and run again (a token raises the limit)" ;;
     5??) die "the hub answered $code for $what after several retries; try again later" ;;
     *) die "unexpected HTTP status $code for $what" ;;
   esac
@@ -556,6 +557,7 @@ for ((round = 1; round <= MAX_ROUNDS && ${#pending[@]} > 0; round++)); do
       fi
     done < <(check_files "$STAGING" "${batch[@]}")
     save_state
+    say "Progress: $((n_present + n_fetched))/${#NAMES[@]} files verified, ${#failed[@]} to retry"
   done
   pending=("${failed[@]}")
 done

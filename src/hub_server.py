@@ -457,8 +457,9 @@ class _Handler(BaseHTTPRequestHandler):
                     time.sleep(ahead)
 
     def _chunks(self, f: RepoFile, start: int, end: int) -> Iterator[bytes]:
-        # small chunks when throttled, so a throttled transfer moves steadily
-        size = 16 * 1024 if self.server.faults.throttle_bps else _CHUNK
+        # about 20 chunks a second when throttled, so a throttled transfer moves steadily
+        bps = self.server.faults.throttle_bps
+        size = min(_CHUNK, max(16 * 1024, int(bps / 20))) if bps else _CHUNK
         if f.data is not None:
             for i in range(start, end, size):
                 yield f.data[i:min(i + size, end)]

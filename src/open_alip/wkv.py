@@ -126,13 +126,14 @@ def wkv_chunked(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: in
         for t in (r, k, v, logd)
     )
 
-    # Inside a chunk: decay[t, s] = exp(sum_{s<l<t} logd_l) for s < t, built per (t, s)
-    # by masking and a reversed cumsum; the s > t half is the transpose (same interval).
-    before_t = torch.ones(length, length, dtype=torch.bool, device=r.device).tril(-1)  # [t, l]: l < t
-    masked = logd.unsqueeze(-3) * before_t.unsqueeze(-1).to(logd.dtype)  # [..., t, l, N]
-    from_l = masked.flip(-2).cumsum(-2).flip(-2)  # sum_{l' >= l, l' < t}
-    between = torch.nn.functional.pad(from_l[..., 1:, :], (0, 0, 0, 1))  # sum_{s < l < t} at [t, s]
-    lower = torch.exp(between) * before_t.unsqueeze(-1).to(logd.dtype)
+    # Inside a chunk: decay[t, s] = exp(sum_{s<l<t} logd_l) for s < t. Running down t
+    # for a fixed s adds logd_{t-1} once t-1 > s, so a cumsum over t of the masked,
+    # shifted log-decays gives every interval sum directly. The s > t half is the
+    # transpose (the same interval).
+    ones = torch.ones(length, length, dtype=torch.bool, device=r.device)
+    previous = torch.nn.functional.pad(logd[..., :-1, :], (0, 0, 1, 0))  # logd_{t-1}, 0 at t=0
+    steps = previous.unsqueeze(-2) * ones.tril(-2).unsqueeze(-1).to(logd.dtype)  # [..., t, s, N]
+    lower = torch.exp(steps.cumsum(-3)) * ones.tril(-1).unsqueeze(-1).to(logd.dtype)
     decay = lower + lower.transpose(-2, -3)
     scores = torch.einsum("...tj,...sj,...tsj->...ts", r, k, decay)
     scores = scores + torch.diag_embed((r * u.reshape(1, heads, 1, 1, size) * k).sum(-1))

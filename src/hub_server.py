@@ -158,7 +158,8 @@ def scan_folder(root: Path, lfs_threshold: int = LFS_THRESHOLD, progress: bool =
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
         for name in sorted(filenames):
             p = Path(dirpath) / name
-            if p.is_file():
+            # a symlink may point anywhere; serve only what really lies under root
+            if p.is_file() and p.resolve().is_relative_to(root):
                 found.append((p.relative_to(root).as_posix(), p, p.stat().st_size))
     bar = None
     if progress:

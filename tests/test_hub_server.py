@@ -165,6 +165,16 @@ def test_reuses_hashes_verified_by_the_downloader(tmp_path: Path):
         assert server.repo.files["a.parquet"].sha256 == hashlib.sha256(b"x" * 1000).hexdigest()
 
 
+def test_symlinks_leaving_the_root_are_not_served(tmp_path: Path):
+    (tmp_path / "root").mkdir()
+    (tmp_path / "secret.txt").write_text("not for clients")
+    (tmp_path / "root" / "leak.txt").symlink_to(tmp_path / "secret.txt")
+    (tmp_path / "root" / "ok.txt").write_text("fine")
+    with serve_in_background(tmp_path / "root", REPO) as server:
+        assert sorted(server.repo.files) == ["ok.txt"]
+        assert request(server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/leak.txt")[0].status == 404
+
+
 HF_CLIENT = r"""
 import json, sys
 from huggingface_hub import HfApi, hf_hub_download, snapshot_download

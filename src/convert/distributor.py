@@ -8,6 +8,8 @@ most `window` chunks are in flight, so memory stays flat however long the input 
 from __future__ import annotations
 
 import multiprocessing
+import queue
+import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -15,7 +17,7 @@ from concurrent.futures.process import BrokenProcessPool
 from itertools import islice
 
 from .items import Item, Result
-from .worker import WorkerConfig, init_worker, process_chunk
+from .worker import WorkerConfig, init_worker, is_light, process_chunk
 
 
 class WorkerCrashed(RuntimeError):
@@ -28,31 +30,76 @@ def chunked(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
         yield chunk
 
 
+def prefetch(chunks: Iterable[list[Item]], depth: int = 8) -> Iterator[list[Item]]:
+    """Read ahead in a thread: parquet decoding and file reads release the GIL, so reading
+    the input overlaps with packing and writing in this process."""
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    done = object()
+
+    def feed() -> None:
+        try:
+            for chunk in chunks:
+                while not stop.is_set():
+                    try:
+                        q.put(chunk, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as exc:  # handed to the consumer, raised there
+            q.put(exc)
+
+    thread = threading.Thread(target=feed, name="data2rec-reader", daemon=True)
+    thread.start()
+    try:
+        while (chunk := q.get()) is not done:
+            if isinstance(chunk, BaseException):
+                raise chunk
+            yield chunk
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
 def ordered_map(
     chunks: Iterable[list[Item]], config: WorkerConfig, workers: int, window_per_worker: int = 4
-) -> Iterator[list[Result]]:
-    """process_chunk over `chunks`, in order; in this process when workers <= 1."""
+) -> Iterator[tuple[list[Item], list[Result]]]:
+    """process_chunk over `chunks`, in order; in this process when workers <= 1.
+
+    Light chunks (see `is_light`) are done here too, queued in order among the others.
+    """
     if workers <= 1:
         init_worker(config)
         for chunk in chunks:
-            yield process_chunk(chunk)
+            yield chunk, process_chunk(chunk)
         return
     # forkserver: workers start from a clean process, not a fork of a parent that may
     # hold threads (pyarrow, DALI) in the middle of something.
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["src.convert.worker"])
     window = workers * window_per_worker
-    pending: deque[Future] = deque()
+    pending: deque[tuple[list[Item], Future]] = deque()
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker, initargs=(config,)) as pool:
         try:
+            init_worker(config)
             for chunk in chunks:
-                pending.append(pool.submit(process_chunk, chunk))
+                if is_light(chunk, config):
+                    done: Future = Future()
+                    done.set_result(process_chunk(chunk))
+                    pending.append((chunk, done))
+                else:
+                    pending.append((chunk, pool.submit(process_chunk, chunk)))
                 if len(pending) >= window:
-                    yield pending.popleft().result()
+                    chunk, fut = pending.popleft()
+                    yield chunk, fut.result()
             while pending:
-                yield pending.popleft().result()
+                chunk, fut = pending.popleft()
+                yield chunk, fut.result()
         except BrokenProcessPool as exc:
             raise WorkerCrashed(f"a worker process died ({exc}); rerun the same command to resume") from None
         finally:
-            for fut in pending:
+            for _, fut in pending:
                 fut.cancel()

@@ -30,7 +30,6 @@ Image.MAX_IMAGE_PIXELS = None
 
 VALIDATE_LEVELS = ("off", "quick", "full")
 CONVERT_QUALITY = 95  # JPEG quality for images we must re-encode when the user named none
-_PASS_MODES = ("RGB", "L")  # JPEG colour modes DALI decodes as-is
 _EOI_WINDOW = 4096  # trailing bytes searched for the EOI marker (some writers append padding)
 
 _SIGNATURES = (
@@ -71,6 +70,38 @@ def sniff(data: bytes) -> str | None:
     return None
 
 
+# SOFn markers carry the frame size; C4 (DHT), C8 (reserved) and CC (DAC) share the range.
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def jpeg_info(data: bytes) -> tuple[int, int, int, int] | None:
+    """(width, height, components, bits) from a JPEG's frame header, or None if there is none.
+
+    Walking the marker segments costs microseconds; PIL's open parses every table too.
+    """
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image or start of scan before any frame header
+            return None
+        if marker in _SOF_MARKERS:
+            if i + 10 > n:
+                return None
+            bits, h, w, comps = data[i + 4], int.from_bytes(data[i + 5 : i + 7], "big"), \
+                int.from_bytes(data[i + 7 : i + 9], "big"), data[i + 9]
+            return w, h, comps, bits
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return None
+
+
 def _target_size(w: int, h: int, short: int) -> tuple[int, int] | None:
     if short <= 0 or min(w, h) <= short:
         return None
@@ -105,6 +136,15 @@ def _encode_jpeg(rgb: np.ndarray, quality: int) -> bytes:
     return buf.tobytes()
 
 
+def _decode_check(data: bytes, level: str) -> None:
+    """Decode a JPEG that will pass through; quick decodes gray at 1/8 scale (DCT-domain)."""
+    import cv2
+
+    flag = cv2.IMREAD_REDUCED_GRAYSCALE_8 if level == "quick" else cv2.IMREAD_UNCHANGED
+    if cv2.imdecode(np.frombuffer(data, np.uint8), flag) is None:
+        raise ImageRejected(UNDECODABLE, f"JPEG does not decode ({level} check)")
+
+
 def prepare_image(data: bytes, opts: ImageOptions) -> tuple[bytes, bool]:
     """The bytes to store for this image and whether they were re-encoded.
 
@@ -115,8 +155,22 @@ def prepare_image(data: bytes, opts: ImageOptions) -> tuple[bytes, bool]:
     fmt = sniff(data)
     if fmt is None:
         raise ImageRejected(NOT_AN_IMAGE, f"unknown signature {data[:8]!r}")
-    if fmt == "JPEG" and data.rfind(b"\xff\xd9", max(0, len(data) - _EOI_WINDOW)) < 0:
-        raise ImageRejected(TRUNCATED, "JPEG has no end-of-image marker")
+    if fmt == "JPEG":
+        if data.rfind(b"\xff\xd9", max(0, len(data) - _EOI_WINDOW)) < 0:
+            raise ImageRejected(TRUNCATED, "JPEG has no end-of-image marker")
+        info = jpeg_info(data)
+        if info is None:
+            raise ImageRejected(UNDECODABLE, "JPEG has no frame header")
+        w, h, comps, bits = info
+        if w <= 0 or h <= 0:
+            raise ImageRejected(UNDECODABLE, f"JPEG size {w}x{h}")
+        if opts.max_pixels and w * h > opts.max_pixels:
+            raise ImageRejected(TOO_LARGE, f"{w}x{h} is over {opts.max_pixels} pixels")
+        # The common case, decided without PIL: a plain 8-bit gray/colour JPEG that stays as it is.
+        if comps in (1, 3) and bits == 8 and opts.quality is None and _target_size(w, h, opts.resize_short) is None:
+            if opts.validate != "off":
+                _decode_check(data, opts.validate)
+            return data, False
     try:
         img = Image.open(io.BytesIO(data))
         w, h = img.size
@@ -128,15 +182,7 @@ def prepare_image(data: bytes, opts: ImageOptions) -> tuple[bytes, bool]:
         raise ImageRejected(TOO_LARGE, f"{w}x{h} is over {opts.max_pixels} pixels")
 
     target = _target_size(w, h, opts.resize_short)
-    passthrough = fmt == "JPEG" and img.mode in _PASS_MODES and target is None and opts.quality is None
     try:
-        if passthrough:
-            if opts.validate == "quick":
-                img.draft(img.mode, (max(1, w // 8), max(1, h // 8)))
-                img.load()
-            elif opts.validate == "full":
-                img.load()
-            return data, False
         if fmt == "JPEG" and target is not None:
             img.draft("RGB" if img.mode != "CMYK" else img.mode, target)  # DCT-domain shrink first
         img.load()

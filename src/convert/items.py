@@ -62,14 +62,19 @@ class Item:
 
 @dataclass
 class Result:
-    """What a worker returns for one item: a packed record or the reason it was skipped."""
+    """What a worker returns for one item: what to store, or the reason it was skipped.
+
+    A payload of None with no reason means "the item's own image bytes, unchanged": the
+    parent still holds them, so they need not travel back from the worker.
+    """
 
     pos: int
     ref: str
     slot: int = 0
     sample_id: int = 0
-    record: bytes | None = None
-    captions: int = 0  # K: number of 77-token blocks in the record
+    tokens: np.ndarray | None = None  # float32 [K*77]
+    payload: bytes | None = None
+    captions: int = 0  # K: number of 77-token blocks
     reason: str | None = None
     detail: str = ""
     converted: bool = False  # the image was re-encoded (not passed through)

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .distributor import chunked, ordered_map
+from ..recordio import IRHeader, pack
+from .distributor import chunked, ordered_map, prefetch
 from .images import ImageOptions
 from .items import CAPTION_COUNT, Item, Unit
 from .report import Report
@@ -186,22 +187,23 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
     writer: ShardWriter | None = None
     bar = _progress(my_total, done_before, opts.progress)
     try:
-        for results in ordered_map(chunked(items(), opts.chunk), config, workers):
-            for r in results:
+        for chunk, results in ordered_map(prefetch(chunked(items(), opts.chunk)), config, workers):
+            for item, r in zip(chunk, results):
                 bar.update(1)
-                if r.record is not None:
+                if r.reason is None:
                     k = state["captions_per_record"]
                     if k is None:
                         state["captions_per_record"] = k = r.captions
                     if r.captions != k:
-                        r.record, r.reason = None, CAPTION_COUNT
+                        r.reason = CAPTION_COUNT
                         r.detail = f"{r.captions} captions, the run's records have {k}"
                 report.add(r)
-                if r.record is None:
+                if r.reason is not None:
                     continue
                 if writer is None:
                     writer = ShardWriter(*shard_paths(prefix, len(state["shards"]) if sharded else None))
-                writer.write(r.sample_id, r.record)
+                payload = r.payload if r.payload is not None else item.image
+                writer.write(r.sample_id, pack(IRHeader(0, r.tokens, r.sample_id, item.row), payload))
                 if sharded and writer.records == opts.shard_size:
                     state["shards"].append(writer.commit())
                     writer = None

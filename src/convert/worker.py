@@ -1,10 +1,9 @@
-"""Turn one item into one packed record (or a skip reason). Runs in the worker processes."""
+"""Turn one item into what its record stores (or a skip reason). Runs in the worker processes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..recordio import IRHeader, pack
 from .captions import CONTEXT_LENGTH, CaptionRejected, check_tokens, tokenize_captions
 from .images import ImageOptions, ImageRejected, prepare_image
 from .items import MISSING_CAPTION, MISSING_IMAGE, UNREADABLE, Item, Result
@@ -72,11 +71,19 @@ def process_item(item: Item, config: WorkerConfig) -> Result:
             tokens = tokenize_captions(captions or [], ctx)
     except (ImageRejected, CaptionRejected) as exc:
         return _skip(item, exc.reason, exc.detail)
-    record = pack(IRHeader(0, tokens, item.sample_id, item.row), payload)
     return Result(
-        item.pos, item.ref, item.slot, item.sample_id, record=record,
-        captions=tokens.size // ctx, converted=converted,
+        item.pos, item.ref, item.slot, item.sample_id, tokens=tokens,
+        payload=None if payload is item.image else payload, captions=tokens.size // ctx, converted=converted,
     )
+
+
+def is_light(items: list[Item], config: WorkerConfig) -> bool:
+    """True when the chunk needs no decoding or tokenising: shipping it to a worker costs more
+    than doing it (the hub's parquet with --validate off: bytes and tokens pass straight through)."""
+    image = config.image
+    if image.validate != "off" or image.resize_short or image.quality is not None:
+        return False
+    return all(item.error is not None or (item.tokens is not None and item.image is not None) for item in items)
 
 
 def process_chunk(items: list[Item]) -> list[Result]:

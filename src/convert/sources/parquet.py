@@ -95,34 +95,51 @@ class ParquetSource(Source):
         try:
             for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=[image_col, text_col]):
                 images = _image_bytes(batch.column(0))
-                texts = batch.column(1)
+                texts = _Texts(batch.column(1))
                 for i, image in enumerate(images):
                     if row >= start:
-                        yield self._item(row, path, image, texts, i)
+                        yield texts.item(row, f"{path}:row {row}", image, i)
                     row += 1
         except Exception as exc:  # a corrupt page: the rest of this row group is lost, the file is not
             for r in range(max(row, start), first_row + n):
                 yield Item(r, f"{path}:row {r}", row=r, error=BROKEN_ROW, detail=f"row group {rg}: {exc}")
 
-    @staticmethod
-    def _item(row: int, path: Path, image: bytes | None, texts: pa.Array, i: int) -> Item:
-        ref = f"{path}:row {row}"
-        if image is None:
-            return Item(row, ref, row=row, error=BROKEN_ROW, detail="image is null")
-        value = texts[i]
-        if not value.is_valid:
-            return Item(row, ref, row=row, image=image, error=BROKEN_ROW, detail="caption is null")
-        t = texts.type
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+
+class _Texts:
+    """One batch's caption column, converted once (per-row pyarrow scalars cost microseconds each)."""
+
+    def __init__(self, col: pa.Array) -> None:
+        if pa.types.is_fixed_size_list(col.type):
+            col = col.cast(pa.list_(col.type.value_type))
+        t = col.type
+        self.valid = (~np.asarray(col.is_null().to_numpy(zero_copy_only=False))).tolist()
+        self.kind, self.col = "other", col
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
             vt = t.value_type
             if pa.types.is_string(vt) or pa.types.is_large_string(vt):
-                return Item(row, ref, row=row, image=image, captions=[c or "" for c in value.as_py()])
-            if pa.types.is_floating(vt) or pa.types.is_integer(vt):
-                values = value.values
-                if values.null_count:
-                    return Item(row, ref, row=row, image=image, error=BROKEN_ROW, detail="null token id")
-                tokens = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32)
-                return Item(row, ref, row=row, image=image, tokens=tokens)
-        if pa.types.is_string(t) or pa.types.is_large_string(t):
-            return Item(row, ref, row=row, image=image, captions=[value.as_py()])
-        return Item(row, ref, row=row, image=image, error=BROKEN_ROW, detail=f"caption column type {t}")
+                self.kind, self.values = "strings", col.to_pylist()
+            elif pa.types.is_floating(vt) or pa.types.is_integer(vt):
+                self.kind = "tokens"
+                col = col.cast(pa.list_(pa.float32())) if not pa.types.is_large_list(t) else col
+                flat = col.values
+                self.offsets = np.asarray(col.offsets.to_numpy(zero_copy_only=False))
+                self.flat = np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float32)
+                self.null_ids = np.asarray(flat.is_null().to_numpy(zero_copy_only=False)) if flat.null_count else None
+        elif pa.types.is_string(t) or pa.types.is_large_string(t):
+            self.kind, self.values = "string", col.to_pylist()
+
+    def item(self, row: int, ref: str, image: bytes | None, i: int) -> Item:
+        if image is None:
+            return Item(row, ref, row=row, error=BROKEN_ROW, detail="image is null")
+        if not self.valid[i]:
+            return Item(row, ref, row=row, image=image, error=BROKEN_ROW, detail="caption is null")
+        if self.kind == "tokens":
+            a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+            if self.null_ids is not None and self.null_ids[a:b].any():
+                return Item(row, ref, row=row, image=image, error=BROKEN_ROW, detail="null token id")
+            return Item(row, ref, row=row, image=image, tokens=self.flat[a:b].copy())
+        if self.kind == "strings":
+            return Item(row, ref, row=row, image=image, captions=[c or "" for c in self.values[i]])
+        if self.kind == "string":
+            return Item(row, ref, row=row, image=image, captions=[self.values[i]])
+        return Item(row, ref, row=row, image=image, error=BROKEN_ROW, detail=f"caption column type {self.col.type}")

@@ -347,14 +347,18 @@ hash_file() {
   fi
 }
 
-# check_files DIR I...: hashes DIR/NAME for each index in parallel; prints "I ok|bad"
+# check_files DIR I...: hashes DIR/NAME for each index in parallel; prints "I ok", "I bad"
+# (wrong hash or too big) or "I short" (missing or smaller: maybe a download to resume)
 check_files() {
   local dir=$1 i running=0
   shift
   for i in "$@"; do
     (
-      f=$dir/${NAMES[$i]}
-      if [[ -f $f && $(stat -c %s -- "$f") == "${SIZES[$i]}" && $(hash_file "$f" "${KINDS[$i]}" "${SIZES[$i]}") == "${HASHES[$i]}" ]]; then
+      f=$dir/${NAMES[$i]} size=-1
+      [[ -f $f ]] && size=$(stat -c %s -- "$f")
+      if ((size < SIZES[i])); then
+        echo "$i short"
+      elif ((size == SIZES[i])) && [[ $(hash_file "$f" "${KINDS[$i]}" "${SIZES[$i]}") == "${HASHES[$i]}" ]]; then
         echo "$i ok"
       else
         echo "$i bad"
@@ -543,17 +547,22 @@ for ((round = 1; round <= MAX_ROUNDS && ${#pending[@]} > 0; round++)); do
     download_batch "${batch[@]}"
     while read -r i res; do
       staged=$STAGING/${NAMES[$i]}
-      if [[ $res == ok ]] && dest=$(safe_dest "$i"); then
-        mv -f -- "$staged" "$dest"
-        rm -f -- "$staged.aria2"
-        record_verified "$i"
-        n_fetched=$((n_fetched + 1))
-      else
-        if [[ -f $staged ]]; then
-          warn "${NAMES[$i]}: size or hash does not match the hub's; discarding it"
-          rm -f -- "$staged" "$staged.aria2"
+      if [[ $res == ok ]]; then
+        if dest=$(safe_dest "$i"); then
+          mv -f -- "$staged" "$dest"
+          rm -f -- "$staged.aria2"
+          record_verified "$i"
+          n_fetched=$((n_fetched + 1))
+        else
+          warn "refusing to write ${NAMES[$i]}: its folder leads outside $LOCAL_DIR (a symlink?)"
+          failed+=("$i")
         fi
+      elif [[ $res == bad ]]; then
+        warn "${NAMES[$i]}: size or hash does not match the hub's; discarding it"
+        rm -f -- "$staged" "$staged.aria2"
         failed+=("$i")
+      else
+        failed+=("$i") # incomplete: kept, the next round continues it
       fi
     done < <(check_files "$STAGING" "${batch[@]}")
     save_state

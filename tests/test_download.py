@@ -214,6 +214,19 @@ def test_hostile_names_are_refused(repo_dir: Path, tmp_path: Path):
         assert "5 already ok, 0 fetched, 0 failed, 0 refused" in r.stdout
 
 
+def test_symlinked_subfolder_is_not_written_through(repo_dir: Path, tmp_path: Path):
+    out_dir, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out_dir.mkdir()
+    elsewhere.mkdir()
+    (out_dir / "meta").symlink_to(elsewhere)
+    with serve_in_background(repo_dir, REPO) as server:
+        r = run_hfd([REPO, "--dataset", "--local-dir", str(out_dir), "--include", "meta/*"],
+                    make_env(tmp_path, server.endpoint, HFD_MAX_ROUNDS="1"))
+    assert r.returncode == 1
+    assert "refusing to write meta/info.json: its folder leads outside" in r.stderr
+    assert not any(elsewhere.iterdir())
+
+
 def processes_mentioning(secret: bytes) -> list[str]:
     found = []
     for d in Path("/proc").iterdir():

@@ -414,3 +414,56 @@ def write_result(result: dict, output_dir: Path | str) -> Path:
     tmp.write_text(json.dumps(public, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers shared by the evaluation CLIs
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """"auto" picks the first GPU when there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EvalDataError(f"--device {name}: no CUDA device on this machine; use --device cpu")
+    return device
+
+
+def load_eval_model(config: str | Path, checkpoint: str | Path | None, device: torch.device) -> torch.nn.Module:
+    """create_model(config, pretrained=checkpoint) in fp32 eval mode on `device` (the original
+    evaluation runs in plain fp32)."""
+    from src.open_alip.model import create_model
+
+    if checkpoint is not None and not Path(checkpoint).is_file():
+        raise EvalDataError(f"checkpoint {checkpoint} does not exist; pass the .pt file with --model-weight")
+    model = create_model(str(config), pretrained=str(checkpoint) if checkpoint else None)
+    return model.to(device=device, dtype=torch.float32).eval()
+
+
+def parse_dataset_list(values: Sequence[str], data_root: Path | None = None) -> list[DatasetSpec]:
+    """`--datasets` items: ``NAME=PATH``, ``PATH``, or a bare ``NAME`` looked up under `data_root`;
+    commas separate several datasets in one item (the original scripts' style)."""
+    specs = []
+    for value in values:
+        for item in filter(None, (v.strip() for v in value.split(","))):
+            if "=" not in item and data_root is not None and not Path(item).exists():
+                item = f"{item}={data_root / item}"
+            spec = DatasetSpec.parse(item)
+            if not spec.path.exists():
+                raise EvalDataError(f"dataset {spec.name}: {spec.path} does not exist; give NAME=PATH")
+            specs.append(spec)
+    if not specs:
+        raise EvalDataError("no datasets given; use --datasets NAME=PATH [NAME=PATH ...]")
+    return specs
+
+
+def parse_name_map(values: Sequence[str] | None, option: str) -> dict[str, Path]:
+    """``NAME=FILE`` items (for --classnames / --templates)."""
+    out: dict[str, Path] = {}
+    for value in values or ():
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise EvalDataError(f"{option} {value!r}: expected NAME=FILE")
+        out[name] = Path(path).expanduser()
+    return out

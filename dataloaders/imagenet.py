@@ -208,10 +208,12 @@ class BaseLoader:
         self.epoch, self.batch = self.epoch + 1, 0
 
     def state_dict(self) -> dict[str, Any]:
+        # After the last batch of an epoch the position is the start of the next one.
+        done = self.batch >= self._len
         return {
             "backend": self.backend,
-            "epoch": self.epoch,
-            "batch": self.batch,
+            "epoch": self.epoch + 1 if done else self.epoch,
+            "batch": 0 if done else self.batch,
             "seed": self.seed,
             "rank": self.rank,
             "world_size": self.world_size,

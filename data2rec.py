@@ -161,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     print(Report.from_dict(report).summary())
     if report.get("resumed"):
         print("(nothing to do: this run was already complete)")
+    units = report.get("units") or {}
+    if units.get("this_machine") == 0:
+        print(f"machine {args.machine_id} of {args.num_machines} has no input: the input has only "
+              f"{units.get('all')} unit(s) (files, or folder slices of 10000 images)")
+        return 0
     if report["written"] == 0:
         print("data2rec: no record was written; see the skip reasons above", file=sys.stderr)
         return 1

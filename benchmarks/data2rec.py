@@ -41,22 +41,21 @@ def make_crops(photos: list[Path], count: int, target_kb: int = 45) -> list[byte
         with Image.open(path) as img:
             img = img.convert("RGB")
             img.draft("RGB", (img.width // 2, img.height // 2))
-            base = img.resize((img.width * 1200 // max(img.size), img.height * 1200 // max(img.size)))
+            base = img.resize((img.width * 1600 // max(img.size), img.height * 1600 // max(img.size)))
         for _ in range(per):
             w, h = (500, 375) if rng.random() < 0.7 else (375, 500)
-            scale = rng.uniform(0.5, 1.0)
-            cw, ch = int(w / scale), int(h / scale)
-            cw, ch = min(cw, base.width), min(ch, base.height)
+            scale = rng.uniform(0.4, 0.9)
+            cw, ch = min(int(w / scale), base.width), min(int(h / scale), base.height)
             x, y = int(rng.integers(0, base.width - cw + 1)), int(rng.integers(0, base.height - ch + 1))
-            crop = base.crop((x, y, x + cw, y + ch)).resize((w, h), Image.BILINEAR)
-            quality, data = 92, b""
-            while quality >= 40:
+            crop = base.crop((x, y, x + cw, y + ch)).resize((w, h), Image.LANCZOS)
+            best = b""
+            for quality in (97, 95, 92, 90, 87, 84, 80, 75, 70, 60):  # the size closest to the target
                 buf = io.BytesIO()
                 crop.save(buf, "JPEG", quality=quality)
                 data = buf.getvalue()
-                if len(data) <= target_kb * 1024:
-                    break
-                quality -= 6
+                if not best or abs(len(data) - target_kb * 1024) < abs(len(best) - target_kb * 1024):
+                    best = data
+            data = best
             crops.append(data)
     return crops[:count]
 

@@ -115,6 +115,10 @@ def test_multi_machine_split_is_disjoint_and_complete(hub, tmp_path):
     assert len(whole) == len(good) + 4
     # Both machines' shards sit side by side and verify together.
     assert verify(tmp_path / "split-m000")["ok"] and verify(tmp_path / "split-m001")["ok"]
+    # More machines than input files: the spare machine has nothing to do, and says so.
+    idle = run_cli(*map(str, inputs), "--output", str(tmp_path / "idle"), "--num-machines", "4",
+                   "--machine-id", "3", "--no-progress")
+    assert idle.returncode == 0 and "has no input" in idle.stdout
 
 
 def test_folder_with_odd_and_bad_images(tmp_path):

@@ -154,7 +154,11 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
                 "pass --overwrite to replace it or choose another --output"
             )
         _remove_outputs(prefix, None)
-        counts = [source.count(u) for u in units]
+        from tqdm import tqdm
+
+        slow = source.kind in ("manifest", "webdataset")  # counting reads them; parquet has metadata
+        counts = [source.count(u) for u in tqdm(
+            units, desc="counting items", unit="file", disable=not (opts.progress and slow), file=sys.stderr)]
         state = new_state(fingerprint, counts)
         write_json_atomic(state_path, state)
     elif state["complete"]:
@@ -168,6 +172,7 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
         bases.append(total)
         total += n
     mine = [u for u in units if u.index % opts.num_machines == opts.machine_id]
+    state["units"] = {"all": len(units), "this_machine": len(mine)}
     report = Report(opts.max_examples) if state["report"] is None else Report.from_dict(state["report"], opts.max_examples)
     next_slot, next_pos = state["next"]
 
@@ -235,6 +240,7 @@ def _final(state: dict, report: dict, prefix: Path, started: float) -> dict:
         "output": str(prefix),
         "complete": state["complete"],
         "captions_per_record": state["captions_per_record"],
+        "units": state.get("units"),
         **report,
         "shards": state["shards"],
         "elapsed_s": round(elapsed, 3),

@@ -18,6 +18,16 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+class _IndexStreamer(MXIndexedRecordIO):
+    """MXIndexedRecordIO that streams index lines without also keeping them in memory:
+    a single 15M-record output would otherwise hold a 15M-entry dict."""
+
+    def write_idx(self, idx, buf: bytes) -> None:
+        pos = self.tell()
+        self.write(buf)
+        self.fidx.write(f"{int(idx)}\t{pos}\n")
+
+
 class ShardWriter:
     """`.rec` + `.idx` written as `NAME.rec.tmp` / `NAME.idx.tmp`, renamed by `commit()`.
 
@@ -29,7 +39,7 @@ class ShardWriter:
         self.rec, self.idx = rec, idx
         self.tmp_rec = rec.with_name(rec.name + TMP_SUFFIX)
         self.tmp_idx = idx.with_name(idx.name + TMP_SUFFIX)
-        self._io = MXIndexedRecordIO(str(self.tmp_idx), str(self.tmp_rec), "w")
+        self._io = _IndexStreamer(str(self.tmp_idx), str(self.tmp_rec), "w")
         self.records = 0
         self.first_id: int | None = None
         self.last_id: int | None = None

@@ -15,21 +15,29 @@ Tensor = torch.Tensor
 
 
 def naive_wkv(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor) -> Tensor:
-    """y_t = sum_s (r_t . decay(s,t) . k_s) v_s per head, straight from the pair formula."""
+    """y_t = sum_s (r_t . decay(s,t) . k_s) v_s per head, straight from the pair formula.
+
+    decay(s, t) is the product of d_l strictly between s and t, grown one factor at a
+    time while s walks away from t; decay(t, t) is the bonus u.
+    """
     batch, time, channels = r.shape
     heads, size = u.shape
     d = torch.exp(-torch.exp(w))
     y = torch.zeros(batch, time, channels, dtype=r.dtype)
+
+    def add(t: int, s: int, factor: Tensor) -> None:
+        weight = (r[:, t] * factor * k[:, s]).reshape(batch, heads, size).sum(-1)  # per head
+        y[:, t] += (weight[:, :, None] * v[:, s].reshape(batch, heads, size)).reshape(batch, channels)
+
     for t in range(time):
-        for s in range(time):
-            if s == t:
-                factor = u.reshape(channels).expand(batch, channels)
-            else:
-                factor = torch.ones(batch, channels, dtype=r.dtype)
-                for between in range(min(s, t) + 1, max(s, t)):
-                    factor = factor * d[:, between]
-            weight = (r[:, t] * factor * k[:, s]).reshape(batch, heads, size).sum(-1)  # per head
-            y[:, t] += (weight[:, :, None] * v[:, s].reshape(batch, heads, size)).reshape(batch, channels)
+        add(t, t, u.reshape(channels).expand(batch, channels))
+        for direction in (-1, 1):
+            factor = torch.ones(batch, channels, dtype=r.dtype)
+            s = t + direction
+            while 0 <= s < time:
+                add(t, s, factor)
+                factor = factor * d[:, s]  # s now lies between t and the next source
+                s += direction
     return y
 
 

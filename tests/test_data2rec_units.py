@@ -104,6 +104,14 @@ def test_max_pixels_limit_is_configurable():
     assert prepare_image(data, ImageOptions(max_pixels=0)) == (data, False)
 
 
+def test_pack_record_matches_recordio_pack():
+    from src.convert.writer import pack_record
+    from src.recordio import IRHeader, pack
+
+    tokens = tokens_for(3, 1)
+    assert pack_record(tokens, 2**40 + 5, 17, b"payload") == pack(IRHeader(0, tokens, 2**40 + 5, 17), b"payload")
+
+
 # ---------------------------------------------------------------- captions
 
 

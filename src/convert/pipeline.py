@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..recordio import IRHeader, pack
 from .distributor import chunked, ordered_map, prefetch
 from .images import ImageOptions
 from .items import CAPTION_COUNT, Item, Unit
@@ -25,7 +24,7 @@ from .report import Report
 from .sources import InputError, Source, SourceOptions, make_source
 from .state import load_state, new_state, write_json_atomic
 from .worker import WorkerConfig
-from .writer import TMP_SUFFIX, ShardWriter
+from .writer import TMP_SUFFIX, ShardWriter, pack_record
 
 
 class OutputError(InputError):
@@ -208,7 +207,7 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
                 if writer is None:
                     writer = ShardWriter(*shard_paths(prefix, len(state["shards"]) if sharded else None))
                 payload = r.payload if r.payload is not None else item.image
-                writer.write(r.sample_id, pack(IRHeader(0, r.tokens, r.sample_id, item.row), payload))
+                writer.write(r.sample_id, pack_record(r.tokens, r.sample_id, item.row, payload))
                 if sharded and writer.records == opts.shard_size:
                     state["shards"].append(writer.commit())
                     writer = None

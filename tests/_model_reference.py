@@ -113,7 +113,9 @@ def time_mix(p: dict[str, Tensor], x: Tensor, shifted: Tensor, heads: int, eps: 
     gate_in = linear(mixed["g"], p["gate.weight"])
     g = gate_in / (1 + torch.exp(-gate_in))
     w = p["time_decay"] + torch.einsum(
-        "btf,fc->btc", torch.tanh(torch.einsum("btc,cf->btf", mixed["w"], p["time_decay_w1"])), p["time_decay_w2"]
+        "btf,fc->btc",
+        torch.tanh(torch.einsum("btc,cf->btf", mixed["w"], p["time_decay_w1"])),
+        p["time_decay_w2"],
     )
     y = naive_wkv(r, k, v, w, p["time_faaaa"])
     y = group_norm_per_token(y, heads, p["ln_x.weight"], p["ln_x.bias"], eps)

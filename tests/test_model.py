@@ -63,7 +63,9 @@ def _tiny64(seed: int = 0) -> RWKV_CLIP:
 
 
 def _images(batch: int, size: int = 32, seed: int = 1) -> torch.Tensor:
-    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return torch.randn(
+        batch, 3, size, size, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+    )
 
 
 def _tokens(batch: int, seed: int = 2, length: int = 77) -> torch.Tensor:
@@ -283,9 +285,9 @@ def test_from_scratch_initialisation_follows_the_original():
     def same(param: torch.Tensor, want: torch.Tensor) -> None:
         torch.testing.assert_close(param.detach().double().flatten(), want.flatten(), rtol=0, atol=0)
 
-    l, n_layer = 3, 6
-    r0, r1 = l / (n_layer - 1), 1 - l / n_layer
-    att, ffn = text.blocks[l].att, text.blocks[l].ffn
+    layer, n_layer = 3, 6
+    r0, r1 = layer / (n_layer - 1), 1 - layer / n_layer
+    att, ffn = text.blocks[layer].att, text.blocks[layer].ffn
     decay = -6 + 5 * (n / (c - 1)) ** (0.7 + 1.3 * r0)
     bonus = r0 * (1 - n / (c - 1)) + 0.1 * ((n + 1) % 3 - 1)
     same(att.time_maa_x, bf16(1 - ddd**r1))
@@ -297,21 +299,23 @@ def test_from_scratch_initialisation_follows_the_original():
     assert att.time_decay.dtype == att.time_faaaa.dtype == torch.bfloat16
     assert not att.time_maa_w1.any() and not att.time_decay_w1.any()
     assert 0 < att.time_maa_w2.abs().max() <= 0.01 * (1 + 2**-8)
-    same(att.ln_x.weight, bf16(torch.full((c,), ((l + 1) / n_layer) ** 0.7)))
+    same(att.ln_x.weight, bf16(torch.full((c,), ((layer + 1) / n_layer) ** 0.7)))
     same(att.ln_x.bias, torch.zeros(c, dtype=torch.float64))
     for zero in (att.output.weight, ffn.value.weight, ffn.receptance.weight):
         assert not zero.any()
     eye = torch.eye(c, dtype=torch.float64)
     for weight, scale in ((att.receptance.weight, 1.0), (att.key.weight, 0.1), (att.gate.weight, 0.1)):
-        torch.testing.assert_close(weight.double() @ weight.double().T, scale**2 * eye, rtol=0, atol=2e-2 * scale**2)
+        torch.testing.assert_close(
+            weight.double() @ weight.double().T, scale**2 * eye, rtol=0, atol=2e-2 * scale**2
+        )
     key = ffn.key.weight.double()  # 448 x 128: gain sqrt(448/128) times 0.5, orthonormal columns
     torch.testing.assert_close(key.T @ key, 0.25 * 3.5 * eye, rtol=0, atol=2e-2)
     assert 0 < text.emb.weight.abs().max() <= 1e-4 * (1 + 2**-8)
     assert all(torch.equal(p, p.bfloat16().to(p.dtype)) for p in text.parameters())
 
-    l, n_layer = 5, 12
-    r0, r1 = l / (n_layer - 1), 1 - l / n_layer
-    block = image.layers[l]
+    layer, n_layer = 5, 12
+    r0, r1 = layer / (n_layer - 1), 1 - layer / n_layer
+    block = image.layers[layer]
     f32 = lambda t: t.float().double()  # noqa: E731 - image values are float32
     same(block.att.time_maa_w, f32(1 - ddd**r1))
     same(block.att.time_maa_r, f32(1 - ddd ** (0.5 * r1)))
@@ -319,7 +323,12 @@ def test_from_scratch_initialisation_follows_the_original():
     same(block.att.time_faaaa, f32(r0 * (1 - n / (c - 1)) + 0.1 * ((n + 1) % 3 - 1)))
     same(block.ffn.spatial_mix_k, f32(ddd**r1))
     same(block.ffn.spatial_mix_r, f32(ddd**r1))
-    for lora in (block.att.time_maa_w1, block.att.time_maa_w2, block.att.time_decay_w1, block.att.time_decay_w2):
+    for lora in (
+        block.att.time_maa_w1,
+        block.att.time_maa_w2,
+        block.att.time_decay_w1,
+        block.att.time_decay_w2,
+    ):
         assert 0 < lora.abs().max() <= 1e-4
     assert not image.pos_embed.any() and image.pos_embed.dtype == torch.float32
     assert model.logit_scale.item() == pytest.approx(math.log(1 / 0.07)) == pytest.approx(2.659260, abs=1e-6)

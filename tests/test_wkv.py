@@ -45,7 +45,9 @@ def test_chunked_matches_reference_forward_and_all_gradients(time):
     inputs = _inputs(2, time, 2, 8, seed=time)
     weight = torch.randn(2, time, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(wkv_chunked(*inputs), wkv_reference(*inputs), rtol=0, atol=1e-11)
-    for name, got, want in zip("rkvwu", _grads(wkv_chunked, inputs, weight), _grads(wkv_reference, inputs, weight)):
+    for name, got, want in zip(
+        "rkvwu", _grads(wkv_chunked, inputs, weight), _grads(wkv_reference, inputs, weight)
+    ):
         assert time < 3 or torch.count_nonzero(want) > 0, name
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=f"gradient of {name}")
 
@@ -67,7 +69,9 @@ def test_extreme_decay_logits_match_reference_in_float64(decay):
     inputs = _inputs(1, 23, 2, 4, seed=5, decay=decay)
     weight = torch.randn(1, 23, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(wkv_chunked(*inputs, chunk=8), naive_wkv(*inputs), rtol=0, atol=1e-11)
-    for name, got, want in zip("rkvwu", _grads(wkv_chunked, inputs, weight), _grads(wkv_reference, inputs, weight)):
+    for name, got, want in zip(
+        "rkvwu", _grads(wkv_chunked, inputs, weight), _grads(wkv_reference, inputs, weight)
+    ):
         assert torch.isfinite(got).all(), name
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=f"gradient of {name}")
 
@@ -119,7 +123,9 @@ def test_wkv_runs_in_float32_under_bf16_autocast_and_keeps_float64():
 
 def test_implementations_are_selectable_and_bad_input_is_named():
     inputs = _inputs(1, 6, 2, 4, seed=8)
-    torch.testing.assert_close(wkv(*inputs, impl="reference"), wkv(*inputs, impl="chunked"), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        wkv(*inputs, impl="reference"), wkv(*inputs, impl="chunked"), rtol=0, atol=1e-12
+    )
     with pytest.raises(ValueError, match="unknown wkv implementation 'cuda'"):
         wkv(*inputs, impl="cuda")
     r, k, v, w, u = inputs

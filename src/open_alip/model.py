@@ -115,7 +115,9 @@ def get_model_config(config: str | os.PathLike | Mapping[str, Any], **overrides:
     # The original enables the cls token only for the *string* "True", which a JSON
     # bool never equals: the released models have none. Mirror that for bools.
     if cfg["image_with_cls_token"] == "True":
-        raise ValueError("image_with_cls_token 'True' (a cls token) is not supported; the released models use none")
+        raise ValueError(
+            "image_with_cls_token 'True' (a cls token) is not supported; the released models use none"
+        )
     cfg["image_with_cls_token"] = False
     return cfg
 
@@ -193,7 +195,9 @@ class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for us
 
 
 def create_model(
-    config: str | os.PathLike | Mapping[str, Any], pretrained: str | os.PathLike | None = None, **overrides: Any
+    config: str | os.PathLike | Mapping[str, Any],
+    pretrained: str | os.PathLike | None = None,
+    **overrides: Any,
 ) -> RWKV_CLIP:
     """Build RWKV_CLIP from a shipped name, JSON path or dict; optionally load weights.
 
@@ -219,7 +223,11 @@ def _extract_state_dict(obj: Any, where: str) -> dict[str, torch.Tensor]:
     if isinstance(obj, Mapping):
         for key in ("state_dict", "model"):
             inner = obj.get(key)
-            if isinstance(inner, Mapping) and inner and all(isinstance(v, torch.Tensor) for v in inner.values()):
+            if (
+                isinstance(inner, Mapping)
+                and inner
+                and all(isinstance(v, torch.Tensor) for v in inner.values())
+            ):
                 return dict(inner)
         if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
             return dict(obj)

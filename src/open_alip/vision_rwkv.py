@@ -70,7 +70,13 @@ class ChannelMix(nn.Module):
 
 class Block(nn.Module):
     def __init__(
-        self, layer_id: int, embed_dims: int, num_heads: int, hidden_rate: int, drop_path: float, with_cp: bool
+        self,
+        layer_id: int,
+        embed_dims: int,
+        num_heads: int,
+        hidden_rate: int,
+        drop_path: float,
+        with_cp: bool,
     ):
         super().__init__()
         self.layer_id = layer_id

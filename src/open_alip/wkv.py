@@ -171,7 +171,9 @@ def wkv(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, impl: str = "chun
     try:
         fn = IMPLEMENTATIONS[impl]
     except KeyError:
-        raise ValueError(f"unknown wkv implementation {impl!r}; choose one of {sorted(IMPLEMENTATIONS)}") from None
+        raise ValueError(
+            f"unknown wkv implementation {impl!r}; choose one of {sorted(IMPLEMENTATIONS)}"
+        ) from None
     dtype = torch.float64 if r.dtype == torch.float64 else torch.float32
     with torch.autocast(device_type=r.device.type, enabled=False):
         return fn(*(t.to(dtype) for t in (r, k, v, w, u)))

@@ -1,7 +1,7 @@
 """Download throughput from the local hub server: data/hfd.sh with aria2c and with wget
 versus huggingface_hub.snapshot_download (the baseline), on the same LFS files.
 
-    .venv/bin/python benchmarks/download.py [--files 4] [--size-mb 64] [--repeat 2]
+    .venv/bin/python benchmarks/download.py [--files 4] [--size-mb 32] [--repeat 2]
 
 Prints MB/s of each method (best of --repeat runs) and its ratio to snapshot_download, in
 two settings: plain loopback (client CPU overhead; no network limits at all) and with each
@@ -56,12 +56,12 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--files", type=int, default=4, help="number of files (default 4)")
-    p.add_argument("--size-mb", type=int, default=64, help="MiB per file (default 64)")
+    p.add_argument("--size-mb", type=int, default=32, help="MiB per file (default 32)")
     p.add_argument("--repeat", type=int, default=2, help="runs per method; the best counts (default 2)")
     p.add_argument("-x", type=int, default=4, help="aria2c connections per file (default 4)")
     p.add_argument("-j", type=int, default=4, help="aria2c files at once (default 4)")
-    p.add_argument("--cap-mbps", type=float, default=20.0,
-                   help="per-connection cap of the second setting, MB/s (default 20; 0: skip it)")
+    p.add_argument("--cap-mbps", type=float, default=5.0,
+                   help="per-connection cap of the second setting, MB/s (default 5; 0: skip it)")
     a = p.parse_args()
     if a.files < 1 or a.size_mb < 1 or a.repeat < 1:
         p.error("--files, --size-mb and --repeat must be at least 1")

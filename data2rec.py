@@ -12,7 +12,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from src.convert import (
@@ -138,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         num_machines=args.num_machines,
         machine_id=args.machine_id,
         id_offset=args.id_offset,
-        workers=args.workers or os.cpu_count() or 1,
+        workers=args.workers,
         resume=args.resume,
         overwrite=args.overwrite,
         progress=args.progress,
@@ -159,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{report['output']}: {len(report['shards'])} shard(s), "
           f"{report.get('captions_per_record')} caption(s) per record")
     print(Report.from_dict(report).summary())
+    print(f"report: {report['output']}.report.json")
     if report.get("resumed"):
         print("(nothing to do: this run was already complete)")
     units = report.get("units") or {}

@@ -104,6 +104,16 @@ def test_max_pixels_limit_is_configurable():
     assert prepare_image(data, ImageOptions(max_pixels=0)) == (data, False)
 
 
+def test_jpeg_frame_header_is_read_without_decoding():
+    from src.convert.images import jpeg_info
+
+    assert jpeg_info(jpeg(40, 30, 1)) == (40, 30, 3, 8, 0xC0)
+    assert jpeg_info(jpeg(64, 48, 4, progressive=True)) == (64, 48, 3, 8, 0xC2)
+    assert jpeg_info(jpeg(40, 30, 2, mode="L"))[2] == 1
+    assert jpeg_info(jpeg(40, 30, 3, mode="CMYK"))[2] == 4
+    assert jpeg_info(b"\xff\xd8\xff\xe0\x00\x10JFIF") is None  # cut before the frame header
+
+
 def test_pack_record_matches_recordio_pack():
     from src.convert.writer import pack_record
     from src.recordio import IRHeader, pack

@@ -74,8 +74,13 @@ def sniff(data: bytes) -> str | None:
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
-def jpeg_info(data: bytes) -> tuple[int, int, int, int] | None:
-    """(width, height, components, bits) from a JPEG's frame header, or None if there is none.
+# Huffman-coded baseline, extended and progressive frames: what every JPEG decoder (nvJPEG
+# included) handles. Arithmetic-coded, lossless and hierarchical frames are re-encoded.
+_PLAIN_SOF = frozenset((0xC0, 0xC1, 0xC2))
+
+
+def jpeg_info(data: bytes) -> tuple[int, int, int, int, int] | None:
+    """(width, height, components, bits, SOF marker) from a JPEG's frame header, or None.
 
     Walking the marker segments costs microseconds; PIL's open parses every table too.
     """
@@ -97,7 +102,7 @@ def jpeg_info(data: bytes) -> tuple[int, int, int, int] | None:
                 return None
             bits, h, w, comps = data[i + 4], int.from_bytes(data[i + 5 : i + 7], "big"), \
                 int.from_bytes(data[i + 7 : i + 9], "big"), data[i + 9]
-            return w, h, comps, bits
+            return w, h, comps, bits, marker
         i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
     return None
 
@@ -161,13 +166,14 @@ def prepare_image(data: bytes, opts: ImageOptions) -> tuple[bytes, bool]:
         info = jpeg_info(data)
         if info is None:
             raise ImageRejected(UNDECODABLE, "JPEG has no frame header")
-        w, h, comps, bits = info
+        w, h, comps, bits, sof = info
         if w <= 0 or h <= 0:
             raise ImageRejected(UNDECODABLE, f"JPEG size {w}x{h}")
         if opts.max_pixels and w * h > opts.max_pixels:
             raise ImageRejected(TOO_LARGE, f"{w}x{h} is over {opts.max_pixels} pixels")
         # The common case, decided without PIL: a plain 8-bit gray/colour JPEG that stays as it is.
-        if comps in (1, 3) and bits == 8 and opts.quality is None and _target_size(w, h, opts.resize_short) is None:
+        plain = sof in _PLAIN_SOF and comps in (1, 3) and bits == 8
+        if plain and opts.quality is None and _target_size(w, h, opts.resize_short) is None:
             if opts.validate != "off":
                 _decode_check(data, opts.validate)
             return data, False

@@ -49,6 +49,14 @@ class ConvertOptions:
     progress: bool = True
 
 
+def available_cores() -> int:
+    """Cores this process may run on (a container's CPU set, not the host's core count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def output_prefix(output: str | Path, num_machines: int = 1, machine_id: int = 0) -> Path:
     """The path every output name starts with; machines of a split get distinct prefixes."""
     out = Path(output)
@@ -186,7 +194,7 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
     done_before = sum(counts[u.index] for u in mine[:next_slot]) + next_pos
     my_total = sum(counts[u.index] for u in mine)
     config = WorkerConfig(opts.image, opts.context_length)
-    workers = opts.workers or os.cpu_count() or 1
+    workers = opts.workers or available_cores()
     sharded = opts.shard_size > 0
     writer: ShardWriter | None = None
     bar = _progress(my_total, done_before, opts.progress)

@@ -99,15 +99,33 @@ def _caption(rng: random.Random, templates: list[str]) -> str:
     )
 
 
-def caption_corpus(n: int, seed: int = 0, intl_fraction: float = 0.15) -> list[str]:
-    """Caption-like texts; `intl_fraction` of them non-ASCII (accents, CJK, emoji, typography)."""
+_SYLLABLES = ["ka", "ro", "mi", "ten", "sa", "lu", "ve", "dor", "an", "is", "qu", "bel", "tra", "on", "ex",
+              "pho", "gra", "ny", "ch", "ei", "st", "ur", "mo", "zi", "wa", "ck", "le", "th", "ia", "po"]
+
+
+def _long_tail_words(rng: random.Random, count: int) -> list[str]:
+    # Pseudo-words standing in for the rare names and tags of real captions.
+    return ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 4))) for _ in range(count)]
+
+
+def caption_corpus(n: int, seed: int = 0, intl_fraction: float = 0.15, tail_words: int = 50_000) -> list[str]:
+    """Caption-like texts; `intl_fraction` of them non-ASCII (accents, CJK, emoji, typography).
+
+    A quarter also carry words drawn from a Zipf-like list of `tail_words` pseudo-words,
+    so that word caches see the long tail of real captions rather than only templates.
+    """
     rng = random.Random(seed)
+    vocabulary = _long_tail_words(rng, tail_words)
     out = []
     for _ in range(n):
         templates = _INTL if rng.random() < intl_fraction else _TEMPLATES
         text = _caption(rng, templates)
         if rng.random() < 0.3:
             text += " " + _caption(rng, _TEMPLATES)
+        if rng.random() < 0.25:
+            # Rank r drawn with probability ~ 1/r.
+            words = [vocabulary[int(tail_words ** rng.random()) - 1] for _ in range(rng.randint(1, 6))]
+            text += " " + " ".join(w.capitalize() if rng.random() < 0.3 else w for w in words)
         out.append(text)
     return out
 

@@ -136,6 +136,8 @@ def test_ascii_shortcut_equals_full_cleaning(text):
         st.text(alphabet=st.characters(max_codepoint=0x3FF), max_size=40),
         st.text(alphabet=st.characters(max_codepoint=0x2BFF, exclude_categories=["Cs"]), max_size=40),
         st.lists(st.sampled_from(FRAGMENTS), max_size=10).map(" ".join),
+        # What the translating fixers touch, mixed with mojibake and entity material.
+        st.text(alphabet=st.sampled_from(list("‘’“”ʼ‚ﬁﬂＡａ＆；＃ｶﾞ\u3000é\u0301Ãâ€™Â\xa0a &;#<")), max_size=30),
     )
 )
 def test_non_ascii_shortcut_equals_full_cleaning(text):
@@ -155,22 +157,25 @@ def test_non_ascii_shortcut_on_every_bmp_character():
             continue
         char = chr(code)
         text = f"a{char}b é{char}{char}"
-        if tok_mod._NEEDS_FULL_CLEAN.search(text) and tok_mod._ftfy_leaves_alone(text):
+        if tok_mod._NEEDS_FULL_CLEAN.search(text) and tok_mod._simple_ftfy(text) is not None:
             admitted += 1
             _shortcut_agrees(text)
     assert admitted > 15_000  # the shortcut is in use, not trivially off
 
 
-def test_shortcut_declines_what_ftfy_would_split():
-    assert not tok_mod._ftfy_leaves_alone("é" * 1_000_001)  # several ftfy segments
-    assert not tok_mod._ftfy_leaves_alone("é\né")
-    assert tok_mod._ftfy_leaves_alone("é" * 1000)
+def test_shortcut_scope():
+    assert tok_mod._simple_ftfy("é" * 1_000_001) is None  # several ftfy segments
+    assert tok_mod._simple_ftfy("é\né") is None
+    assert tok_mod._simple_ftfy("Ã©") is None  # mojibake
+    assert tok_mod._simple_ftfy("＆amp;") is None  # width fix makes an entity
+    assert tok_mod._simple_ftfy("é" * 1000) == "é" * 1000
+    assert tok_mod._simple_ftfy("it’s “ﬁne” ＬＯＵＤ") == "it's \"fine\" LOUD"
 
 
 @pytest.mark.parametrize(
     "text",
     ["a & b", "a &amp; b", "x \x0b y", "\x1b[31mred", "a\x7f", "é\u0301", "e\u0301", "ﬁne", "ＬＯＵＤ", "a\u3000b",
-     "\ufeffbom", "‘q’", "“q”", "Ã©", "a\x85b", "a\u2028b", "é\né", "\ud800", "\x80", "Ã é", "Â£"],
+     "\ufeffbom", "‘q’", "“q”", "Ã©", "a\x85b", "a\u2028b", "é\né", "\ud800", "\x80", "Ã é", "Â£", "it’s", "é’", "Ã’", "＆amp;", "’\u0301", "ｶﾞ"],
 )
 def test_shortcut_edge_cases(text):
     _shortcut_agrees(text)

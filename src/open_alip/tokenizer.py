@@ -66,7 +66,7 @@ _NEEDS_FULL_CLEAN = std_re.compile(r"[^\t\n\f\r -~]|" + _ENTITY_START)
 
 # Bound on each ids cache; when full it is emptied (it refills with the
 # frequent words within a few thousand captions).
-_CACHE_LIMIT = 1 << 18
+_CACHE_LIMIT = 1 << 17
 
 
 def _byte_symbols() -> tuple[list[str], list[str]]:
@@ -88,43 +88,68 @@ def _byte_symbols() -> tuple[list[str], list[str]]:
     return chars, by_byte
 
 
-def _non_ascii_unsafe_pattern() -> std_re.Pattern[str] | None:
-    """Characters that some ftfy fixer would rewrite, from ftfy's own tables.
+def _ftfy_patterns() -> tuple[std_re.Pattern[str], std_re.Pattern[str]] | None:
+    """Text that some ftfy fixer would rewrite, from ftfy's own tables.
 
-    None (no non-ASCII shortcut) for any ftfy but the one this was checked against.
+    Returns (any such text, such text other than what the three translating fixers
+    handle), or None, disabling the non-ASCII shortcut, for any ftfy but the one
+    this was checked against.
     """
     if ftfy.__version__ != "6.3.1":
         return None
     from ftfy import chardata, fixes
 
-    table_chars = {*chardata.CONTROL_CHARS, *chardata.LIGATURES, *chardata.WIDTH_MAP}
+    def char_class(codes: set[int]) -> str:
+        return "[" + "".join(std_re.escape(chr(c)) for c in sorted(codes)) + "]"
+
     # Line breaks would split the text into several ftfy segments.
-    table_chars |= {ord(c) for c in "\n\r\x85\u2028\u2029"}
-    listed = "".join(std_re.escape(chr(c)) for c in sorted(table_chars))
-    patterns = [
-        chardata.SINGLE_QUOTE_RE.pattern,
-        chardata.DOUBLE_QUOTE_RE.pattern,
+    untranslatable = [
+        char_class({*chardata.CONTROL_CHARS, *(ord(c) for c in "\n\r\x85\u2028\u2029")}),
         chardata.C1_CONTROL_RE.pattern,
         fixes.SURROGATE_RE.pattern,
-        f"[{listed}]",
         _ENTITY_START,
     ]
-    return std_re.compile("|".join(patterns))
+    translatable = [
+        char_class({*chardata.LIGATURES, *chardata.WIDTH_MAP}),
+        chardata.SINGLE_QUOTE_RE.pattern,
+        chardata.DOUBLE_QUOTE_RE.pattern,
+    ]
+    return std_re.compile("|".join(untranslatable + translatable)), std_re.compile("|".join(untranslatable))
 
 
-_NON_ASCII_UNSAFE = _non_ascii_unsafe_pattern()
+_FTFY_PATTERNS = _ftfy_patterns()
 _FTFY_SEGMENT_LENGTH = 1_000_000
 
 
-def _ftfy_leaves_alone(text: str) -> bool:
-    """True when ftfy.fix_text and html.unescape provably return non-ASCII `text` unchanged."""
+def _settled(text: str) -> bool:
+    """ftfy's loop would return `text` as it is: no fixer applies, NFC holds, no mojibake."""
     return (
-        _NON_ASCII_UNSAFE is not None
-        and len(text) <= _FTFY_SEGMENT_LENGTH
-        and _NON_ASCII_UNSAFE.search(text) is None
+        _FTFY_PATTERNS[0].search(text) is None
         and unicodedata.is_normalized("NFC", text)
         and not is_bad(text)
     )
+
+
+def _simple_ftfy(text: str) -> str | None:
+    """ftfy.fix_text + html.unescape of one-segment non-ASCII `text`, when provably simple.
+
+    Simple means ftfy's loop settles after one pass in which at most its three
+    character-translating fixers (ligatures, character width, curly quotes) act, as
+    they do on "it’s" or "ＬＯＵＤ": the mojibake detector passes the text before and
+    after, nothing else applies, and the result is settled. None otherwise.
+    """
+    if _FTFY_PATTERNS is None or len(text) > _FTFY_SEGMENT_LENGTH:
+        return None
+    any_fix, untranslatable = _FTFY_PATTERNS
+    if any_fix.search(text) is None:
+        return text if unicodedata.is_normalized("NFC", text) and not is_bad(text) else None
+    if untranslatable.search(text) is not None or is_bad(text):
+        return None
+    # Same fixers, same order as ftfy's pass (fix_encoding is a no-op: is_bad is False).
+    from ftfy import fixes
+
+    fixed = fixes.uncurl_quotes(fixes.fix_character_width(fixes.fix_latin_ligatures(text)))
+    return fixed if _settled(fixed) else None
 
 
 def _reference_clean(text: str) -> str:
@@ -137,9 +162,10 @@ def _clean_words(text: str) -> list[str]:
     """Cleaned text cut at spaces (see the module docstring for the ASCII shortcut)."""
     if _NEEDS_FULL_CLEAN.search(text) is None:
         return text.lower().split()
-    if _ftfy_leaves_alone(text):
+    fixed = _simple_ftfy(text)
+    if fixed is not None:
         # As the reference: collapse whitespace, then lower-case (which can change length).
-        return " ".join(text.split()).lower().split(" ")
+        return " ".join(fixed.split()).lower().split(" ")
     return _reference_clean(text).split(" ")
 
 
@@ -165,6 +191,7 @@ class SimpleTokenizer:
         self.encoder: dict[str, int] = dict(zip(vocab, range(len(vocab))))
         self.decoder: dict[int, str] = dict(enumerate(vocab))
         self._ranks: dict[tuple[str, ...], int] = dict(zip(merges, range(len(merges))))
+        self._unranked = len(merges)
         self._byte_of = {c: b for b, c in enumerate(self._byte_char)}
         # UTF-8 bytes, seen as Latin-1 code points, translated to BPE symbols.
         self._to_symbols = {b: c for b, c in enumerate(self._byte_char)}
@@ -186,21 +213,24 @@ class SimpleTokenizer:
         """Apply the merges to one pre-token, lowest rank first, until none applies."""
         parts = list(symbols)
         parts[-1] += _END_OF_WORD
-        ranks = self._ranks
+        rank_of = self._ranks.get
+        unranked = self._unranked
         while len(parts) > 1:
-            best_rank = None
-            for pair in zip(parts, parts[1:]):
-                rank = ranks.get(pair)
-                if rank is not None and (best_rank is None or rank < best_rank):
-                    best_rank, best = rank, pair
-            if best_rank is None:
+            pair_ranks = [rank_of(pair, unranked) for pair in zip(parts, parts[1:])]
+            best = min(pair_ranks)
+            if best == unranked:
                 break
-            left, right = best
-            merged: list[str] = []
-            i, last = 0, len(parts) - 1
+            # A rank names one pair, so equal ranks mark every occurrence of the best
+            # pair; they are joined left to right without overlap ("aaa" -> "aa", "a").
+            i = pair_ranks.index(best)
+            joined = parts[i] + parts[i + 1]
+            merged = parts[:i]
+            merged.append(joined)
+            i += 2
+            last = len(parts) - 1
             while i <= last:
-                if i < last and parts[i] == left and parts[i + 1] == right:
-                    merged.append(left + right)
+                if i < last and pair_ranks[i] == best:
+                    merged.append(joined)
                     i += 2
                 else:
                     merged.append(parts[i])
@@ -212,7 +242,9 @@ class SimpleTokenizer:
         """Ids of a space-free stretch of cleaned text."""
         ids: list[int] = []
         token_cache = self._token_cache
-        for token in self._pattern.findall(piece):
+        # An ASCII word is one pre-token (a run of letters); skip the splitting regex.
+        tokens = [piece] if piece.isascii() and piece.isalpha() else self._pattern.findall(piece)
+        for token in tokens:
             found = token_cache.get(token)
             if found is None:
                 symbols = token.encode("utf-8").decode("latin-1").translate(self._to_symbols)
@@ -224,17 +256,23 @@ class SimpleTokenizer:
             ids.extend(found)
         return tuple(ids)
 
+    def _cached_piece_ids(self, piece: str) -> tuple[int, ...]:
+        found = self._piece_ids(piece)
+        if len(self._piece_cache) >= _CACHE_LIMIT:
+            self._piece_cache.clear()
+        self._piece_cache[piece] = found
+        return found
+
     def _ids_of_words(self, words: list[str], limit: int | None) -> list[int]:
-        cache = self._piece_cache
+        """Ids of the space-separated pieces of cleaned text, at most `limit` of them."""
+        # A plain loop: measured faster than list-comprehension variants on captions.
+        lookup = self._piece_cache.get
         ids: list[int] = []
         for word in words:
-            found = cache.get(word)
+            found = lookup(word)
             if found is None:
-                found = self._piece_ids(word)
-                if len(cache) >= _CACHE_LIMIT:
-                    cache.clear()
-                cache[word] = found
-            ids.extend(found)
+                found = self._cached_piece_ids(word)
+            ids += found
             if limit is not None and len(ids) >= limit:
                 del ids[limit:]
                 break
@@ -268,12 +306,17 @@ class SimpleTokenizer:
             return out
         keep = context_length - 2
         sot, eot = self.sot_token_id, self.eot_token_id
+        flat: list[int] = []
+        lengths = np.empty(len(batch), dtype=np.int64)
         for row, text in enumerate(batch):
             _check_text(text, f"texts[{row}]")
             ids = self._ids_of_words(_clean_words(text), keep)
-            ids.insert(0, sot)
-            ids.append(eot)
-            out[row, : len(ids)] = ids
+            flat.append(sot)
+            flat.extend(ids)
+            flat.append(eot)
+            lengths[row] = len(ids) + 2
+        # One scatter instead of a numpy call per row: the mask is row-major, as is `flat`.
+        out[np.arange(context_length) < lengths[:, None]] = flat
         return out
 
     def __call__(self, texts: str | Iterable[str], context_length: int = DEFAULT_CONTEXT_LENGTH) -> torch.Tensor:

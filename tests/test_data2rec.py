@@ -336,3 +336,20 @@ def test_mixed_caption_counts_keep_the_first(tmp_path):
     report = convert([tmp_path / "k.parquet"], tmp_path / "k", quiet(source=SourceOptions()))
     assert report["captions_per_record"] == 1
     assert report["skipped_by_reason"] == {"caption_count_mismatch": 1}
+
+
+def test_resume_refuses_changed_inputs_and_missing_shards(tmp_path):
+    from src.convert import OutputError
+
+    path = tmp_path / "a.parquet"
+    write_hub_parquet(path, [(jpeg(seed=i), tokens_for(1, i)) for i in range(4)])
+    convert([path], tmp_path / "o", quiet(shard_size=2))
+    assert convert([path], tmp_path / "o", quiet(shard_size=2))["resumed"] == "already complete"
+    write_hub_parquet(path, [(jpeg(seed=i), tokens_for(1, i)) for i in range(5)])  # the input changed
+    with pytest.raises(OutputError, match="other inputs or options"):
+        convert([path], tmp_path / "o", quiet(shard_size=2))
+    report = convert([path], tmp_path / "o", quiet(shard_size=2, overwrite=True))
+    assert report["written"] == 5 and len(find_shards(tmp_path / "o")) == 3
+    (tmp_path / "o-00001.rec").unlink()
+    with pytest.raises(OutputError, match="is gone"):
+        convert([path], tmp_path / "o", quiet(shard_size=2))

@@ -76,7 +76,7 @@ def _fingerprint(source: Source, units: list[Unit], opts: ConvertOptions) -> dic
     # Through JSON and back, so it compares equal to the copy read from the state file.
     return json.loads(json.dumps({
         "kind": source.kind,
-        "units": [[u.path, u.start, u.stop] for u in units],
+        "units": [[u.path, u.start, u.stop, source.signature(u)] for u in units],
         "source": asdict(opts.source),
         "image": asdict(opts.image),
         "context_length": opts.context_length,
@@ -168,9 +168,17 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
             units, desc="counting items", unit="file", disable=not (opts.progress and slow), file=sys.stderr)]
         state = new_state(fingerprint, counts)
         write_json_atomic(state_path, state)
-    elif state["complete"]:
-        report = Report.from_dict(state["report"], opts.max_examples).to_dict()
-        return {**_final(state, report, prefix, started), "resumed": "already complete"}
+    else:
+        for shard in state["shards"]:
+            if not (prefix.parent / shard["rec"]).is_file() or not (prefix.parent / shard["idx"]).is_file():
+                raise OutputError(
+                    f"{prefix.parent / shard['rec']} is recorded as finished in {state_path} but is gone; "
+                    "pass --overwrite to convert everything again"
+                )
+        if state["complete"]:
+            final = _final(state, state["report"], prefix, started)
+            write_json_atomic(report_path, final)
+            return {**final, "resumed": "already complete"}
     _clean_temps(prefix)
 
     counts: list[int] = state["counts"]

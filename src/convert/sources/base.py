@@ -49,6 +49,13 @@ class Source(ABC):
     def items(self, unit: Unit, start: int = 0) -> Iterator[Item]:
         """The unit's items from position `start` on, in order, each with its `pos`."""
 
+    def signature(self, unit: Unit) -> str:
+        """Changes when the unit's content changes in a way a resumed run must notice (its size)."""
+        try:
+            return str(Path(unit.path).stat().st_size)
+        except OSError:
+            return "missing"
+
 
 def expand(paths: list[Path], suffixes: tuple[str, ...]) -> list[Path]:
     """Files given directly, plus matching files found (recursively, sorted) in given folders."""

@@ -8,6 +8,7 @@ can split one big folder.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,6 +76,10 @@ class FolderSource(Source):
             for start in range(0, n, chunk):
                 units.append(Unit(len(units), root, start, min(n, start + chunk)))
         return units
+
+    def signature(self, unit: Unit) -> str:
+        names = "\n".join(self._list(unit.path)[unit.start : unit.stop])
+        return hashlib.sha1(names.encode("utf-8", "surrogateescape")).hexdigest()
 
     def count(self, unit: Unit) -> int:
         assert unit.stop is not None

@@ -67,7 +67,10 @@ class ManifestSource(Source):
         self._columns: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     def units(self) -> list[Unit]:
-        return [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, MANIFEST_EXTS))]
+        units = [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, MANIFEST_EXTS))]
+        for unit in units:  # wrong column names are found now, not after counting every row
+            self.columns(Path(unit.path))
+        return units
 
     def columns(self, path: Path) -> tuple[str, tuple[str, ...]]:
         """The (image column, caption columns) of one manifest; a missing column is fatal."""

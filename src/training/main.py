@@ -33,7 +33,7 @@ from src.training.schedule import build_scheduler
 EpochEndHook = Callable[[nn.Module, int, argparse.Namespace, DistEnv], "dict[str, float] | None"]
 
 
-class TrainingError(Exception):
+class TrainingError(ValueError):
     """A problem the user can fix; its message is one sentence naming the input."""
 
 

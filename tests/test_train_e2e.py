@@ -1,0 +1,202 @@
+"""train.py end to end on CPU: a tiny model learns from a small .rec the test writes,
+a real kill and `--resume latest` reproduce the uninterrupted losses, 2 gloo processes
+under torchrun, and the guards (NaN loss, wrong --train-num-samples, bad input)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from _train_helpers import write_colour_records
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+BATCH, RECORDS, EPOCHS = 8, 96, 3  # 12 steps per epoch, 36 in all
+# The smallest RWKV-CLIP that still has every part (1 block per tower, 4 patches).
+TINY = [
+    "--config", "RWKV_CLIP_tiny", "--n-layer", "1", "--image-depth", "1", "--n-embd", "32",
+    "--image-embed-dims", "32", "--head-size", "16", "--image-num-heads", "2", "--input-size", "16",
+    "--dim-att", "32", "--dim-ffn", "64", "--image-hidden-rate", "2", "--precision", "fp32",
+]
+
+
+def _env() -> dict[str, str]:
+    # One thread per process: on a shared 2-core machine OpenMP spinning in several
+    # processes costs far more than it gains.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def _args(data: Path, output: Path, *extra: str) -> list[str]:
+    return [
+        "--train-data", str(data), "--output", str(output), *TINY, "--batch-size", str(BATCH),
+        "--epochs", str(EPOCHS), "--lr", "1e-2", "--warmup", "3", "--workers", "1", "--device", "cpu",
+        "--log-every-n-steps", "1", "--save-every-n-steps", "5", "--keep-checkpoints", "3", *extra,
+    ]
+
+
+def _run(cmd: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
+    """Run in a new session so a timeout can kill torchrun's workers too, not just torchrun."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{cmd[:3]} ran over {timeout} s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _train(*args: str) -> subprocess.CompletedProcess:
+    return _run([PY, "train.py", *args])
+
+
+def _losses(output: Path) -> dict[int, float]:
+    """Loss per step from metrics.jsonl; a resumed run's later lines win."""
+    out = {}
+    for line in (output / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["kind"] == "train":
+            out[rec["step"]] = rec["loss"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return write_colour_records(tmp_path_factory.mktemp("data") / "colours", RECORDS)
+
+
+@pytest.fixture(scope="module")
+def full_run(data, tmp_path_factory) -> Path:
+    output = tmp_path_factory.mktemp("full") / "run"
+    proc = _train(*_args(data, output))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return output
+
+
+def test_tiny_model_learns(full_run):
+    losses = _losses(full_run)
+    assert sorted(losses) == list(range(1, EPOCHS * RECORDS // BATCH + 1))
+    first, last = sum(losses[s] for s in range(1, 7)) / 6, sum(losses[s] for s in range(31, 37)) / 6
+    assert last < first and last < math.log(BATCH)  # below chance for a batch of 8
+    log = (full_run / "train.log").read_text()
+    assert "samples/s per rank" in log and "ETA" in log and "data wait" in log
+    assert list((full_run / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_params_json_holds_the_resolved_configuration(full_run):
+    params = json.loads((full_run / "params.json").read_text())
+    assert params["model"]["n_layer"] == 1 and params["model"]["image_patch_size"] == 8  # flag, then JSON
+    assert params["model"]["precision"] == "fp32"
+    assert params["steps_per_epoch"] == RECORDS // BATCH and params["world_size"] == 1
+    assert params["args"]["lr"] == 1e-2
+
+
+def test_checkpoint_loads_into_create_model(full_run):
+    from src.open_alip import create_model
+
+    ckpt = full_run / "checkpoints" / f"epoch_{EPOCHS:03d}.pt"
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert state["step"] == EPOCHS * RECORDS // BATCH and state["epoch_complete"]
+    model = create_model(json.loads((full_run / "params.json").read_text())["model"], pretrained=ckpt)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, state["state_dict"][name].to(tensor.dtype)), name
+    # Only the newest --keep-checkpoints step files stay; every epoch file stays.
+    names = sorted(p.name for p in (full_run / "checkpoints").iterdir())
+    assert names == ["epoch_001.pt", "epoch_002.pt", "epoch_003.pt",
+                     "step_000000025.pt", "step_000000030.pt", "step_000000035.pt"]
+
+
+def test_kill_and_resume_gives_the_uninterrupted_losses(data, full_run, tmp_path):
+    output = tmp_path / "run"
+    marker = output / "checkpoints" / "step_000000010.pt"
+    proc = subprocess.Popen([PY, "train.py", *_args(data, output)], cwd=REPO, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 200
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)  # no clean-up of any kind: as a node failure would be
+    proc.wait()
+    assert marker.exists(), proc.stderr.read()[-2000:]
+    assert not (output / "checkpoints" / f"epoch_{EPOCHS:03d}.pt").exists(), "the run ended before the kill"
+    assert max(_losses(output)) >= 10
+
+    resumed = _train(*_args(data, output, "--resume", "latest"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in (output / "train.log").read_text()
+    want, got = _losses(full_run), _losses(output)
+    assert sorted(got) == sorted(want)
+    for step in range(11, max(want) + 1):
+        assert got[step] == want[step], f"step {step}: {got[step]} after resume, {want[step]} uninterrupted"
+    a = torch.load(full_run / "checkpoints" / f"epoch_{EPOCHS:03d}.pt", weights_only=True)["state_dict"]
+    b = torch.load(output / "checkpoints" / f"epoch_{EPOCHS:03d}.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_two_gloo_processes_under_torchrun(data, tmp_path):
+    output = tmp_path / "ddp"
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "train.py",
+           *_args(data, output, "--max-steps", "4", "--save-every-n-steps", "4", "--batch-size", "4")]
+    proc = _run(cmd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    params = json.loads((output / "params.json").read_text())
+    assert params["world_size"] == 2 and params["global_batch_size"] == 8
+    assert params["steps_per_epoch"] == RECORDS // 8
+    state = torch.load(output / "checkpoints" / "step_000000004.pt", weights_only=True)
+    assert state["world_size"] == 2 and len(state["data"]) == 2 and len(state["rng"]) == 2
+    assert [d["rank"] for d in state["data"]] == [0, 1]
+    assert sorted(_losses(output)) == [1, 2, 3, 4]
+    assert "2 process(es)" in (output / "train.log").read_text()
+
+
+def test_nan_loss_stops_with_the_last_good_checkpoint_intact(data, tmp_path, capsys):
+    import train
+
+    output = tmp_path / "nan"
+    # An absurd lr overflows the weights after the first update; the next loss is NaN.
+    code = train.main(_args(data, output, "--lr", "1e30", "--warmup", "0", "--lr-scheduler", "const",
+                            "--grad-clip-norm", "0", "--save-every-n-steps", "1"))
+    assert code == 3
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: error: loss is nan") and err.count("\n") == 1, err
+    assert "step_000000001.pt" in err
+    assert [p.name for p in (output / "checkpoints").iterdir()] == ["step_000000001.pt"]
+    assert torch.load(output / "checkpoints" / "step_000000001.pt", weights_only=True)["step"] == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--train-num-samples", "1000"], "--train-num-samples 1000 is more than the 96 records"),
+        (["--batch-size", "200"], "make no full batch of 200"),
+        (["--config", "RWKV_CLIP_B64"], "--config RWKV_CLIP_B64"),
+        (["--resume", "nowhere.pt"], "--resume nowhere.pt"),
+        (["--epochs", "0"], "--epochs 0"),
+    ],
+)
+def test_bad_input_is_one_clear_line(data, tmp_path, capsys, extra, expected):
+    import train
+
+    assert train.main(_args(data, tmp_path / "bad", *extra)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: error: ") and expected in err and err.count("\n") == 1, err
+
+
+def test_help_explains_the_flags(capsys):
+    import train
+
+    with pytest.raises(SystemExit) as exc:
+        train.main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--train-data", "--accum-freq", "--resume", "--gather-with-grad", "--config", "--image-patch-size"):
+        assert flag in out

@@ -394,6 +394,7 @@ class DaliLoader(BaseLoader):
         (reading, not decoding) and each of its samples is checked with PIL.
         """
         text = str(error)
+        self._iter = self._pipe = None  # DALI pipelines are unusable after a critical error
         if "decoder" not in text and "nvImageCodec" not in text:
             return error
         where = f"rank {self.rank}, epoch {self.epoch}, batch {batch}"

@@ -193,6 +193,7 @@ def test_output_layout():
     assert batch.dtype == np.int64 and batch.shape == (3, 5)
     assert batch[2].tolist() == [SOT_TOKEN, EOT_TOKEN, 0, 0, 0]
     assert tokenize_np([]).shape == (0, 77)
+    assert tokenize_np("a", context_length=None).shape == (1, 77)  # None means the default, as in open_clip
     assert torch.equal(tokenize(["x y", "z"]), torch.from_numpy(tokenize_np(("x y", "z"))))
 
 

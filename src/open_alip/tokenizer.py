@@ -9,16 +9,18 @@ tests/test_tokenizer.py checks that against the real open_clip on a large corpus
 What makes it faster than the reference, without changing a single id:
 
 * Text cleaning (ftfy) dominates the reference's cost, and most captions are
-  text it provably leaves alone; those skip it (`_clean_words`). Printable ASCII
-  (plus tab/LF/CR/form feed) with no '&' that could start an entity: there is no entity to unescape, no
-  mojibake, no control character, ligature, wide form or curly quote to fix, NFC
-  does not touch ASCII, and the line-break fix only swaps one whitespace for
-  another, which the whitespace collapse erases. Other text is one ftfy segment
-  (no line break, under ftfy's segment length) that holds none of the characters
-  a ftfy 6.3.1 fixer rewrites (its own control, ligature and width tables, curly
-  quotes, C1 controls, surrogates) nor a possible entity, is already NFC, and that ftfy's own
-  mojibake detector (`is_bad`) passes: every step of ftfy's loop then returns it
-  unchanged. Everything else takes the reference's cleaning path.
+  text whose cleaning is provably trivial (`_clean_words`):
+  - printable ASCII (plus tab/LF/CR/form feed) with no '&' that could start an
+    entity: nothing to unescape, no mojibake, no control character, ligature,
+    wide form or curly quote, NFC does not touch ASCII, and the line-break fix
+    only swaps one whitespace for another, which the whitespace collapse erases;
+  - other one-segment text (no line break, under ftfy's segment length) on which
+    ftfy 6.3.1's loop provably settles after at most its three translating fixers
+    (ligatures, width forms, curly quotes): ftfy's own mojibake detector passes it
+    before and after, it holds no character from ftfy's other fix tables and no
+    possible entity, and the result is NFC (`_simple_ftfy`, built from ftfy's
+    own tables and functions).
+  Everything else takes the reference's cleaning path.
 * No match of the splitting pattern can contain a space, so the cleaned text can
   be cut at spaces and each piece's ids cached: captions are built from a small
   vocabulary of words, so most pieces are a dictionary hit.
@@ -345,6 +347,8 @@ def _as_batch(texts: Any) -> list[Any]:
 
 
 def _check_context_length(context_length: Any) -> int:
+    if context_length is None:  # as the reference: None means the default
+        return DEFAULT_CONTEXT_LENGTH
     if isinstance(context_length, bool) or not isinstance(context_length, (int, np.integer)):
         raise TypeError(f"context_length must be an int, got {type(context_length).__name__}")
     if context_length < 1:

@@ -92,6 +92,10 @@ def test_resize_short_only_shrinks_and_quality_reencodes():
     assert prepare_image(data, ImageOptions(resize_short=100)) == (data, False)
     tall, _ = prepare_image(jpeg(30, 90, 2), ImageOptions(resize_short=10))
     assert _open(tall).size == (10, 30)
+    gray, _ = prepare_image(jpeg(400, 300, 3, mode="L"), ImageOptions(resize_short=30))
+    assert _open(gray).size == (40, 30) and _open(gray).mode == "RGB"
+    cmyk, _ = prepare_image(jpeg(400, 300, 3, mode="CMYK"), ImageOptions(resize_short=30))
+    assert _open(cmyk).size == (40, 30) and _open(cmyk).mode == "RGB"
     low, converted = prepare_image(data, ImageOptions(quality=20))
     assert converted and len(low) < len(data) and _open(low).size == (64, 48)
 

@@ -146,7 +146,11 @@ def _decode_check(data: bytes, level: str) -> None:
     import cv2
 
     flag = cv2.IMREAD_REDUCED_GRAYSCALE_8 if level == "quick" else cv2.IMREAD_UNCHANGED
-    if cv2.imdecode(np.frombuffer(data, np.uint8), flag) is None:
+    try:
+        decoded = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
+    except cv2.error as exc:
+        raise ImageRejected(UNDECODABLE, f"JPEG does not decode ({level} check): {exc}") from None
+    if decoded is None:
         raise ImageRejected(UNDECODABLE, f"JPEG does not decode ({level} check)")
 
 
@@ -190,7 +194,7 @@ def prepare_image(data: bytes, opts: ImageOptions) -> tuple[bytes, bool]:
     target = _target_size(w, h, opts.resize_short)
     try:
         if fmt == "JPEG" and target is not None:
-            img.draft("RGB" if img.mode != "CMYK" else img.mode, target)  # DCT-domain shrink first
+            img.draft(img.mode, target)  # DCT-domain shrink first, to at least the target size
         img.load()
         rgb = _to_rgb(img)
     except ImageRejected:

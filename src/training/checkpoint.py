@@ -114,8 +114,10 @@ def resolve_resume(resume: str | None, output: str | os.PathLike) -> Path | None
 
 
 def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
+    # mmap: eight ranks of a node resuming at once share the page cache instead of
+    # each holding a private copy of a multi-GB file.
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:
         raise ValueError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {exc})") from exc
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from src.training import checkpoint as ckpt_io
-from src.training.distributed import DistEnv, barrier, cleanup, init_distributed
+from src.training.distributed import DistEnv, barrier, broadcast_object, cleanup, init_distributed
 from src.training.loop import NonFiniteLossError, Trainer, make_grad_scaler, unwrap
 from src.training.observe import LOG, RunLog, Throughput, format_duration, setup_logging
 from src.training.params import check_args, resolve_model_config
@@ -64,7 +64,16 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def _jsonable_args(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))}
+    plain = (str, int, float, bool, type(None))
+    return {
+        k: list(v) if isinstance(v, (list, tuple)) else v
+        for k, v in vars(args).items()
+        if isinstance(v, plain) or (isinstance(v, (list, tuple)) and all(isinstance(x, plain) for x in v))
+    }
+
+
+def _data_label(args: argparse.Namespace) -> str:
+    return " ".join(args.train_data)
 
 
 def _steps_per_epoch(args: argparse.Namespace, loader, env: DistEnv) -> int:
@@ -74,19 +83,19 @@ def _steps_per_epoch(args: argparse.Namespace, loader, env: DistEnv) -> int:
         if args.train_num_samples > records:
             raise TrainingError(
                 f"--train-num-samples {args.train_num_samples} is more than the {records} records in "
-                f"{args.train_data}; pass {records} or leave the flag out"
+                f"{_data_label(args)}; pass {records} or leave the flag out"
             )
         if args.train_num_samples < records:
             LOG.warning(
                 "--train-num-samples %d is less than the %d records in %s: each epoch uses %d samples",
-                args.train_num_samples, records, args.train_data, args.train_num_samples,
+                args.train_num_samples, records, _data_label(args), args.train_num_samples,
             )
             micro_per_epoch = min(micro_per_epoch, args.train_num_samples // (args.batch_size * env.world_size))
     steps = micro_per_epoch // args.accum_freq
     if steps < 1:
         global_batch = args.batch_size * env.world_size * args.accum_freq
         raise TrainingError(
-            f"{args.train_data} has {records} records, fewer than one optimizer step's {global_batch} "
+            f"{_data_label(args)} has {records} records, fewer than one optimizer step's {global_batch} "
             "(batch-size x processes x accum-freq); lower --batch-size or --accum-freq"
         )
     return steps
@@ -102,8 +111,9 @@ def _build_model(args: argparse.Namespace, model_cfg: dict[str, Any], env: DistE
 def _build_loader(args: argparse.Namespace, model_cfg: dict[str, Any], env: DistEnv):
     from dataloaders.imagenet import build_loader
 
+    data = args.train_data[0] if len(args.train_data) == 1 else list(args.train_data)
     return build_loader(
-        args.train_data,
+        data,
         args.batch_size,
         input_size=int(model_cfg.get("input_size", 224)),
         train=True,
@@ -169,7 +179,18 @@ def _run(args: argparse.Namespace, env: DistEnv, hooks: list[EpochEndHook]) -> N
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
-    resume_path = ckpt_io.resolve_resume(args.resume, output)
+    # Rank 0 picks the checkpoint so that every rank resumes from the same one (and all
+    # ranks stop together when the path is wrong, instead of the others waiting forever).
+    choice: tuple[str, Any] = ("ok", None)
+    if env.is_master:
+        try:
+            choice = ("ok", ckpt_io.resolve_resume(args.resume, output))
+        except FileNotFoundError as exc:
+            choice = ("error", str(exc))
+    choice = broadcast_object(choice, env)
+    if choice[0] == "error":
+        raise TrainingError(choice[1])
+    resume_path = choice[1]
     state = ckpt_io.load_checkpoint_file(resume_path) if resume_path else None
     if state is not None:
         _check_resumable(state, args, env, resume_path)

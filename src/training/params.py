@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     g = p.add_argument_group("data and output")
-    g.add_argument("--train-data", required=True,
-                   help="training records: a .rec path or prefix, a folder of .rec/.idx shards, or a comma list")
+    g.add_argument("--train-data", required=True, nargs="+", metavar="DATA",
+                   help="training records: .rec paths or prefixes, folders of .rec/.idx shards, or globs")
     g.add_argument("--train-num-samples", type=int, default=None,
                    help="samples per epoch; checked against the records (default: all records)")
     g.add_argument("--output", required=True, help="run folder: checkpoints, logs, params.json, tensorboard/")

@@ -288,3 +288,15 @@ def test_webdataset_groups_members_by_key(tmp_path):
     (tmp_path / "cut.tar").write_bytes(data[: 512 * 3 + 100])  # ends inside a member
     items = _items(make_source([tmp_path / "cut.tar"]))
     assert items[-1].error == "broken_input"
+
+
+def test_an_unexpected_exception_skips_only_that_item():
+    from src.convert.items import Item
+    from src.convert.worker import WorkerConfig, init_worker, process_chunk
+
+    init_worker(WorkerConfig())
+    good = Item(0, "good", image=jpeg(), tokens=tokens_for(1, 0))
+    odd = Item(1, "odd", image=jpeg(), captions=[123])  # a source bug: not a str
+    results = process_chunk([good, odd])
+    assert results[0].reason is None and results[0].captions == 1
+    assert results[1].reason == "processing_error" and "AttributeError" in results[1].detail

@@ -22,6 +22,7 @@ CAPTION_COUNT = "caption_count_mismatch"
 UNSAFE_PATH = "unsafe_path"
 BROKEN_ROW = "broken_row"
 BROKEN_INPUT = "broken_input"
+PROCESSING_ERROR = "processing_error"  # an unforeseen exception on one item: counted, not fatal
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,9 @@ def _progress(total: int, initial: int, enabled: bool):
 def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions | None = None) -> dict:
     """Convert `inputs` into RecordIO shards at `output`; returns the final report.
 
-    Raises InputError / OutputError for problems that stop a run before it starts.
+    Raises InputError / OutputError for problems that stop a run before it starts. With
+    workers > 1 the caller's main module is imported by the worker processes, so scripts
+    must call this under `if __name__ == "__main__":`.
     """
     opts = opts or ConvertOptions()
     if opts.num_machines < 1 or not 0 <= opts.machine_id < opts.num_machines:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .captions import CONTEXT_LENGTH, CaptionRejected, check_tokens, tokenize_captions
 from .images import ImageOptions, ImageRejected, prepare_image
-from .items import MISSING_CAPTION, MISSING_IMAGE, UNREADABLE, Item, Result
+from .items import MISSING_CAPTION, MISSING_IMAGE, PROCESSING_ERROR, UNREADABLE, Item, Result
 
 
 @dataclass(frozen=True)
@@ -86,5 +86,12 @@ def is_light(items: list[Item], config: WorkerConfig) -> bool:
     return all(item.error is not None or (item.tokens is not None and item.image is not None) for item in items)
 
 
+def _process_safely(item: Item) -> Result:
+    try:
+        return process_item(item, _config)
+    except Exception as exc:  # one hostile file must not end a 15M-sample run
+        return _skip(item, PROCESSING_ERROR, f"{type(exc).__name__}: {exc}")
+
+
 def process_chunk(items: list[Item]) -> list[Result]:
-    return [process_item(item, _config) for item in items]
+    return [_process_safely(item) for item in items]

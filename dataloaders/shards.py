@@ -228,12 +228,16 @@ def load_shards(data, cache_dir: str | os.PathLike[str] | None = None) -> ShardS
     shards = resolve_shards(data)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key = _cache_key(shards)
-    idx_path, meta_path = cache / f"{key}.idx", cache / f"{key}.npz"
-    if idx_path.is_file() and meta_path.is_file():
+    idx_path = cache / f"{key}.idx"
+    arrays = {name: cache / f"{key}.{name}.npy" for name in ("keys", "offsets", "counts")}
+    if idx_path.is_file() and all(p.is_file() for p in arrays.values()):
         try:
-            with np.load(meta_path) as z:
-                return ShardSet(shards, idx_path, z["counts"], z["keys"], z["offsets"])
-        except (OSError, ValueError, KeyError):
+            # Memory-mapped: with 15M records these are 240 MB a rank would otherwise hold,
+            # and only diagnostics and the fallback loader read them.
+            loaded = {name: np.load(p, mmap_mode="r") for name, p in arrays.items()}
+            if len(loaded["keys"]) == len(loaded["offsets"]) == int(loaded["counts"].sum()):
+                return ShardSet(shards, idx_path, np.asarray(loaded["counts"]), loaded["keys"], loaded["offsets"])
+        except (OSError, ValueError):
             pass  # a damaged cache entry is rebuilt below
     per_shard = [_read_shard_index(s) for s in shards]
     counts = np.array([len(k) for k, _ in per_shard], dtype=np.int64)
@@ -241,9 +245,10 @@ def load_shards(data, cache_dir: str | os.PathLike[str] | None = None) -> ShardS
     offsets = np.concatenate([o for _, o in per_shard])
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        # The .npz goes last: its presence marks a complete cache entry.
         _write_combined(idx_path, shards, offsets, counts)
-        _atomic_write(meta_path, lambda f: np.savez(f, counts=counts, keys=keys, offsets=offsets))
+        # counts goes last: its presence marks a complete cache entry.
+        for name, value in (("keys", keys), ("offsets", offsets), ("counts", counts)):
+            _atomic_write(arrays[name], lambda f, v=value: np.save(f, v))
     except OSError as e:
         raise ShardError(f"{cache}: cannot write the combined index cache ({e.strerror}); "
                          "set RWKV_CLIP_CACHE to a writable folder") from None

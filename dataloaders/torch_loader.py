@@ -34,7 +34,10 @@ from dataloaders.imagenet import (
     CorruptRecordError,
 )
 from dataloaders.shards import ShardSet
-from src.recordio import MXIndexedRecordIO, unpack
+
+# _read_record reads one record at a byte offset. MXIndexedRecordIO would do the same by key,
+# but it parses the shard's whole index into a dict per worker: ~1.5 GB per worker at 15M records.
+from src.recordio import RecordIOError, _read_record, unpack
 
 __all__ = ["RecordDataset", "TorchLoader", "random_resized_box"]
 
@@ -74,7 +77,7 @@ class RecordDataset(Dataset):
         self.shardset = shardset
         self.input_size = input_size
         self.train = train
-        self._handles: dict[int, MXIndexedRecordIO] = {}
+        self._handles: dict[int, Any] = {}
         self._pid = os.getpid()
 
     def __len__(self) -> int:
@@ -86,19 +89,25 @@ class RecordDataset(Dataset):
         state["_handles"] = {}
         return state
 
-    def _reader(self, shard: int) -> MXIndexedRecordIO:
+    def _file(self, shard: int):
         if self._pid != os.getpid():
             self._handles, self._pid = {}, os.getpid()
         handle = self._handles.get(shard)
         if handle is None:
-            s = self.shardset.shards[shard]
-            handle = self._handles[shard] = MXIndexedRecordIO(s.idx, s.rec, "r")
+            handle = self._handles[shard] = open(self.shardset.shards[shard].rec, "rb")
         return handle
 
     def read(self, record: int) -> tuple[np.ndarray, bytes]:
         """The label array and image bytes of record number `record`."""
         shard = int(np.searchsorted(self.shardset.starts, record, side="right")) - 1
-        header, payload = unpack(self._reader(shard).read_idx(int(self.shardset.keys[record])))
+        offset = int(self.shardset.offsets[record])
+        f = self._file(shard)
+        f.seek(offset)
+        path = str(self.shardset.shards[shard].rec)
+        data, _ = _read_record(f, path, offset)
+        if data is None:
+            raise RecordIOError(f"{path}: no record at byte offset {offset} (truncated .rec?)")
+        header, payload = unpack(data)
         label = np.array(header.label, dtype=np.float32).reshape(-1)  # a writable copy
         return label, payload
 

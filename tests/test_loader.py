@@ -102,7 +102,9 @@ def test_combined_index_is_cached_and_follows_the_files(tmp_path):
     assert offsets[5] == a_size and offsets == sorted(offsets)
     again = load_shards(tmp_path / "d", cache_dir=tmp_path / "c")
     assert again.index_path == first.index_path
-    assert sorted(p.suffix for p in (tmp_path / "c").iterdir()) == [".idx", ".npz"]
+    assert sorted(p.name.split(".", 1)[1] for p in (tmp_path / "c").iterdir()) == [
+        "counts.npy", "idx", "keys.npy", "offsets.npy"]
+    assert isinstance(again.keys, np.memmap) and list(again.keys) == [0, 1, 2, 3, 4, 10, 11, 12]
     write_shard(tmp_path / "d" / "b", range(10, 14))  # rewritten shard: a new cache entry
     os.utime(tmp_path / "d" / "b.rec", ns=(1, 1))
     changed = load_shards(tmp_path / "d", cache_dir=tmp_path / "c")

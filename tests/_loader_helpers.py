@@ -49,7 +49,7 @@ def write_shard(
                 jpg = jpg[: len(jpg) // 3]
             label = caption_tokens(rid, k, (empty or {}).get(rid, frozenset())).ravel()
             rec.write_idx(rid, pack(IRHeader(0, label, rid, 0), jpg))
-    return prefix.with_suffix(".rec") if prefix.suffix == "" else Path(f"{prefix}.rec")
+    return Path(f"{prefix}.rec")
 
 
 def record_id(tokens: np.ndarray) -> int:

@@ -213,13 +213,14 @@ def test_select_captions_never_picks_an_empty_caption():
 def test_corrupt_record_is_named(tmp_path, cache):
     write_shard(tmp_path / "good", range(10))
     write_shard(tmp_path / "bad", range(50, 60), corrupt={55})
-    for backend in ("dali", "torch"):
-        loader = make([tmp_path / "good", tmp_path / "bad"], cache, train=False, batch_size=4, backend=backend,
-                      num_threads=1)
+    # In training order too: the shuffled position of the bad record is found by replaying the reader.
+    for backend, train in (("dali", False), ("dali", True), ("torch", True)):
+        loader = make([tmp_path / "good", tmp_path / "bad"], cache, train=train, batch_size=4, backend=backend,
+                      num_threads=1, seed=5)
         with pytest.raises(CorruptRecordError) as err:
             list(loader)
         text = str(err.value)
-        assert "bad.rec" in text and "record key 55" in text and "\n" not in text, (backend, text)
+        assert "bad.rec" in text and "record key 55" in text and "\n" not in text, (backend, train, text)
 
 
 # -- exact resume ---------------------------------------------------------------------------

@@ -29,7 +29,9 @@ from src.training.schedule import build_scheduler
 
 # Called at the end of each epoch on every rank with the unwrapped model (in eval mode,
 # under no_grad), the number of completed epochs, the arguments and the process group.
-# Metrics it returns are logged (rank 0) under "eval/".
+# Metrics it returns are logged (rank 0) under "eval/". A hook decides itself whether
+# this epoch is one to evaluate (e.g. from args.zeroshot_frequency) and may return None.
+# train.py passes `run(args, epoch_end_hooks=[...])`; the zero-shot evaluation plugs in here.
 EpochEndHook = Callable[[nn.Module, int, argparse.Namespace, DistEnv], "dict[str, float] | None"]
 
 
@@ -344,7 +346,10 @@ def _run(args: argparse.Namespace, env: DistEnv, hooks: list[EpochEndHook]) -> N
                 if args.save_every_n_steps and global_step % args.save_every_n_steps == 0:
                     save(ckpt_io.step_checkpoint_path(output, global_step), epoch, epoch_step == steps_per_epoch)
             if epoch_step < steps_per_epoch:
-                break  # stopped by --max-steps inside the epoch
+                # Stopped by --max-steps inside the epoch: leave a checkpoint to go on from.
+                if not (args.save_every_n_steps and global_step % args.save_every_n_steps == 0):
+                    save(ckpt_io.step_checkpoint_path(output, global_step), epoch, False)
+                break
             epoch_step = 0
             save(ckpt_io.epoch_checkpoint_path(output, epoch + 1), epoch, True)
             _run_hooks(hooks, model, epoch + 1, args, env, run_log, global_step)

@@ -29,7 +29,7 @@ from tests._tokenizer_oracle import ReferenceTokenizer, reference_python
 from tests.venvs import REPO_ROOT
 
 HYPOTHESIS = settings(
-    max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=200, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 
@@ -123,13 +123,13 @@ _ASCII_ALPHABET = "".join(chr(c) for c in range(128))
 _NEAR_ASCII = st.lists(st.sampled_from([*_ASCII_ALPHABET, " & ", "&amp;", "&", "&#"]), max_size=60).map("".join)
 
 
-@settings(max_examples=400, derandomize=True, deadline=None)
+@settings(max_examples=400, derandomize=True, database=None, deadline=None)
 @given(st.one_of(_NEAR_ASCII, st.text(alphabet=st.characters(max_codepoint=0x7F, exclude_categories=["Cc"]))))
 def test_ascii_shortcut_equals_full_cleaning(text):
     _shortcut_agrees(text)
 
 
-@settings(max_examples=700, derandomize=True, deadline=None)
+@settings(max_examples=700, derandomize=True, database=None, deadline=None)
 @given(
     st.one_of(
         st.text(alphabet=st.characters(exclude_categories=()), max_size=40),

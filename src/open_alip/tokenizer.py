@@ -308,17 +308,14 @@ class SimpleTokenizer:
             return out
         keep = context_length - 2
         sot, eot = self.sot_token_id, self.eot_token_id
-        flat: list[int] = []
-        lengths = np.empty(len(batch), dtype=np.int64)
         for row, text in enumerate(batch):
-            _check_text(text, f"texts[{row}]")
+            if type(text) is not str:
+                _check_text(text, f"texts[{row}]")
             ids = self._ids_of_words(_clean_words(text), keep)
-            flat.append(sot)
-            flat.extend(ids)
-            flat.append(eot)
-            lengths[row] = len(ids) + 2
-        # One scatter instead of a numpy call per row: the mask is row-major, as is `flat`.
-        out[np.arange(context_length) < lengths[:, None]] = flat
+            ids.insert(0, sot)
+            ids.append(eot)
+            # Measured: a slice assignment per row beats one masked scatter per batch.
+            out[row, : len(ids)] = ids
         return out
 
     def __call__(self, texts: str | Iterable[str], context_length: int = DEFAULT_CONTEXT_LENGTH) -> torch.Tensor:
@@ -341,12 +338,16 @@ def _check_texts(batch: list[Any]) -> None:
 def _as_batch(texts: Any) -> list[Any]:
     if isinstance(texts, str):
         return [texts]
+    if type(texts) is list:  # the common case, without the slower ABC check below
+        return texts
     if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Iterable):
         raise TypeError(f"texts must be a str or a sequence of str, got {type(texts).__name__}")
     return list(texts)
 
 
 def _check_context_length(context_length: Any) -> int:
+    if type(context_length) is int and context_length > 0:
+        return context_length
     if context_length is None:  # as the reference: None means the default
         return DEFAULT_CONTEXT_LENGTH
     if isinstance(context_length, bool) or not isinstance(context_length, (int, np.integer)):

@@ -74,6 +74,56 @@ def measure(loader, epochs: int) -> tuple[float, float, int]:
     return images / wall, images / (_cpu_seconds() - cpu0), images
 
 
+def stage_costs(data, input_size: int, batch_size: int, batches: int = 8) -> None:
+    """Images per CPU-second of decode and decode+crop+resize, DALI (one thread) vs PIL."""
+    import io
+
+    from nvidia.dali import fn, pipeline_def, types
+    from PIL import Image
+
+    from dataloaders.shards import load_shards
+    from dataloaders.torch_loader import RecordDataset
+
+    shardset = load_shards(data, cache_dir=Path(tempfile.gettempdir()) / "rwkv-clip-bench-cache")
+    n = min(shardset.total_records, batch_size * batches)
+
+    def dali_rate(resize: bool, antialias: bool = True) -> float:
+        @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None, prefetch_queue_depth=1)
+        def pipe():
+            jpegs, _ = fn.readers.mxnet(path=[str(s.rec) for s in shardset.shards],
+                                        index_path=[str(shardset.index_path)])
+            images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                                   random_area=[0.7, 1.0], random_aspect_ratio=[0.8, 1.25])
+            if resize:
+                images = fn.resize(images, resize_x=input_size, resize_y=input_size, antialias=antialias)
+            return images
+
+        p = pipe()
+        p.build()
+        p.run()
+        t = time.process_time()
+        for _ in range(n // batch_size):
+            p.run()
+        return (n // batch_size) * batch_size / (time.process_time() - t)
+
+    payloads = [RecordDataset(shardset, input_size, True).read(i)[1] for i in range(n)]
+
+    def pil_rate(resize: bool) -> float:
+        t = time.process_time()
+        for b in payloads:
+            with Image.open(io.BytesIO(b)) as img:
+                img = img.convert("RGB")
+                if resize:
+                    w, h = img.size
+                    img.resize((input_size, input_size), Image.BILINEAR, box=(0, 0, int(w * 0.9), int(h * 0.9)))
+        return len(payloads) / (time.process_time() - t)
+
+    print("stage costs, one thread, images per CPU-second (higher is better):")
+    print(f"  decode + random crop            DALI {dali_rate(False):7.1f}   PIL {pil_rate(False):7.1f}")
+    print(f"  + resize to {input_size:<4d}(antialiased)   DALI {dali_rate(True):7.1f}   PIL {pil_rate(True):7.1f}")
+    print(f"  + resize, DALI antialias=False  DALI {dali_rate(True, False):7.1f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", help="shards to read (prefix, folder, glob); default: synthetic")
@@ -83,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="DALI threads = DataLoader worker processes")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2, help="alternate the two loaders this many times")
+    p.add_argument("--stages", action="store_true", help="also time decode and resize alone, DALI vs PIL")
     args = p.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             dali, fallback = (float(np.median(table[b])) for b in ("dali", "torch"))
             print(f"median {unit}: DALI CPU {dali:.1f}, PyTorch fallback {fallback:.1f}; "
                   f"ratio DALI / fallback ({name}): {dali / fallback:.2f}x")
+        if args.stages:
+            stage_costs(data, args.input_size, args.batch_size)
     return 0
 
 

@@ -103,12 +103,11 @@ def _existing_outputs(prefix: Path) -> list[Path]:
     return sorted(p for p in names if p.is_file())
 
 
-def _remove_outputs(prefix: Path, state: dict | None) -> None:
+def _remove_outputs(prefix: Path) -> None:
     for rec in _existing_outputs(prefix):
         rec.unlink()
         rec.with_suffix(".idx").unlink(missing_ok=True)
-    for path in (prefix.with_name(prefix.name + ".report.json"),):
-        path.unlink(missing_ok=True)
+    prefix.with_name(prefix.name + ".report.json").unlink(missing_ok=True)
 
 
 def _clean_temps(prefix: Path) -> None:
@@ -162,7 +161,7 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
                 f"{_existing_outputs(prefix)[0]} already exists and no matching resume state was found; "
                 "pass --overwrite to replace it or choose another --output"
             )
-        _remove_outputs(prefix, None)
+        _remove_outputs(prefix)
         from tqdm import tqdm
 
         slow = source.kind in ("manifest", "webdataset")  # counting reads them; parquet has metadata

@@ -86,25 +86,30 @@ def _chunk_len(time: int, chunk: int) -> int:
     return -(-time // n_chunks)
 
 
-def _exclusive_cumsum(x: Tensor, dim: int) -> Tensor:
-    """sum_{l < t} x_l along dim, built by shifting (no subtraction, so no cancellation)."""
-    shifted = torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), x.narrow(dim, 0, x.shape[dim] - 1)], dim)
-    return shifted.cumsum(dim)
+def _interval_masks(
+    length: int, device: torch.device, dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """0/1 matrices that sum log-decays over index intervals by matmul.
+
+    Summing with a matmul adds only same-sign terms (never a difference of prefix
+    sums, which would cancel), and its backward is a matmul too (cumsum's backward
+    flips, which is slow on CPU).
+    """
+    idx = torch.arange(length, device=device)
+    t, s, mid = idx.view(-1, 1, 1), idx.view(1, -1, 1), idx.view(1, 1, -1)
+    between = ((s < mid) & (mid < t)).to(dtype).reshape(length * length, length)  # [t*s, l]: s < l < t
+    lower = (idx.view(1, -1) < idx.view(-1, 1)).to(dtype)  # [t, s]: s < t
+    # As [t, l] matrices, `lower` also sums the prefix (l < t) inside a chunk and its
+    # transpose the suffix (l > t).
+    return between, lower, lower, lower.T
 
 
-def _inter_chunk_causal(r: Tensor, k: Tensor, v: Tensor, logd: Tensor) -> Tensor:
-    """Contribution of earlier chunks to each token: inputs `[..., n_chunks, L, N]`."""
-    prefix = _exclusive_cumsum(logd, -2)  # decay from the chunk start up to t-1
-    suffix = _exclusive_cumsum(logd.flip(-2), -2).flip(-2)  # decay from s+1 to the chunk end
-    total = logd.sum(-2)  # [..., n_chunks, N]
-    # kv[c] = sum over chunk c of decay(s+1 .. end) k_s v_s^T
-    kv = (k * torch.exp(suffix)).transpose(-1, -2) @ v  # [..., n_chunks, N, N]
-    carry = torch.exp(total).unsqueeze(-1)
+def _carry(kv: Tensor, carry: Tensor) -> Tensor:
+    """States entering each chunk: S_0 = 0, S_{c+1} = carry_c * S_c + kv_c (over dim -3)."""
     states = [torch.zeros_like(kv[..., 0, :, :])]
     for c in range(kv.shape[-3] - 1):
-        states.append(states[-1] * carry[..., c, :, :] + kv[..., c, :, :])
-    state = torch.stack(states, dim=-3)  # state entering each chunk
-    return (r * torch.exp(prefix)) @ state
+        states.append(states[-1] * carry[..., c, :, None] + kv[..., c, :, :])
+    return torch.stack(states, dim=-3)
 
 
 def wkv_chunked(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: int = DEFAULT_CHUNK) -> Tensor:
@@ -125,32 +130,26 @@ def wkv_chunked(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: in
         )
         for t in (r, k, v, logd)
     )
+    between, lower_mask, before, after = _interval_masks(length, r.device, r.dtype)
 
-    # Inside a chunk: decay[t, s] = exp(sum_{s<l<t} logd_l) for s < t. Running down t
-    # for a fixed s adds logd_{t-1} once t-1 > s, so a cumsum over t of the masked,
-    # shifted log-decays gives every interval sum directly. The s > t half is the
-    # transpose (the same interval).
-    ones = torch.ones(length, length, dtype=torch.bool, device=r.device)
-    previous = torch.nn.functional.pad(logd[..., :-1, :], (0, 0, 1, 0))  # logd_{t-1}, 0 at t=0
-    steps = previous.unsqueeze(-2) * ones.tril(-2).unsqueeze(-1).to(logd.dtype)  # [..., t, s, N]
-    lower = torch.exp(steps.cumsum(-3)) * ones.tril(-1).unsqueeze(-1).to(logd.dtype)
+    # Inside a chunk: decay[t, s] = exp(sum_{s<l<t} logd_l) for s < t; the s > t half
+    # is its transpose (the same interval).
+    sums = (between @ logd).reshape(*logd.shape[:-2], length, length, size)  # [..., t, s, N]
+    lower = torch.exp(sums) * lower_mask.unsqueeze(-1)
     decay = lower + lower.transpose(-2, -3)
-    scores = torch.einsum("...tj,...sj,...tsj->...ts", r, k, decay)
+    scores = ((r.unsqueeze(-2) * k.unsqueeze(-3)) * decay).sum(-1)
     scores = scores + torch.diag_embed((r * u.reshape(1, heads, 1, 1, size) * k).sum(-1))
     y = scores @ v
 
-    # Across chunks, both directions in one batch: the right-to-left pass is the
-    # left-to-right pass on the time-reversed sequence (chunk boundaries mirror).
-    def reverse(t: Tensor) -> Tensor:
-        return t.flip(-2, -3)
-
-    both = _inter_chunk_causal(
-        torch.stack([r, reverse(r)]),
-        torch.stack([k, reverse(k)]),
-        torch.stack([v, reverse(v)]),
-        torch.stack([logd, reverse(logd)]),
-    )
-    y = y + both[0] + reverse(both[1])
+    # Across chunks, one N x N state per boundary and direction. From the left, token t
+    # sees state_c decayed by the chunk prefix before t; a source s enters the next
+    # state decayed by the chunk suffix after s. From the right, prefix and suffix swap.
+    prefix = torch.exp(before @ logd)  # prod of d over [chunk start, t)
+    suffix = torch.exp(after @ logd)  # prod of d over (t, chunk end]
+    carry = torch.exp(logd.sum(-2))  # the whole chunk
+    from_left = _carry((k * suffix).transpose(-1, -2) @ v, carry)
+    from_right = _carry(((k * prefix).transpose(-1, -2) @ v).flip(-3), carry.flip(-2)).flip(-3)
+    y = y + (r * prefix) @ from_left + (r * suffix) @ from_right
 
     y = y.reshape(batch, heads, n_chunks * length, size)[:, :, :time]
     return _merge_heads(y)

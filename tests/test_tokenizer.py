@@ -163,6 +163,31 @@ def test_non_ascii_shortcut_on_every_bmp_character():
     assert admitted > 15_000  # the shortcut is in use, not trivially off
 
 
+def test_mojibake_hint_never_hides_what_is_bad_flags():
+    from ftfy.badness import is_bad
+
+    assert tok_mod._MOJIBAKE_HINT is not None
+    texts = junk_corpus(4000, seed=11) + caption_corpus(1000, seed=12, intl_fraction=1.0)
+    bad = [t for t in texts if is_bad(t)]
+    assert len(bad) > 300  # mojibake is in the corpus, so the check is not vacuous
+    assert all(tok_mod._MOJIBAKE_HINT.search(t) for t in bad)
+    # ...and it does let ftfy-innocent scripts through without calling is_bad.
+    assert tok_mod._MOJIBAKE_HINT.search("東京タワーの夜景 서울의 밤 😀 ❤") is None
+
+
+@settings(max_examples=600, derandomize=True, database=None, deadline=None)
+@given(
+    st.one_of(
+        st.text(alphabet=st.characters(max_codepoint=0x24FF, exclude_categories=["Cs"]), max_size=12),
+        st.lists(st.sampled_from(FRAGMENTS), max_size=6).map("".join),
+    )
+)
+def test_mojibake_hint_is_implied_by_is_bad(text):
+    from ftfy.badness import is_bad
+
+    assert tok_mod._looks_bad(text) == is_bad(text)
+
+
 def test_shortcut_scope():
     assert tok_mod._simple_ftfy("é" * 1_000_001) is None  # several ftfy segments
     assert tok_mod._simple_ftfy("é\né") is None

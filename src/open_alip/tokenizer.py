@@ -119,8 +119,74 @@ def _ftfy_patterns() -> tuple[std_re.Pattern[str], std_re.Pattern[str]] | None:
     return std_re.compile("|".join(untranslatable + translatable)), std_re.compile("|".join(untranslatable))
 
 
+def _fixed_char_spans(op: Any, arg: Any, codes: Any) -> list[tuple[int, int]] | None:
+    """Code point ranges one parsed regex element must match, if it is a plain set."""
+    if op is codes.LITERAL:
+        return [(arg, arg)]
+    if op is not codes.IN:
+        return None
+    spans = []
+    for item_op, item_arg in arg:
+        if item_op is codes.LITERAL:
+            spans.append((item_arg, item_arg))
+        elif item_op is codes.RANGE:
+            spans.append(item_arg)
+        else:  # negation, \s, \w ...: not a fixed set
+            return None
+    return spans
+
+
+def _mojibake_hint_pattern() -> std_re.Pattern[str] | None:
+    """Characters without which ftfy's mojibake detector (`is_bad`) cannot match.
+
+    Each alternative of ftfy's BADNESS_RE has positions that must match one of a
+    fixed set of non-ASCII characters; the smallest such set of every alternative,
+    united, is this class, derived from the live pattern. Text with none of them
+    is not bad, so `is_bad`, the main cost of the non-ASCII shortcut, is skipped
+    for scripts ftfy does not suspect (CJK, emoji, ...). None if the pattern is not
+    of that shape.
+    """
+    if _FTFY_PATTERNS is None:
+        return None
+    try:
+        from re import _constants as codes
+        from re import _parser
+
+        from ftfy.badness import BADNESS_RE
+
+        if BADNESS_RE.flags & std_re.IGNORECASE:
+            return None
+        tree = list(_parser.parse(BADNESS_RE.pattern, BADNESS_RE.flags))
+        if len(tree) != 1 or tree[0][0] is not codes.BRANCH:
+            return None
+        spans: list[tuple[int, int]] = []
+        for alternative in tree[0][1][1]:
+            best = None
+            for op, arg in alternative:
+                found = _fixed_char_spans(op, arg, codes)
+                if found and all(lo >= 0x80 for lo, _ in found):
+                    size = sum(hi - lo + 1 for lo, hi in found)
+                    if best is None or size < best[0]:
+                        best = (size, found)
+            if best is None:
+                return None
+            spans += best[1]
+    except (ImportError, AttributeError, TypeError, ValueError, IndexError):
+        return None
+    listed = "".join(f"{std_re.escape(chr(lo))}-{std_re.escape(chr(hi))}" for lo, hi in sorted(set(spans)))
+    return std_re.compile(f"[{listed}]")
+
+
 _FTFY_PATTERNS = _ftfy_patterns()
+_MOJIBAKE_HINT = _mojibake_hint_pattern()
 _FTFY_SEGMENT_LENGTH = 1_000_000
+
+
+def _looks_bad(text: str) -> bool:
+    """ftfy's `is_bad`, skipped when the text lacks every character it could match on."""
+    if _MOJIBAKE_HINT is not None and _MOJIBAKE_HINT.search(text) is None:
+        return False
+    return is_bad(text)
 
 
 def _settled(text: str) -> bool:
@@ -128,7 +194,7 @@ def _settled(text: str) -> bool:
     return (
         _FTFY_PATTERNS[0].search(text) is None
         and unicodedata.is_normalized("NFC", text)
-        and not is_bad(text)
+        and not _looks_bad(text)
     )
 
 
@@ -144,8 +210,8 @@ def _simple_ftfy(text: str) -> str | None:
         return None
     any_fix, untranslatable = _FTFY_PATTERNS
     if any_fix.search(text) is None:
-        return text if unicodedata.is_normalized("NFC", text) and not is_bad(text) else None
-    if untranslatable.search(text) is not None or is_bad(text):
+        return text if unicodedata.is_normalized("NFC", text) and not _looks_bad(text) else None
+    if untranslatable.search(text) is not None or _looks_bad(text):
         return None
     # Same fixers, same order as ftfy's pass (fix_encoding is a no-op: is_bad is False).
     from ftfy import fixes

@@ -241,9 +241,9 @@ class Demo:
         run_command("zero-shot classification", [
             self.python, "zero_shot.py", "--datasets", f"scenes={tree}",
             "--templates", f"scenes={eval_dir / 'classification' / 'templates.json'}", *common],
-            self.logs / "zero_shot.log", _env(self.s, OMP_NUM_THREADS="2"))
+            self.logs / "zero_shot.log", _env(self.s))
         run_command("retrieval", [self.python, "retrieval.py", "--datasets", f"scenes={karpathy}", *common],
-                    self.logs / "retrieval.log", _env(self.s, OMP_NUM_THREADS="2"))
+                    self.logs / "retrieval.log", _env(self.s))
         self.classification = json.loads((results / "classification_scenes.json").read_text())
         self.retrieval = json.loads((results / "retrieval_scenes.json").read_text())
         m = self.classification["metrics"]
@@ -261,7 +261,7 @@ class Demo:
         report.plot_loss_curve(points, self.out / "loss_curve.png", title="contrastive loss (2 processes, CPU)",
                                reference=math.log(global_batch), reference_label=f"chance: ln({global_batch})")
         # predicted captions: the best of every scene description the grammar can produce
-        torch.set_num_threads(2)
+        torch.set_num_threads(self.s.threads_per_process)
         device = torch.device("cpu")
         model = load_eval_model(self.s.config, self.checkpoint, device)
         input_size = int(model.config["input_size"])

@@ -98,10 +98,10 @@ def draw_scene(scene: Scene, size: int = 64) -> Image.Image:
         draw.line((x0, y0, x0 + rng.randint(-size // 3, size // 3), y0 + rng.randint(-size // 3, size // 3)),
                   fill=(tone, tone, tone), width=1)
     cy = REGIONS[scene.region]
-    radius = size * (0.15 if scene.count == 1 else 0.10) * rng.uniform(0.85, 1.15)
+    radius = size * (0.2 if scene.count == 1 else 0.13) * rng.uniform(0.85, 1.15)
     # a group of n shapes side by side, placed anywhere along the row that fits it
     offsets = {1: [0.0], 2: [-1.15, 1.15], 3: [-2.2, 0.0, 2.2]}[scene.count]
-    half_width = (max(offsets) + 1.1) * radius / size
+    half_width = (max(offsets) + 1.05) * radius / size
     cx = rng.uniform(max(0.5 - 0.3, half_width), min(0.5 + 0.3, 1 - half_width))
     for off in offsets:
         x = cx * size + off * radius + rng.uniform(-1.0, 1.0)

@@ -467,3 +467,26 @@ def parse_name_map(values: Sequence[str] | None, option: str) -> dict[str, Path]
             raise EvalDataError(f"{option} {value!r}: expected NAME=FILE")
         out[name] = Path(path).expanduser()
     return out
+
+
+def zero_shot_epoch_hook(
+    dataset_spec: DatasetSpec | str | Path, frequency: int = 1, batch_size: int = 64, workers: int = 0
+) -> Callable:
+    """An epoch-end hook for train.py's `--zeroshot-data SPEC --zeroshot-frequency N`.
+
+    Called as ``hook(model, epochs_done, args, env)``; on the master rank (``env.is_master``) every
+    `frequency` epochs it returns ``{"zeroshot_top1": ..., "zeroshot_top5": ...,
+    "zeroshot_mean_per_class_recall": ...}`` (percent), elsewhere ``{}``.
+    """
+    spec = _as_spec(dataset_spec)
+    load_classification_data(spec)  # fail at start-up, not after the first epoch
+
+    def hook(model: torch.nn.Module, epochs_done: int, args=None, env=None) -> dict:
+        if epochs_done % frequency or not getattr(env, "is_master", True):
+            return {}
+        device = getattr(env, "device", None) or next(_unwrap(model).parameters()).device
+        input_size = int(_unwrap(model).config["input_size"])
+        result = evaluate_classification(model, spec, input_size, device, batch_size, workers)
+        return {f"zeroshot_{k}": v for k, v in result["metrics"].items()}
+
+    return hook

@@ -1,0 +1,223 @@
+"""Evaluation of a checkpoint trained here: class-embedding construction, the zero_shot.py and
+retrieval.py CLIs end to end (their JSON must match the library's numbers), their one-line
+errors, dataset-spec resolution and the train.py epoch hook."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import retrieval as retrieval_cli
+import zero_shot as zero_shot_cli
+from src.demo.corpus import write_classification_set, write_retrieval_set
+from src.demo.scenes import DEMO_TEMPLATES, draw_scene, random_scene
+from src.open_alip.model import create_model
+from src.open_alip.tokenizer import tokenize
+from src.open_alip.zero_shot import (
+    EvalDataError,
+    build_class_embeddings,
+    evaluate_classification,
+    evaluate_retrieval,
+    load_classification_data,
+    load_eval_model,
+    load_metadata,
+    zero_shot_epoch_hook,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "src" / "open_alip" / "model_configs" / "RWKV_CLIP_demo.json"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict:
+    """A demo-sized model trained for a few CLIP steps on generated scenes, saved as a checkpoint,
+    plus held-out classification (ImageFolder) and retrieval (Karpathy JSON) sets."""
+    root = tmp_path_factory.mktemp("trained")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: extra threads only spin, badly so on a busy machine
+    try:
+        return _train_and_write(root)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_and_write(root: Path) -> dict:
+    from dataloaders.eval_datasets import preprocess_pil
+    from src.open_alip import ClipLoss
+
+    torch.manual_seed(0)
+    model = create_model(str(CONFIG))
+    rng = random.Random(0)
+    scenes = [random_scene(rng) for _ in range(128)]
+    images = torch.stack([preprocess_pil(draw_scene(s, 64), 32) for s in scenes])
+    tokens = tokenize([s.caption(i) for i, s in enumerate(scenes)])
+    loss_fn = ClipLoss(rank=0, world_size=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    losses = []
+    for step in range(6):
+        idx = torch.arange(step * 32, step * 32 + 32) % len(scenes)
+        img, txt, scale = model(images[idx], tokens[idx])
+        loss = loss_fn(F.normalize(img, dim=-1), F.normalize(txt, dim=-1), scale)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    checkpoint = root / "ckpt.pt"
+    torch.save({"state_dict": model.state_dict(), "step": 6}, checkpoint)
+    tree = write_classification_set(root / "cls", per_class=2, seed=1, image_size=48)
+    karpathy = write_retrieval_set(root / "ret", num_images=8, seed=1, image_size=48)
+    return {"root": root, "checkpoint": checkpoint, "tree": tree, "templates": root / "cls" / "templates.json",
+            "karpathy": karpathy, "losses": losses}
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def _main(script: str, args: list[str], capsys) -> tuple[int, str, str]:
+    """Run a CLI's main() in this process (the demo test runs them as real subprocesses)."""
+    module = zero_shot_cli if script == "zero_shot.py" else retrieval_cli
+    rc = module.main(args)
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def test_training_moved_the_loss(trained):
+    assert all(np.isfinite(trained["losses"]))
+    assert trained["losses"][-1] != trained["losses"][0]
+
+
+def test_class_embeddings_are_normalised_template_means(trained):
+    model = load_eval_model(CONFIG, trained["checkpoint"], torch.device("cpu"))
+    names = ["red circle", "blue square", "green triangle"]
+    templates = list(DEMO_TEMPLATES)
+    weights = build_class_embeddings(model, names, templates, "cpu", batch_size=5)
+    assert weights.shape == (model.config["n_embd"], 3)
+    torch.testing.assert_close(weights.norm(dim=0), torch.ones(3))
+    with torch.no_grad():
+        for c, name in enumerate(names):
+            per_template = F.normalize(model.encode_text(tokenize([t.format(name) for t in templates])), dim=-1)
+            expected = F.normalize(per_template.mean(dim=0), dim=0)
+            torch.testing.assert_close(weights[:, c], expected, atol=1e-5, rtol=1e-5)
+    # one template: the class embedding is that prompt's normalised embedding
+    single = build_class_embeddings(model, names, ["a {}."], "cpu")
+    with torch.no_grad():
+        direct = F.normalize(model.encode_text(tokenize([f"a {n}." for n in names])), dim=-1).t()
+    torch.testing.assert_close(single, direct, atol=1e-5, rtol=1e-5)
+
+
+def test_zero_shot_cli_matches_library(trained, tmp_path, capsys):
+    out = tmp_path / "results"
+    rc, stdout, stderr = _main("zero_shot.py", ["--model-name", str(CONFIG), "--model-weight", str(trained["checkpoint"]),
+                "--datasets", f"scenes={trained['tree']}", "--templates", f"scenes={trained['templates']}",
+                "--output-dir", str(out), "--device", "cpu", "--workers", "0", "--batch-size", "7",
+                                         "--no-progress"], capsys)
+    assert rc == 0, stderr
+    saved = json.loads((out / "classification_scenes.json").read_text())
+    assert saved["dataset"] == "scenes" and saved["task"] == "classification"
+    assert saved["model"] == str(CONFIG) and saved["checkpoint"] == str(trained["checkpoint"])
+    assert saved["num_images"] == 24 and saved["num_classes"] == 12
+    assert saved["chance_top1"] == pytest.approx(100 / 12)
+    assert set(saved["metrics"]) == {"top1", "top5", "mean_per_class_recall"}
+    model = load_eval_model(CONFIG, trained["checkpoint"], torch.device("cpu"))
+    spec = load_classification_data(f"scenes={trained['tree']}")[0]
+    assert spec.classnames[0] == "blue circle"  # folder names blue_circle, ... sorted
+    from src.open_alip.zero_shot import DatasetSpec
+
+    mine = evaluate_classification(
+        model, DatasetSpec("scenes", trained["tree"], templates=trained["templates"]), 32, "cpu", batch_size=5
+    )
+    for key, value in mine["metrics"].items():
+        assert saved["metrics"][key] == pytest.approx(value, abs=1e-4)
+    assert "scenes" in stdout and "top1" in stdout  # the printed table
+
+
+def test_retrieval_cli_matches_library(trained, tmp_path, capsys):
+    out = tmp_path / "results"
+    rc, stdout, stderr = _main("retrieval.py", ["--config", str(CONFIG), "--pretrained", str(trained["checkpoint"]),
+                "--datasets", f"scenes={trained['karpathy']}", "--output-dir", str(out), "--device", "cpu",
+                                        "--workers", "0", "--no-progress"], capsys)
+    assert rc == 0, stderr
+    saved = json.loads((out / "retrieval_scenes.json").read_text())
+    assert saved["task"] == "retrieval" and saved["num_images"] == 8 and saved["num_captions"] == 40
+    expected_keys = {f"{d}_R@{k}" for d in ("image_to_text", "text_to_image") for k in (1, 5, 10)} | {"mean_recall"}
+    assert set(saved["metrics"]) == expected_keys
+    # 8 images: every caption finds its image within the top 10
+    assert saved["metrics"]["text_to_image_R@10"] == 100.0
+    model = load_eval_model(CONFIG, trained["checkpoint"], torch.device("cpu"))
+    mine = evaluate_retrieval(model, f"scenes={trained['karpathy']}", 32, "cpu", batch_size=3)
+    for key, value in mine["metrics"].items():
+        assert saved["metrics"][key] == pytest.approx(value, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    "script,args,needle",
+    [
+        ("zero_shot.py", ["--datasets", "x=/no/such/folder"], "/no/such/folder does not exist"),
+        ("zero_shot.py", ["--datasets", "{tree}", "--model-weight", "/no/ckpt.pt"], "checkpoint /no/ckpt.pt"),
+        ("zero_shot.py", ["--datasets", "{tree}", "--templates", "scenes"], "expected NAME=FILE"),
+        ("retrieval.py", ["--datasets", "x={tree}"], "dataset_*.json"),
+        ("retrieval.py", ["--datasets", "{tree}", "--batch-size", "0"], "--batch-size"),
+    ],
+)
+def test_cli_errors_are_one_line(trained, script, args, needle, capsys):
+    args = [a.replace("{tree}", str(trained["tree"])) for a in args]
+    rc, _, stderr = _main(script, ["--config", str(CONFIG), "--device", "cpu", *args], capsys)
+    assert rc == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: error:") and needle in lines[0], stderr
+
+
+def test_cli_error_in_a_real_process():
+    proc = _run("zero_shot.py", "--config", str(CONFIG), "--datasets", "x=/no/such/folder")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "zero_shot.py: error: dataset x: /no/such/folder does not exist; give NAME=PATH"
+
+
+def test_cli_help_explains_dataset_forms():
+    for script in ("zero_shot.py", "retrieval.py"):
+        proc = _run(script, "--help")
+        assert proc.returncode == 0
+        assert "NAME=PATH" in proc.stdout and "--model-weight" in proc.stdout
+
+
+def test_cifar_spec_uses_bundled_names_and_templates(tmp_path):
+    root = tmp_path / "cifar-10-batches-py"
+    root.mkdir()
+    names = [n.encode() for n in ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
+                                  "ship", "truck"]]
+    with open(root / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": names}, f)
+    with open(root / "test_batch", "wb") as f:
+        pickle.dump({b"data": np.zeros((3, 3072), np.uint8), b"labels": [0, 9, 3]}, f)
+    data, templates = load_classification_data(f"cifar10={root}")
+    bundled_names, bundled_templates = load_metadata("cifar10")
+    assert data.classnames == bundled_names and templates == bundled_templates and len(templates) == 18
+    assert data.labels == [0, 9, 3]
+    with pytest.raises(EvalDataError, match="does not exist"):
+        load_classification_data(f"cifar100={root}")  # no cifar-100 'meta' file there
+
+
+def test_epoch_hook(trained):
+    model = create_model(str(CONFIG))
+    load = zero_shot_epoch_hook(f"scenes={trained['tree']}", frequency=2, batch_size=8)
+    env = SimpleNamespace(is_master=True, device=torch.device("cpu"))
+    assert load(model, 1, None, env) == {}
+    model.train()
+    metrics = load(model, 2, None, env)
+    assert set(metrics) == {"zeroshot_top1", "zeroshot_top5", "zeroshot_mean_per_class_recall"}
+    assert 0.0 <= metrics["zeroshot_top1"] <= 100.0
+    assert model.training  # evaluation restored the training mode
+    assert load(model, 2, None, SimpleNamespace(is_master=False, device=torch.device("cpu"))) == {}
+    with pytest.raises(EvalDataError):
+        zero_shot_epoch_hook(f"scenes={trained['root'] / 'missing'}")

@@ -197,10 +197,11 @@ def _run(args: argparse.Namespace, env: DistEnv, hooks: list[EpochEndHook]) -> N
     if state is not None:
         _check_resumable(state, args, env, resume_path)
 
-    seed_everything(args.seed, env.rank)
-    model = _build_model(args, model_cfg, env)
+    # The loader first: a wrong data path should not wait for a large model to be built.
     loader = _build_loader(args, model_cfg, env)
     steps_per_epoch = _steps_per_epoch(args, loader, env)
+    seed_everything(args.seed, env.rank)
+    model = _build_model(args, model_cfg, env)
     total_steps = steps_per_epoch * args.epochs
     stop_step = min(total_steps, args.max_steps) if args.max_steps else total_steps
 

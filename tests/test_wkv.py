@@ -133,3 +133,24 @@ def test_implementations_are_selectable_and_bad_input_is_named():
         wkv_chunked(r, k, v, w, u.reshape(-1)[:6].reshape(2, 3))
     with pytest.raises(ValueError, match="one shape"):
         wkv_chunked(r, k[:, :5], v, w, u)
+
+
+def _largest_saved(time: int, chunk: int) -> int:
+    """Elements of the largest storage autograd keeps for the backward of one chunked WKV."""
+    sizes = []
+    leaves = [t.requires_grad_() for t in _inputs(1, time, 1, 8, dtype=torch.float32, seed=1)]
+
+    def pack(t):
+        sizes.append(t.untyped_storage().nbytes() // t.element_size())  # expanded views count once
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        wkv_chunked(*leaves, chunk=chunk).sum().backward()
+    return max(sizes)
+
+
+def test_saved_memory_grows_linearly_in_time_not_quadratically():
+    # At T=1024 a T x T x N tensor would hold 8.4M values; the chunked form keeps O(T * L * N).
+    small, large = _largest_saved(256, 16), _largest_saved(1024, 16)
+    assert large <= 4 * small * 1.05
+    assert large <= 1024 * 16 * 8

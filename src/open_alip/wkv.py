@@ -14,8 +14,8 @@ Two implementations compute the same numbers:
   plain PyTorch. O(T) Python steps; memory for autograd grows with T * N * N.
 * `wkv_chunked` (the default): splits time into chunks of L tokens. Pairs inside a
   chunk are handled as a small masked L x L "attention" per channel; pairs across
-  chunks go through one N x N state per chunk boundary, in both directions at once.
-  Memory is O(T * L * N) per head, never T * T * N. Every decay factor is the
+  chunks go through one N x N state per chunk boundary and direction.
+  Memory is O(T * L * N + T / L * N * N) per head, never T * T * N. Every decay factor is the
   exponential of a sum of log-decays over a contiguous range (never a difference of
   prefix sums), so nothing cancels and nothing overflows for any decay logit.
 """

@@ -352,7 +352,7 @@ def test_save_load_round_trip(tmp_path):
 
     prefixed = {f"_orig_mod.module.{k}": v for k, v in source.state_dict().items()}
     again = _tiny()
-    assert load_checkpoint(again, {"model": prefixed}) == ([], [], [])
+    assert load_checkpoint(torch.nn.DataParallel(again), {"model": prefixed}) == ([], [], [])
     for a, b in zip(_outputs(source), _outputs(again)):
         assert torch.equal(a, b)
 

@@ -242,12 +242,24 @@ def _summarise(kind: str, keys: list[str], limit: int = 12) -> str:
     return f"{len(keys)} {kind}: {shown}{more}"
 
 
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The bare model inside DistributedDataParallel/DataParallel and torch.compile wrappers."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
 def load_checkpoint(
     model: nn.Module, path_or_state_dict: str | os.PathLike | Mapping[str, Any], strict: bool = True
 ) -> tuple[list[str], list[str], list[str]]:
     """Load original or our own checkpoints into `model`.
 
-    Accepts a path (read with weights_only=True) or an in-memory dict: a raw
+    `model` may be wrapped in DDP/DataParallel or torch.compile. Accepts a path
+    (read with weights_only=True) or an in-memory dict: a raw
     state_dict or one under "state_dict"/"model". `module.` and `_orig_mod.`
     prefixes are stripped and tensors are cast to the model's dtypes. With `strict`
     any missing, unexpected or shape-mismatched key raises CheckpointMismatchError
@@ -267,6 +279,7 @@ def load_checkpoint(
         except Exception as exc:  # torch raises several types for corrupt or unsafe files
             raise CheckpointMismatchError(f"cannot read {where}: {type(exc).__name__}: {exc}") from None
     state = {_strip_prefixes(k): v for k, v in _extract_state_dict(raw, where).items()}
+    model = unwrap_model(model)
 
     own = model.state_dict()
     missing = [k for k in own if k not in state]

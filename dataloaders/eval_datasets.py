@@ -149,9 +149,12 @@ def read_classnames_file(path: Path, folders: Sequence[str] | None = None) -> li
 def read_image_folder(
     root: Path | str, classnames: Sequence[str] | Path | str | None = None, name: str | None = None
 ) -> ClassificationData:
-    """An ImageFolder tree: ``root/<class>/<image>``; class index = sorted folder order."""
+    """An ImageFolder tree: ``root/<class>/<image>``; class index = sorted folder order
+    (numeric order when every folder name is a number)."""
     root = _require_dir(Path(root), "image folder")
     folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if folders and all(f.isdigit() for f in folders):
+        folders.sort(key=int)  # class folders named 1..N: "10" comes after "9", not after "1"
     if not folders:
         raise EvalDataError(f"image folder {root}: no class sub-folders; expected root/<class>/<image> files")
     if classnames is None:

@@ -36,6 +36,7 @@ from src.open_alip.zero_shot import (
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "src" / "open_alip" / "model_configs" / "RWKV_CLIP_demo.json"
+SIZE = json.loads(CONFIG.read_text())["input_size"]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def _train_and_write(root: Path) -> dict:
     model = create_model(str(CONFIG))
     rng = random.Random(0)
     scenes = [random_scene(rng) for _ in range(128)]
-    images = torch.stack([preprocess_pil(draw_scene(s, 64), 32) for s in scenes])
+    images = torch.stack([preprocess_pil(draw_scene(s, 64), SIZE) for s in scenes])
     tokens = tokenize([s.caption(i) for i, s in enumerate(scenes)])
     loss_fn = ClipLoss(rank=0, world_size=1)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
@@ -135,7 +136,7 @@ def test_zero_shot_cli_matches_library(trained, tmp_path, capsys):
     from src.open_alip.zero_shot import DatasetSpec
 
     mine = evaluate_classification(
-        model, DatasetSpec("scenes", trained["tree"], templates=trained["templates"]), 32, "cpu", batch_size=5
+        model, DatasetSpec("scenes", trained["tree"], templates=trained["templates"]), SIZE, "cpu", batch_size=5
     )
     for key, value in mine["metrics"].items():
         assert saved["metrics"][key] == pytest.approx(value, abs=1e-4)
@@ -155,7 +156,7 @@ def test_retrieval_cli_matches_library(trained, tmp_path, capsys):
     # 8 images: every caption finds its image within the top 10
     assert saved["metrics"]["text_to_image_R@10"] == 100.0
     model = load_eval_model(CONFIG, trained["checkpoint"], torch.device("cpu"))
-    mine = evaluate_retrieval(model, f"scenes={trained['karpathy']}", 32, "cpu", batch_size=3)
+    mine = evaluate_retrieval(model, f"scenes={trained['karpathy']}", SIZE, "cpu", batch_size=3)
     for key, value in mine["metrics"].items():
         assert saved["metrics"][key] == pytest.approx(value, abs=1e-4)
 
@@ -221,3 +222,19 @@ def test_epoch_hook(trained):
     assert load(model, 2, None, SimpleNamespace(is_master=False, device=torch.device("cpu"))) == {}
     with pytest.raises(EvalDataError):
         zero_shot_epoch_hook(f"scenes={trained['root'] / 'missing'}")
+
+
+def test_image_folder_spec_trusts_bundled_names_only_for_index_folders(tmp_path):
+    from PIL import Image
+
+    for i in range(10):  # CIFAR-10 exported as an ImageFolder tree with folders 0..9
+        (tmp_path / "idx" / str(i)).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "idx" / str(i) / "a.png")
+    data, _ = load_classification_data(f"cifar10={tmp_path / 'idx'}")
+    assert data.classnames == load_metadata("cifar10")[0]
+    assert [p.parent.name for p in data.images] == [str(i) for i in range(10)]  # numeric, not "0, 1, 10.."
+    for name in ("tabby", "airliner"):  # named folders keep their names, whatever the dataset name
+        (tmp_path / "named" / name).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "named" / name / "a.png")
+    data, templates = load_classification_data(f"cifar10={tmp_path / 'named'}")
+    assert data.classnames == ["airliner", "tabby"] and templates == load_metadata("cifar10")[1]

@@ -271,3 +271,10 @@ def test_loader_batches_cpu(tmp_path):
     images = preprocess_batch(batches[0][0], 16, "cpu")
     assert images.shape == (2, 3, 16, 16)
     assert batches[2][1].tolist() == [4]
+
+
+def test_image_folder_numeric_class_folders_sort_numerically(tmp_path):
+    for i in (10, 2, 1):
+        _save(tmp_path / str(i) / "x.png", (i, 0, 0))
+    data = read_image_folder(tmp_path)
+    assert data.classnames == ["1", "2", "10"] and data.labels == [0, 1, 2]

@@ -295,6 +295,10 @@ class Demo:
     # -- driver ------------------------------------------------------------------------------
     def run(self) -> dict:
         self.out.mkdir(parents=True, exist_ok=True)
+        # a re-run starts clean; only the demo's own sub-folders are ever removed
+        for stale in ("logs", "eval_results"):
+            if (self.out / stale).is_dir():
+                shutil.rmtree(self.out / stale)
         steps = [
             ("corpus", "generating a synthetic image-caption corpus in the hub's parquet format", self.make_corpus),
             ("download", "serving it from a local hub on 127.0.0.1 and fetching it with data/hfd.sh", self.download),

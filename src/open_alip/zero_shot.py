@@ -116,10 +116,10 @@ def load_classification_data(spec: DatasetSpec | str | Path) -> tuple[Classifica
     bundled_names, bundled_templates = load_metadata(spec.name)
     kind = spec.kind or _infer_classification_kind(spec)
     names: list[str] | None = None
-    if spec.classnames is None:
-        names = bundled_names
-    elif kind != "imagefolder":  # an ImageFolder reader matches a class-name file to its folders itself
+    if spec.classnames is not None and kind != "imagefolder":
         names = read_classnames_file(spec.classnames)
+    elif spec.classnames is None and kind != "imagefolder":
+        names = bundled_names
     if kind in ("cifar10", "cifar100"):
         data = read_cifar(spec.path, kind)
     elif kind == "imagenet":
@@ -129,7 +129,14 @@ def load_classification_data(spec: DatasetSpec | str | Path) -> tuple[Classifica
     elif kind == "manifest":
         data = read_manifest_classification(spec.path, names, name=spec.name)
     elif kind == "imagefolder":
-        data = read_image_folder(spec.path, spec.classnames or names, name=spec.name)
+        # An ImageFolder tree names its classes itself (or through --classnames). The bundled list
+        # is only trusted for folders named by class index, where its order is the index order.
+        data = read_image_folder(spec.path, spec.classnames, name=spec.name)
+        if (spec.classnames is None and bundled_names and len(bundled_names) == len(data.classnames)
+                and all(n.isdigit() for n in data.classnames)):
+            first = int(data.classnames[0])
+            if [int(n) - first for n in data.classnames] == list(range(len(bundled_names))):
+                names = bundled_names
     else:
         raise EvalDataError(f"dataset {spec.name}: unknown kind {kind!r}")
     if names is not None:
@@ -144,12 +151,14 @@ def load_classification_data(spec: DatasetSpec | str | Path) -> tuple[Classifica
 
 
 def _infer_classification_kind(spec: DatasetSpec) -> str:
-    if spec.name in ("cifar10", "cifar100"):
-        return spec.name
-    if ALIASES.get(spec.name, spec.name) == "imagenet1k":
-        return "imagenet"
     if spec.path.suffix.lower() in MANIFEST_SUFFIXES:
         return "manifest"
+    if spec.name in ("cifar10", "cifar100"):
+        # the python pickles, unless the folder is an ImageFolder export of CIFAR
+        has_class_folders = spec.path.is_dir() and any(p.is_dir() for p in spec.path.iterdir())
+        return "imagefolder" if has_class_folders else spec.name
+    if ALIASES.get(spec.name, spec.name) == "imagenet1k":
+        return "imagenet"
     return "imagefolder"
 
 

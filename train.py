@@ -5,6 +5,7 @@ One process:      python train.py --train-data DATA --output runs/b32 --config R
 One node, 8 GPUs: torchrun --nproc_per_node 8 train.py ...
 Many nodes:       see shell/train_RWKV_CLIP_B32_YFCC15M.sh (torchrun rendezvous from env vars)
 Resume after a kill: add --resume latest.
+Zero-shot accuracy at epoch ends: --zeroshot-data imagenet=/data/imagenet/val --zeroshot-frequency 1
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ def main(argv: list[str] | None = None) -> int:
     from src.training.main import TrainingError, run
 
     try:
-        run(args)
+        hooks = []
+        if args.zeroshot_data:
+            from src.open_alip.zero_shot import zero_shot_epoch_hook
+
+            # Built (and its data read) before training, so a wrong path fails at once.
+            hooks.append(zero_shot_epoch_hook(args.zeroshot_data, frequency=args.zeroshot_frequency))
+        run(args, epoch_end_hooks=hooks)
     except (TrainingError, NonFiniteLossError, ValueError, FileNotFoundError) as exc:
         print(f"train.py: error: {exc}", file=sys.stderr)
         return 2 if not isinstance(exc, NonFiniteLossError) else 3

@@ -70,6 +70,15 @@ def _losses(output: Path) -> dict[int, float]:
     return out
 
 
+@pytest.fixture
+def one_thread():
+    """For runs inside the test process: tiny matrices gain nothing from threads that spin."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     return write_colour_records(tmp_path_factory.mktemp("data") / "colours", RECORDS)
@@ -158,7 +167,7 @@ def test_two_gloo_processes_under_torchrun(data, tmp_path):
     assert "2 process(es)" in (output / "train.log").read_text()
 
 
-def test_nan_loss_stops_with_the_last_good_checkpoint_intact(data, tmp_path, capsys):
+def test_nan_loss_stops_with_the_last_good_checkpoint_intact(data, tmp_path, capsys, one_thread):
     import train
 
     output = tmp_path / "nan"
@@ -183,12 +192,30 @@ def test_nan_loss_stops_with_the_last_good_checkpoint_intact(data, tmp_path, cap
         (["--epochs", "0"], "--epochs 0"),
     ],
 )
-def test_bad_input_is_one_clear_line(data, tmp_path, capsys, extra, expected):
+def test_bad_input_is_one_clear_line(data, tmp_path, capsys, one_thread, extra, expected):
     import train
 
     assert train.main(_args(data, tmp_path / "bad", *extra)) == 2
     err = capsys.readouterr().err
     assert err.startswith("train.py: error: ") and expected in err and err.count("\n") == 1, err
+
+
+def test_zero_shot_evaluation_runs_at_epoch_ends(data, tmp_path, one_thread):
+    import train
+    from src.demo.corpus import write_classification_set
+
+    tree = write_classification_set(tmp_path / "cls", per_class=1, seed=1, image_size=24)
+    output = tmp_path / "zs"
+    # --train-num-samples below the record count makes short epochs (3 steps of 8).
+    assert train.main(_args(data, output, "--epochs", "2", "--save-every-n-steps", "0", "--train-num-samples", "24",
+                            "--zeroshot-data", f"scenes={tree}", "--zeroshot-frequency", "2")) == 0
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 7))
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [6]  # after epoch 2 only
+    assert 0.0 <= evals[0]["zeroshot_top1"] <= 100.0
+    log = (output / "train.log").read_text()
+    assert "eval after epoch 2" in log and "each epoch uses 24 samples" in log
 
 
 def test_help_explains_the_flags(capsys):

@@ -122,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--keep-checkpoints", type=int, default=2, help="step checkpoints kept (epoch ones are all kept)")
     g.add_argument("--log-every-n-steps", type=int, default=50, help="log line + TensorBoard interval")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    g.add_argument("--zeroshot-data", default=None, help="zero-shot classification data evaluated at epoch ends")
+    g.add_argument("--zeroshot-data", default=None, metavar="SPEC",
+                   help="zero-shot classification set evaluated at epoch ends, as zero_shot.py takes it "
+                        "(e.g. imagenet=/data/imagenet/val, cifar10=/data/cifar-10-batches-py)")
     g.add_argument("--zeroshot-frequency", type=int, default=1, help="evaluate every N epochs")
     return p
 

@@ -180,6 +180,9 @@ def test_nan_loss_stops_with_the_last_good_checkpoint_intact(data, tmp_path, cap
     assert "step_000000001.pt" in err
     assert [p.name for p in (output / "checkpoints").iterdir()] == ["step_000000001.pt"]
     assert torch.load(output / "checkpoints" / "step_000000001.pt", weights_only=True)["step"] == 1
+    # A new run into the same folder would mix two runs' checkpoints.
+    assert train.main(_args(data, output)) == 2
+    assert "already holds checkpoints; pass --resume latest" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

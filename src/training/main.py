@@ -189,6 +189,10 @@ def _run(args: argparse.Namespace, env: DistEnv, hooks: list[EpochEndHook]) -> N
             choice = ("ok", ckpt_io.resolve_resume(args.resume, output))
         except FileNotFoundError as exc:
             choice = ("error", str(exc))
+        if not args.resume and ckpt_io.list_checkpoints(output):
+            # Mixing two runs' checkpoints would make a later `--resume latest` pick either.
+            choice = ("error", f"--output {output} already holds checkpoints; pass --resume latest to "
+                               "continue that run, or choose another --output")
     choice = broadcast_object(choice, env)
     if choice[0] == "error":
         raise TrainingError(choice[1])

@@ -154,3 +154,16 @@ def test_saved_memory_grows_linearly_in_time_not_quadratically():
     small, large = _largest_saved(256, 16), _largest_saved(1024, 16)
     assert large <= 4 * small * 1.05
     assert large <= 1024 * 16 * 8
+
+
+def test_gradients_of_an_autocast_forward_are_the_float32_gradients():
+    inputs = _inputs(1, 20, 2, 4, dtype=torch.float32, seed=6)
+    plain = _grads(wkv, inputs, 1.0)
+
+    def under_autocast(*args):  # forward inside autocast, backward outside (as PyTorch advises)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return wkv(*args)
+
+    for name, a, b in zip("rkvwu", plain, _grads(under_autocast, inputs, 1.0)):
+        assert b.dtype == torch.float32
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)

@@ -125,14 +125,20 @@ class _IntraChunkScores(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, r: Tensor, k: Tensor, logd: Tensor, between: Tensor, lower_mask: Tensor) -> Tensor:
-        lower = _lower_decay(logd, between, lower_mask)
-        decay = lower + lower.transpose(-2, -3)
         ctx.save_for_backward(r, k, logd, between, lower_mask)
-        return ((r.unsqueeze(-2) * k.unsqueeze(-3)) * decay).sum(-1)
+        with torch.autocast(device_type=r.device.type, enabled=False):
+            lower = _lower_decay(logd, between, lower_mask)
+            return ((r.unsqueeze(-2) * k.unsqueeze(-3)) * (lower + lower.transpose(-2, -3))).sum(-1)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
+        # A backward() called inside an autocast region must not drop these to bf16.
+        with torch.autocast(device_type=grad.device.type, enabled=False):
+            return _IntraChunkScores._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad: Tensor):
         r, k, logd, between, lower_mask = ctx.saved_tensors
         lower = _lower_decay(logd, between, lower_mask)
         weighted = grad.unsqueeze(-1) * (lower + lower.transpose(-2, -3))  # g[t,s] decay[t,s,j]

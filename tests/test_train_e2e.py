@@ -193,6 +193,7 @@ def test_nan_loss_stops_with_the_last_good_checkpoint_intact(data, tmp_path, cap
         (["--config", "RWKV_CLIP_B64"], "--config RWKV_CLIP_B64"),
         (["--resume", "nowhere.pt"], "--resume nowhere.pt"),
         (["--epochs", "0"], "--epochs 0"),
+        (["--pretrained", "nowhere.pt"], "--pretrained nowhere.pt"),
     ],
 )
 def test_bad_input_is_one_clear_line(data, tmp_path, capsys, one_thread, extra, expected):
@@ -201,6 +202,15 @@ def test_bad_input_is_one_clear_line(data, tmp_path, capsys, one_thread, extra, 
     assert train.main(_args(data, tmp_path / "bad", *extra)) == 2
     err = capsys.readouterr().err
     assert err.startswith("train.py: error: ") and expected in err and err.count("\n") == 1, err
+
+
+def test_resume_with_another_model_is_refused(data, full_run, tmp_path, capsys, one_thread):
+    import train
+
+    ckpt = full_run / "checkpoints" / "epoch_001.pt"
+    assert train.main(_args(data, tmp_path / "other", "--resume", str(ckpt), "--n-layer", "2")) == 2
+    err = capsys.readouterr().err
+    assert f"--resume {ckpt}: its weights do not fit this model" in err and err.count("\n") == 1
 
 
 def test_zero_shot_evaluation_runs_at_epoch_ends(data, tmp_path, one_thread):

@@ -105,8 +105,12 @@ def _steps_per_epoch(args: argparse.Namespace, loader, env: DistEnv) -> int:
 
 def _build_model(args: argparse.Namespace, model_cfg: dict[str, Any], env: DistEnv) -> nn.Module:
     from src.open_alip import create_model
+    from src.open_alip.model import CheckpointMismatchError
 
-    model = create_model(model_cfg, pretrained=args.pretrained)
+    try:
+        model = create_model(model_cfg, pretrained=args.pretrained)
+    except (FileNotFoundError, CheckpointMismatchError) as exc:
+        raise TrainingError(f"--pretrained {args.pretrained}: {exc}") from exc
     return model.to(env.device)
 
 
@@ -217,7 +221,14 @@ def _run(args: argparse.Namespace, env: DistEnv, hooks: list[EpochEndHook]) -> N
 
     global_step, start_epoch, epoch_step = 0, 0, 0
     if state is not None:
-        unwrap(model).load_state_dict(ckpt_io.strip_prefixes(state["state_dict"]), strict=True)
+        try:
+            unwrap(model).load_state_dict(ckpt_io.strip_prefixes(state["state_dict"]), strict=True)
+        except RuntimeError as exc:
+            first = str(exc).strip().splitlines()[-1].strip()[:300]
+            raise TrainingError(
+                f"--resume {resume_path}: its weights do not fit this model ({first}); "
+                "resume with the model flags and --config the run was started with"
+            ) from exc
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         if scaler is not None and state.get("scaler"):

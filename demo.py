@@ -12,6 +12,8 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from src.demo.pipeline import DemoSettings
+
     p = argparse.ArgumentParser(
         prog="demo.py",
         description="End-to-end demo with no GPU and no internet: generate a captioned synthetic-scene corpus "
@@ -23,9 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, default=Path("demo_out"), help="output folder (default: demo_out)")
     p.add_argument("--quick", action="store_true",
                    help="reduced sizes for CI: every step runs but the model barely trains")
-    p.add_argument("--train-samples", type=int, default=None, help="training pairs to generate (default 8000)")
-    p.add_argument("--epochs", type=int, default=None, help="training epochs (default 6)")
-    p.add_argument("--processes", type=int, default=None, help="torchrun processes (default 2)")
+    p.add_argument("--train-samples", type=int, default=None,
+                   help=f"training pairs to generate (default {DemoSettings.train_samples})")
+    p.add_argument("--epochs", type=int, default=None, help=f"training epochs (default {DemoSettings.epochs})")
+    p.add_argument("--processes", type=int, default=None,
+                   help=f"torchrun processes (default {DemoSettings.processes})")
     p.add_argument("--seed", type=int, default=0, help="seed of the corpus and of training (default 0)")
     return p
 

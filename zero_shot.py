@@ -14,8 +14,9 @@ EPILOG = """\
 dataset forms (NAME=PATH; the kind follows from the name or the path):
   cifar10=DIR / cifar100=DIR   CIFAR python pickles (cifar-10-batches-py, cifar-100-python)
   imagenet=DIR                 ImageNet val: 1000 synset folders, or flat + LOC_val_solution.csv
-  NAME=DIR                     ImageFolder tree DIR/<class>/<image>; class names from --classnames,
-                               from the bundled list for NAME, or from the folder names
+  NAME=DIR                     ImageFolder tree DIR/<class>/<image>; class names from --classnames
+                               or the folder names (the bundled list for NAME only when the
+                               folders are class indices 0..N-1 or 1..N)
   NAME=FILE.csv|.tsv|.jsonl    manifest with an image column and a label column (index or name)
 bundled class names/templates: imagenet1k (1000 classes, CLIP's 80 templates), cifar10, cifar100,
   food101, flowers, pets, caltech101; templates only: sun397, stanford_car, aircraft, dtd.

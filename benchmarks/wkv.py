@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             rate = train_step_throughput(
                 args.train_model, args.train_batch, args.device, args.train_steps, impl
             )
-            print(f"  wkv={impl:9s}: {rate:10.1f} samples/s")
+            print(f"  wkv={impl:9s}: {rate:10.4g} samples/s")
     return 0
 
 

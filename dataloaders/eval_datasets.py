@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -524,6 +525,8 @@ def make_loader(
 ) -> torch.utils.data.DataLoader:
     """Loader of (images, labels). On CUDA it yields raw uint8 tensors for `preprocess_batch`."""
     on_device = torch.device(device).type == "cuda"
+    # more decoding processes than cores only adds contention (and a DataLoader warning)
+    workers = max(0, min(workers, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
     dataset = ImageDataset(images, labels, size=None if on_device else input_size)
     return torch.utils.data.DataLoader(
         dataset,

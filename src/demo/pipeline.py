@@ -37,7 +37,7 @@ class DemoSettings:
     shards: int = 2
     processes: int = 2
     batch_size: int = 64  # per process
-    epochs: int = 6
+    epochs: int = 8
     lr: float = 2e-3
     eval_per_class: int = 20
     retrieval_images: int = 120

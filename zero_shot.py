@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+
+from src import eval_cli
 
 EPILOG = """\
 dataset forms (NAME=PATH; the kind follows from the name or the path):
@@ -24,76 +25,51 @@ Results: one JSON per dataset in --output-dir (classification_NAME.json) and a p
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="zero_shot.py",
-        description="Zero-shot classification: class embeddings from prompt templates x class names, "
-        "then top-1/top-5 accuracy and mean per-class recall for each dataset.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--model-name", "--config", dest="config", default="RWKV_CLIP_B32",
-                   help="model config: a shipped name (RWKV_CLIP_B32, RWKV_CLIP_B16, ...) or a JSON file")
-    p.add_argument("--model-weight", "--pretrained", dest="checkpoint", type=Path, default=None,
-                   help="checkpoint .pt (the released weights or one written by train.py)")
-    p.add_argument("--datasets", "--dataset", dest="datasets", nargs="+", required=True,
-                   help="NAME=PATH items (space- or comma-separated); see below")
-    p.add_argument("--data-root", type=Path, default=None, help="folder for bare NAME items (PATH = ROOT/NAME)")
+def _add_dataset_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--classnames", nargs="*", default=None, metavar="NAME=FILE",
                    help="class-name file per dataset (.txt one per line or 'folder name' lines, or .json)")
     p.add_argument("--templates", nargs="*", default=None, metavar="NAME=FILE",
                    help="prompt templates per dataset (.txt one per line or .json list), each with '{}'")
-    p.add_argument("--output-dir", "--output", dest="output", type=Path, default=Path("eval_results"),
-                   help="folder for the per-dataset JSON results (default: eval_results)")
-    p.add_argument("--batch-size", type=int, default=128, help="images per forward pass (default 128)")
-    p.add_argument("--workers", type=int, default=4, help="image decoding processes (default 4)")
-    p.add_argument("--device", default="auto", help="auto (GPU if present), cpu, cuda or cuda:N")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return eval_cli.build_parser(
+        "zero_shot.py",
+        "Zero-shot classification: class embeddings from prompt templates x class names, "
+        "then top-1/top-5 accuracy and mean per-class recall for each dataset.",
+        EPILOG,
+        _add_dataset_options,
+    )
+
+
+def _usage_error(args: argparse.Namespace) -> str | None:
+    if args.batch_size < 1 or args.workers < 0:
+        return "--batch-size must be >= 1 and --workers >= 0"
+    return None
+
+
+def _configure(args: argparse.Namespace, specs: list) -> None:
+    from src.open_alip.zero_shot import parse_name_map
+
+    classnames = parse_name_map(args.classnames, "--classnames")
+    templates = parse_name_map(args.templates, "--templates")
+    for spec in specs:
+        spec.classnames = classnames.get(spec.name)
+        spec.templates = templates.get(spec.name)
+
+
+def _evaluate(args: argparse.Namespace, model, spec, input_size: int, device) -> dict:
+    from src.open_alip.zero_shot import evaluate_classification
+
+    return evaluate_classification(
+        model, spec, input_size, device, args.batch_size, args.workers, progress=not args.no_progress
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from src.open_alip.model import CheckpointMismatchError
-    from src.open_alip.zero_shot import (
-        EvalDataError,
-        evaluate_classification,
-        format_table,
-        load_eval_model,
-        parse_dataset_list,
-        parse_name_map,
-        resolve_device,
-        write_result,
-    )
-
-    try:
-        if args.batch_size < 1 or args.workers < 0:
-            raise EvalDataError("--batch-size must be >= 1 and --workers >= 0")
-        specs = parse_dataset_list(args.datasets, args.data_root)
-        classnames = parse_name_map(args.classnames, "--classnames")
-        templates = parse_name_map(args.templates, "--templates")
-        for spec in specs:
-            spec.classnames = classnames.get(spec.name)
-            spec.templates = templates.get(spec.name)
-        device = resolve_device(args.device)
-        model = load_eval_model(args.config, args.checkpoint, device)
-        input_size = model.config["input_size"]
-        results = []
-        for spec in specs:
-            print(f"[zero_shot] {spec.name}: {spec.path}", flush=True)
-            result = evaluate_classification(
-                model, spec, input_size, device, args.batch_size, args.workers, progress=not args.no_progress
-            )
-            result = {"dataset": result.pop("dataset"), "model": str(args.config),
-                      "checkpoint": str(args.checkpoint) if args.checkpoint else None, **result}
-            path = write_result(result, args.output)
-            print(f"[zero_shot] {spec.name}: top1 {result['metrics']['top1']:.2f}% -> {path}", flush=True)
-            results.append(result)
-    except (EvalDataError, CheckpointMismatchError, FileNotFoundError, ValueError) as exc:
-        print(f"zero_shot.py: error: {exc}", file=sys.stderr)
-        return 2
-    print(format_table(results))
-    return 0
+    return eval_cli.run(args, "zero_shot.py", _usage_error, _configure, _evaluate,
+                        lambda result: f"top1 {result['metrics']['top1']:.2f}%")
 
 
 if __name__ == "__main__":

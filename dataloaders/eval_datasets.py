@@ -360,6 +360,15 @@ def _manifest_image(root: Path, value: str, path: Path) -> Path:
     return image
 
 
+def _manifest_table(path: Path, image_column: str | None) -> tuple[list[dict], list[str], str]:
+    """(rows, columns, image column) of a manifest; both manifest kinds need a row and an image column."""
+    rows = _read_rows(path)
+    if not rows:
+        raise EvalDataError(f"manifest {path}: no rows")
+    columns = list(rows[0].keys())
+    return rows, columns, _pick(columns, image_column, _IMAGE_COLUMNS, path, "image")
+
+
 def read_manifest_classification(
     path: Path | str,
     classnames: Sequence[str] | None = None,
@@ -369,11 +378,7 @@ def read_manifest_classification(
 ) -> ClassificationData:
     """Manifest rows ``image,label``: the label is a class index or a class name."""
     path = Path(path)
-    rows = _read_rows(path)
-    if not rows:
-        raise EvalDataError(f"manifest {path}: no rows")
-    columns = list(rows[0].keys())
-    image_col = _pick(columns, image_column, _IMAGE_COLUMNS, path, "image")
+    rows, columns, image_col = _manifest_table(path, image_column)
     label_col = _pick(columns, label_column, _LABEL_COLUMNS, path, "label")
     raw = [str(r[label_col]).strip() for r in rows]
     names = list(classnames) if classnames is not None else None
@@ -403,11 +408,7 @@ def read_manifest_retrieval(
 ) -> RetrievalData:
     """Manifest rows with an image and one or more captions (caption columns, or a list in JSONL)."""
     path = Path(path)
-    rows = _read_rows(path)
-    if not rows:
-        raise EvalDataError(f"manifest {path}: no rows")
-    columns = list(rows[0].keys())
-    image_col = _pick(columns, image_column, _IMAGE_COLUMNS, path, "image")
+    rows, columns, image_col = _manifest_table(path, image_column)
     if caption_columns:
         caption_cols = [_pick(columns, c, (), path, "caption") for c in caption_columns]
     else:

@@ -115,7 +115,14 @@ def _auto_device(device: str) -> str:
 
 
 class BaseLoader:
-    """What both backends share: per-rank ranges, epoch/batch bookkeeping, captions, state."""
+    """What both backends share: per-rank ranges, epoch/batch bookkeeping, captions, state.
+
+    A backend supplies `_start` (build this epoch's iterator in `self._iter`, positioned
+    at batch `self.batch`) and `_next_batch` (the next (images, labels) on the loader's
+    device, its own errors translated); it extends `_drop_iterator` if it holds more
+    than `self._iter`. Counting batches here, not in the backend, is what makes
+    `len()`, resume and epoch ends agree between backends.
+    """
 
     backend = "base"
 
@@ -166,6 +173,7 @@ class BaseLoader:
             )
         self.epoch = 0
         self.batch = 0  # batches of `epoch` already handed out
+        self._iter: Any = None
 
     @property
     def torch_device(self) -> torch.device:
@@ -190,6 +198,31 @@ class BaseLoader:
 
     def _drop_iterator(self) -> None:
         """Discard the running epoch's machinery (the next iteration rebuilds it)."""
+        self._iter = None
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def __iter__(self):
+        if self._iter is None:
+            self._start()
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # Ending on the count, not when the backend runs dry, keeps len() exact and ends
+        # the epoch at once when a resume restored a position after its last batch.
+        if self.batch >= self._len:
+            self._finish_epoch()
+            raise StopIteration
+        if self._iter is None:
+            self._start()
+        images, labels = self._next_batch()
+        tokens = self.tokens_for(labels, self.epoch, self.batch)
+        self.batch += 1
+        return images, tokens
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch `epoch` at its first batch on the next iteration."""
@@ -244,7 +277,6 @@ class DaliLoader(BaseLoader):
         super().__init__(*args, **kwargs)
         self.shuffle_buffer = shuffle_buffer
         self._pipe = None
-        self._iter = None
         self._checkpoint: str | None = None  # to restore on the next pipeline build
 
     # -- pipeline --------------------------------------------------------------------------
@@ -341,22 +373,12 @@ class DaliLoader(BaseLoader):
             raise self._diagnose(e, self.batch) from None
 
     def _drop_iterator(self) -> None:
-        self._iter = None
+        super()._drop_iterator()
         self._pipe = None
         self._checkpoint = None
 
     # -- iteration -------------------------------------------------------------------------
-    def __iter__(self):
-        if self._iter is None:
-            self._start()
-        return self
-
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.batch >= self._len:
-            self._finish_epoch()
-            raise StopIteration
-        if self._iter is None:
-            self._start()
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         try:
             out = next(self._iter)[0]
         except StopIteration:
@@ -366,9 +388,7 @@ class DaliLoader(BaseLoader):
             ) from None
         except RuntimeError as e:
             raise self._diagnose(e, self.batch) from None
-        tokens = self.tokens_for(out["labels"], self.epoch, self.batch)
-        self.batch += 1
-        return out["images"], tokens
+        return out["images"], out["labels"]
 
     # -- resume ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

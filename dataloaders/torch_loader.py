@@ -35,9 +35,9 @@ from dataloaders.imagenet import (
 )
 from dataloaders.shards import ShardSet
 
-# _read_record reads one record at a byte offset. MXIndexedRecordIO would do the same by key,
-# but it parses the shard's whole index into a dict per worker: ~1.5 GB per worker at 15M records.
-from src.recordio import RecordIOError, _read_record, unpack
+# Records are read by byte offset, not through MXIndexedRecordIO by key: that would parse
+# each shard's whole index into a dict per worker, ~1.5 GB per worker at 15M records.
+from src.recordio import read_record_at, unpack
 
 __all__ = ["RecordDataset", "TorchLoader", "random_resized_box"]
 
@@ -101,12 +101,7 @@ class RecordDataset(Dataset):
         """The label array and image bytes of record number `record`."""
         shard = int(np.searchsorted(self.shardset.starts, record, side="right")) - 1
         offset = int(self.shardset.offsets[record])
-        f = self._file(shard)
-        f.seek(offset)
-        path = str(self.shardset.shards[shard].rec)
-        data, _ = _read_record(f, path, offset)
-        if data is None:
-            raise RecordIOError(f"{path}: no record at byte offset {offset} (truncated .rec?)")
+        data = read_record_at(self._file(shard), offset, str(self.shardset.shards[shard].rec))
         header, payload = unpack(data)
         label = np.array(header.label, dtype=np.float32).reshape(-1)  # a writable copy
         return label, payload
@@ -158,7 +153,6 @@ class TorchLoader(BaseLoader):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.dataset = RecordDataset(self.shardset, self.input_size, self.train)
-        self._iter = None
 
     def epoch_batches(self, epoch: int) -> list[list[tuple[int, int]]]:
         """The (record, augmentation seed) items of each batch of `epoch` on this rank."""
@@ -185,20 +179,7 @@ class TorchLoader(BaseLoader):
         )
         self._iter = iter(loader)
 
-    def _drop_iterator(self) -> None:
-        self._iter = None
-
-    def __iter__(self):
-        if self._iter is None:
-            self._start()
-        return self
-
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.batch >= self._len:
-            self._finish_epoch()
-            raise StopIteration
-        if self._iter is None:
-            self._start()
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         try:
             images, labels = next(self._iter)
         except CorruptRecordError as e:
@@ -208,7 +189,4 @@ class TorchLoader(BaseLoader):
                 raise
             raise CorruptRecordError(lines[-1].split("CorruptRecordError: ", 1)[1]) from None
         device = self.torch_device
-        images = images.to(device, non_blocking=True)
-        tokens = self.tokens_for(labels.to(device, non_blocking=True), self.epoch, self.batch)
-        self.batch += 1
-        return images, tokens
+        return images.to(device, non_blocking=True), labels.to(device, non_blocking=True)

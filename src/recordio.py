@@ -18,8 +18,8 @@ Differences from MXNet, all on inputs MXNet mishandles:
   MXNet.
 * Blank lines in an `.idx` file are skipped.
 
-Extra helpers for the converter and the DALI loader: `read_index`,
-`read_index_arrays`, `write_index` and `iter_records`.
+Extra helpers for the converter and the loaders: `read_index`,
+`read_index_arrays`, `write_index`, `iter_records` and `read_record_at`.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ __all__ = [
     "pack_img",
     "read_index",
     "read_index_arrays",
+    "read_record_at",
     "unpack",
     "unpack_img",
     "write_index",
@@ -500,6 +501,22 @@ def write_index(idx_path: str | os.PathLike[str], entries: Iterable[tuple[Any, i
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def read_record_at(f: BinaryIO, offset: int, path: str) -> bytes:
+    """The record starting at byte `offset` of the open `.rec` file `f`.
+
+    For readers that already hold record offsets (a loader's combined index):
+    `MXIndexedRecordIO` would parse the whole `.idx` into a dict first, which at
+    millions of records costs far more memory than the offsets themselves.
+    `path` only names the file in errors. Raises `RecordIOError` when the file
+    ends at `offset` or the bytes there are not a whole record.
+    """
+    f.seek(offset)
+    record, _ = _read_record(f, path, offset)
+    if record is None:
+        raise RecordIOError(f"{path}: no record at byte offset {offset} (truncated .rec?)")
+    return record
 
 
 def iter_records(uri: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:

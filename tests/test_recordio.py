@@ -26,6 +26,7 @@ from src.recordio import (
     iter_records,
     pack,
     read_index,
+    read_record_at,
     unpack,
     write_index,
 )
@@ -297,6 +298,19 @@ def test_index_offset_past_end_or_into_a_record(tmp_path):
         r.read_idx(2)
     with pytest.raises(KeyError):
         r.read_idx(99)
+
+
+def test_read_record_at_offsets_in_any_order(tmp_path):
+    idx, rec = _valid_file(tmp_path)
+    size = os.path.getsize(rec)
+    with open(rec, "rb") as f:
+        # Reads seek for themselves: the file position left by the previous one does not matter.
+        for offset, payload in reversed(list(iter_records(rec))):
+            assert read_record_at(f, offset, str(rec)) == payload
+        with pytest.raises(RecordIOError, match=rf"a\.rec: no record at byte offset {size} "):
+            read_record_at(f, size, str(rec))
+        with pytest.raises(RecordIOError, match="byte offset 4"):
+            read_record_at(f, 4, str(rec))
 
 
 @pytest.mark.parametrize(

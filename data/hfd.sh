@@ -267,18 +267,33 @@ JQ_ENTRIES='
      (if $flag == "ctl" then ($p | tojson) else $p end)]
   | join("\t")'
 
+# The repo info's `siblings` (asked with ?blobs=true) in the tree API's entry shape, for
+# hubs and mirrors that do not serve the tree API.
+JQ_SIBLINGS_AS_TREE='
+  [.siblings[]? | {type: "file", path: .rfilename, size: (.lfs.size // .size), oid: .blobId,
+                   lfs: (if .lfs then {oid: .lfs.sha256, size: .lfs.size} else null end)}]'
+
 list_repo() {
   local code url next page=0
-  code=$(api_get "$API/revision/$(uri_encode "$REVISION")" "$PRIV/info.json" "$PRIV/info.h")
+  code=$(api_get "$API/revision/$(uri_encode "$REVISION")?blobs=true" "$PRIV/info.json" "$PRIV/info.h")
   [[ $code == 200 ]] || explain_status "$code" "$PRIV/info.h" "the repo listing"
   COMMIT=$(jq -r '.sha // empty' "$PRIV/info.json" 2>/dev/null) || die "the hub's answer for $REPO_ID is not JSON; is HF_ENDPOINT ($ENDPOINT) a hub?"
-  [[ $COMMIT =~ ^[0-9a-f]{40}$ ]] || die "the hub's answer for $REPO_ID has no commit id; is HF_ENDPOINT ($ENDPOINT) a hub?"
   # the paginated tree at the pinned commit: consistent even if the branch moves meanwhile
+  # a mirror that names no commit is read (and downloaded from) at the revision itself
+  [[ $COMMIT =~ ^[0-9a-f]{40}$ ]] || COMMIT=$(uri_encode "$REVISION")
   url="$API/tree/$COMMIT?recursive=true"
   : >"$PRIV/entries.tsv"
   while [[ -n $url ]]; do
     page=$((page + 1))
     code=$(api_get "$url" "$PRIV/page.json" "$PRIV/page.h")
+    if [[ $page == 1 && $code =~ ^(400|404|405|501)$ ]] && jq -e '.siblings | length > 0' "$PRIV/info.json" >/dev/null 2>&1; then
+      # no tree API here: the siblings of the info answer carry the same names, sizes and hashes
+      warn "the hub at $ENDPOINT has no tree listing ($code); using the repo info's file list"
+      jq "$JQ_SIBLINGS_AS_TREE" "$PRIV/info.json" >"$PRIV/page.json" \
+        && jq -r "$JQ_ENTRIES" "$PRIV/page.json" >>"$PRIV/entries.tsv" 2>/dev/null \
+        || die "the hub's repo info for $REPO_ID lists files in an unknown form; is HF_ENDPOINT ($ENDPOINT) a hub?"
+      return 0
+    fi
     [[ $code == 200 ]] || explain_status "$code" "$PRIV/page.h" "the file listing"
     jq -r "$JQ_ENTRIES" "$PRIV/page.json" >>"$PRIV/entries.tsv" 2>/dev/null \
       || die "the hub's file listing (page $page) is not what a hub sends; is HF_ENDPOINT ($ENDPOINT) a hub?"

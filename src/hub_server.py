@@ -346,6 +346,8 @@ class _Handler(BaseHTTPRequestHandler):
                 "downloads": 0, "likes": 0, "lastModified": "2026-01-01T00:00:00.000Z",
                 "siblings": [repo.sibling(f, blobs) for _, f in sorted(repo.files.items())],
             })
+        elif rest.startswith("/tree/") and not self.server.tree_api:
+            self._send(rec, 404, b"Not found\n")
         elif rest.startswith("/tree/"):
             rev, _, sub = rest[len("/tree/"):].partition("/")
             if not self._revision_ok(rec, rev):
@@ -490,6 +492,7 @@ class _HubHTTPServer(ThreadingHTTPServer):
         self.requests: list[RequestRecord] = []
         self.log_lock = threading.Lock()
         self.tree_page_size = TREE_PAGE_SIZE
+        self.tree_api = True
         self._secret = secrets.token_bytes(32)
         self.host, self.port = self.server_address[:2]
 
@@ -526,6 +529,10 @@ class HubServer:
 
     def set_tree_page_size(self, n: int) -> None:
         self._httpd.tree_page_size = n
+
+    def set_tree_api(self, enabled: bool) -> None:
+        """Answer the tree listing with 404, as mirrors that only serve repo info do."""
+        self._httpd.tree_api = enabled
 
     def stop(self) -> None:
         self._httpd.shutdown()

@@ -172,6 +172,25 @@ def test_corrupt_or_missing_files_are_fetched_again(repo_dir: Path, tmp_path: Pa
     assert repo_files(out_dir) == repo_files(repo_dir)
 
 
+def test_hub_without_tree_api_is_listed_from_repo_info(repo_dir: Path, tmp_path: Path):
+    out_dir = tmp_path / "out"
+    with serve_in_background(repo_dir, REPO) as server:
+        server.set_tree_api(False)
+        env = make_env(tmp_path, server.endpoint)
+        r = run_hfd([REPO, "--dataset", "--include", "data/*", "--local-dir", str(out_dir)], env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "no tree listing (404); using the repo info's file list" in r.stderr
+        assert "3 files: 0 already ok, 3 fetched, 0 failed, 0 refused" in r.stdout
+        assert any("/tree/" in q.path and q.status == 404 for q in server.requests)
+    expected = {k: v for k, v in repo_files(repo_dir).items() if k.startswith("data/")}
+    assert repo_files(out_dir) == expected
+    # the sha256 of every LFS shard came from the siblings and was checked
+    r = run_hfd([REPO, "--include", "data/*", "--local-dir", str(out_dir), "--verify-only"],
+                make_env(tmp_path, "http://127.0.0.1:9"))
+    assert r.returncode == 0, r.stderr
+    assert "3 files checked: 3 ok, 0 missing, 0 corrupt" in r.stdout
+
+
 def test_server_sending_wrong_bytes_ends_in_failure(repo_dir: Path, tmp_path: Path):
     faults = Faults(corrupt={SHARD0})
     out_dir = tmp_path / "out"

@@ -559,6 +559,11 @@ for ((round = 1; round <= MAX_ROUNDS && ${#pending[@]} > 0; round++)); do
   failed=()
   for ((b = 0; b < ${#pending[@]}; b += BATCH)); do
     batch=("${pending[@]:b:BATCH}")
+    declare -A size_before=()
+    for i in "${batch[@]}"; do
+      staged=$STAGING/${NAMES[$i]}
+      size_before[$i]=$([[ -f $staged ]] && stat -c %s -- "$staged" || echo 0)
+    done
     download_batch "${batch[@]}"
     while read -r i res; do
       staged=$STAGING/${NAMES[$i]}
@@ -578,8 +583,15 @@ for ((round = 1; round <= MAX_ROUNDS && ${#pending[@]} > 0; round++)); do
         failed+=("$i")
       else
         failed+=("$i") # incomplete: kept, the next round continues it
+        # A partial file that did not grow could not be resumed: the server ignores ranges
+        # (aria2c then refuses, "Invalid range header"). The next round starts it over.
+        if ((size_before[$i] > 0)) && [[ -f $staged ]] && (($(stat -c %s -- "$staged") == size_before[$i])); then
+          warn "${NAMES[$i]}: could not resume (the server may not support ranges); starting it over"
+          rm -f -- "$staged" "$staged.aria2"
+        fi
       fi
     done < <(check_files "$STAGING" "${batch[@]}")
+    unset size_before
     save_state
     say "Progress: $((n_present + n_fetched))/${#NAMES[@]} files verified, ${#failed[@]} to retry"
   done

@@ -89,6 +89,8 @@ class Faults:
     corrupt: names whose content is served with its first byte flipped.
     target: 503s and drops only hit requests whose path contains this ("/cdn/": file
         bodies only, not the API); empty: every request.
+    ignore_range: answer ranged requests with the whole body (200), as servers without
+        range support do; a resuming client must then start the file over.
     """
 
     fail_503: int = 0
@@ -97,6 +99,7 @@ class Faults:
     throttle_bps: float | None = None
     corrupt: set[str] = field(default_factory=set)
     target: str = ""
+    ignore_range: bool = False
     dropped: int = 0  # connections cut so far
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -407,7 +410,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _body(self, rec: RequestRecord, f: RepoFile, headers: dict) -> None:
         start, end = 0, f.size  # [start, end)
         status = 200
-        rng = self.headers.get("Range")
+        rng = None if self.server.faults.ignore_range else self.headers.get("Range")
+        if self.server.faults.ignore_range:
+            headers = {k: v for k, v in headers.items() if k != "Accept-Ranges"}
         if rng and rng.startswith("bytes=") and "," not in rng:
             a, _, b = rng[len("bytes="):].partition("-")
             try:

@@ -139,6 +139,32 @@ def test_resume_after_kill_mid_file(repo_dir: Path, tmp_path: Path, tool: str):
     assert not any((tmp_path / "tmpdir").iterdir())
 
 
+@pytest.mark.parametrize("tool", TOOLS)
+def test_resume_against_a_server_without_ranges_starts_the_file_over(repo_dir: Path, tmp_path: Path, tool: str):
+    # FORMATS.md: a client resuming with Range that gets 200 must start the file over
+    faults = Faults(throttle_bps=150_000)
+    out_dir = tmp_path / "out"
+    args = [REPO, "--dataset", "--tool", tool, "-x", "1", "--local-dir", str(out_dir), "--include", "data/train-00000*"]
+    with serve_in_background(repo_dir, REPO, faults=faults) as server:
+        env = make_env(tmp_path, server.endpoint)
+        proc = subprocess.Popen(["bash", str(HFD), *args], env=env, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_until(lambda: any(r.sent >= 150_000 for r in served(server, 0, "/cdn/")))
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=60)
+        assert (out_dir / ".hfd" / "incomplete" / SHARD0).stat().st_size > 0
+
+        faults.throttle_bps = None
+        faults.ignore_range = True
+        n = len(server.requests)
+        r = run_hfd(args, env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "1 fetched, 0 failed" in r.stdout
+        resumed = served(server, n, "/cdn/")
+        assert resumed and all(x.status == 200 for x in resumed)
+    assert (out_dir / SHARD0).read_bytes() == (repo_dir / SHARD0).read_bytes()
+
+
 def test_corrupt_or_missing_files_are_fetched_again(repo_dir: Path, tmp_path: Path):
     out_dir = tmp_path / "out"
     with serve_in_background(repo_dir, REPO) as server:

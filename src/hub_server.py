@@ -410,8 +410,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _body(self, rec: RequestRecord, f: RepoFile, headers: dict) -> None:
         start, end = 0, f.size  # [start, end)
         status = 200
-        rng = None if self.server.faults.ignore_range else self.headers.get("Range")
+        rng = self.headers.get("Range")
         if self.server.faults.ignore_range:
+            rng = None
             headers = {k: v for k, v in headers.items() if k != "Accept-Ranges"}
         if rng and rng.startswith("bytes=") and "," not in rng:
             a, _, b = rng[len("bytes="):].partition("-")

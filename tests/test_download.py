@@ -108,20 +108,30 @@ def wait_until(pred, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+def partial_args(tool: str, out_dir: Path) -> list[str]:
+    return [REPO, "--dataset", "--tool", tool, "-x", "1", "--local-dir", str(out_dir), "--include", "data/train-00000*"]
+
+
+def kill_mid_file(server, args: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Start hfd.sh, SIGTERM its process group once 150 kB of a body went out; (rc, stderr)."""
+    proc = subprocess.Popen(["bash", str(HFD), *args], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: any(r.sent >= 150_000 for r in served(server, 0, "/cdn/")))
+    os.killpg(proc.pid, signal.SIGTERM)  # like Ctrl-C or a job scheduler's kill
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
 @pytest.mark.parametrize("tool", TOOLS)
 def test_resume_after_kill_mid_file(repo_dir: Path, tmp_path: Path, tool: str):
     # throttled so that the kill lands mid-file; a partial download also shows --include
     faults = Faults(throttle_bps=150_000)
     out_dir = tmp_path / "out"
-    args = [REPO, "--dataset", "--tool", tool, "-x", "1", "--local-dir", str(out_dir), "--include", "data/train-00000*"]
+    args = partial_args(tool, out_dir)
     with serve_in_background(repo_dir, REPO, faults=faults) as server:
         env = make_env(tmp_path, server.endpoint)
-        proc = subprocess.Popen(["bash", str(HFD), *args], env=env, start_new_session=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_until(lambda: any(r.sent >= 150_000 for r in served(server, 0, "/cdn/")))
-        os.killpg(proc.pid, signal.SIGTERM)  # like Ctrl-C or a job scheduler's kill
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode != 0
+        rc, err = kill_mid_file(server, args, env)
+        assert rc != 0
         assert "run the same command again to resume" in err
         assert not (out_dir / SHARD0).exists()  # an incomplete file never appears under its name
         assert (out_dir / ".hfd" / "incomplete" / SHARD0).exists()
@@ -144,14 +154,10 @@ def test_resume_against_a_server_without_ranges_starts_the_file_over(repo_dir: P
     # FORMATS.md: a client resuming with Range that gets 200 must start the file over
     faults = Faults(throttle_bps=150_000)
     out_dir = tmp_path / "out"
-    args = [REPO, "--dataset", "--tool", tool, "-x", "1", "--local-dir", str(out_dir), "--include", "data/train-00000*"]
+    args = partial_args(tool, out_dir)
     with serve_in_background(repo_dir, REPO, faults=faults) as server:
         env = make_env(tmp_path, server.endpoint)
-        proc = subprocess.Popen(["bash", str(HFD), *args], env=env, start_new_session=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_until(lambda: any(r.sent >= 150_000 for r in served(server, 0, "/cdn/")))
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.communicate(timeout=60)
+        kill_mid_file(server, args, env)
         assert (out_dir / ".hfd" / "incomplete" / SHARD0).stat().st_size > 0
 
         faults.throttle_bps = None

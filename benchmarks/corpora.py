@@ -1,4 +1,5 @@
-"""Deterministic text corpora for the tokenizer's equivalence test and benchmark.
+"""Deterministic synthetic data shared by benchmarks and tests: caption corpora for the tokenizer,
+and tiny learnable RecordIO shards for the trainer.
 
 Nothing is downloaded: captions come from templates and word lists, web junk from
 hand-picked hostile fragments (entities, mojibake, controls, emoji, scripts) glued
@@ -9,6 +10,7 @@ same corpus, so a failure can be replayed.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 _ADJ = [
     "red", "old", "beautiful", "small", "Happy", "wooden", "snowy", "sunny", "dark", "tiny", "huge",
@@ -193,3 +195,36 @@ def long_texts(seed: int = 0) -> list[str]:
         "<b>" + "&amp;" * 2000,
         "&amp;" * 2000 + "\n<b>\n" + "&amp;" * 10,
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# records
+
+COLOURS = {
+    "red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220), "yellow": (230, 220, 30),
+    "black": (10, 10, 10), "white": (245, 245, 245), "purple": (140, 30, 160), "orange": (250, 140, 20),
+}
+
+
+def write_colour_records(prefix: Path, n: int, side: int = 40, seed: int = 0) -> Path:
+    """`prefix`.rec/.idx: n noisy flat-colour JPEGs captioned with their colour's name.
+
+    Learnable in a few dozen steps (the loss falls well below ln(batch)), and tiny.
+    """
+    import cv2
+    import numpy as np
+
+    from src.open_alip.tokenizer import tokenize_np
+    from src.recordio import IRHeader, MXIndexedRecordIO, pack
+
+    names = list(COLOURS)
+    tokens = tokenize_np([f"a photo of a {name} square" for name in names]).astype(np.float32)
+    rng = np.random.default_rng(seed)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    with MXIndexedRecordIO(f"{prefix}.idx", f"{prefix}.rec", "w") as rec:
+        for i in range(n):
+            c = i % len(names)
+            img = np.clip(np.array(COLOURS[names[c]][::-1]) + rng.normal(0, 12, (side, side, 3)), 0, 255)
+            jpg = cv2.imencode(".jpg", img.astype(np.uint8), [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
+            rec.write_idx(i, pack(IRHeader(0, tokens[c], i, 0), jpg))
+    return prefix

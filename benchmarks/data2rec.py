@@ -24,10 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from src.convert import ConvertOptions, ImageOptions, convert  # noqa: E402
-from src.recordio import IRHeader, MXIndexedRecordIO, pack_img  # noqa: E402
+from src.convert import ConvertOptions, ImageOptions, convert
+from src.recordio import IRHeader, MXIndexedRecordIO, pack_img
 
 
 def make_crops(photos: list[Path], count: int, target_kb: int = 45) -> list[bytes]:

@@ -1,7 +1,7 @@
 """Download throughput from the local hub server: data/hfd.sh with aria2c and with wget
 versus huggingface_hub.snapshot_download (the baseline), on the same LFS files.
 
-    .venv/bin/python benchmarks/download.py [--files 4] [--size-mb 32] [--repeat 2]
+    .venv/bin/python -m benchmarks.download [--files 4] [--size-mb 32] [--repeat 2]
 
 Prints MB/s of each method (best of --repeat runs) and its ratio to snapshot_download, in
 two settings: plain loopback (client CPU overhead; no network limits at all) and with each
@@ -21,11 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from src.hub_server import serve_in_background
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from src.hub_server import serve_in_background  # noqa: E402
-
 REPO = "bench/shards"
 HF_SNAPSHOT = (
     "import sys; from huggingface_hub import snapshot_download; "

@@ -10,8 +10,8 @@ it is the steadier figure on a machine shared with other jobs.
 Without --data it writes synthetic photo-like JPEGs (YFCC-like size) to a
 temporary folder.
 
-  python benchmarks/loader.py                      # synthetic shards
-  python benchmarks/loader.py --data /data/rec/    # your shards
+  python -m benchmarks.loader                      # synthetic shards
+  python -m benchmarks.loader --data /data/rec/    # your shards
 """
 
 from __future__ import annotations
@@ -23,13 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import cv2
+import numpy as np
 
-import cv2  # noqa: E402
-import numpy as np  # noqa: E402
-
-from dataloaders.imagenet import build_loader  # noqa: E402
-from src.recordio import IRHeader, MXIndexedRecordIO, pack  # noqa: E402
+from dataloaders.imagenet import build_loader
+from src.recordio import IRHeader, MXIndexedRecordIO, pack
 
 
 def synthetic_shards(folder: Path, records: int, shards: int = 2, size: tuple[int, int] = (500, 375)) -> Path:

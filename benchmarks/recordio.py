@@ -5,7 +5,7 @@ writer can reach), a straightforward pure-Python writer that checks every
 4-byte word for the magic (what the fast path avoids), and optionally real
 MXNet 1.9.1 (`--mxnet-python .cache/venvs/mxnet/bin/python`).
 
-    .venv/bin/python benchmarks/recordio.py [--records 1000] [--size 45000]
+    .venv/bin/python -m benchmarks.recordio [--records 1000] [--size 45000]
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from src import recordio  # noqa: E402
+from src import recordio
 
 MAGIC = struct.pack("<I", 0xCED7230A)
 

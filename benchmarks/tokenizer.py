@@ -3,7 +3,7 @@
 The reference is open_clip's own tokenizer module, loaded by file path into this
 process (it needs torch, ftfy and regex, which the project venv has; open_clip
 itself is not installed here). By default its file comes from the test oracle venv
-(tests/_tokenizer_oracle.py builds it on first use, about a minute); `--reference`
+(benchmarks/oracles.py builds it on first use, about a minute); `--reference`
 takes any open_clip/tokenizer.py.
 
 Each round times (thread CPU time) a fresh instance of each tokenizer over the
@@ -11,8 +11,8 @@ whole corpus in batches, twice: the first pass starts with empty caches (ours an
 the reference's BPE cache), the second shows the steady state of a long run. The
 median round is reported. Outputs are compared before timing.
 
-    .venv/bin/python benchmarks/tokenizer.py                 # synthetic captions, 15% non-ASCII
-    .venv/bin/python benchmarks/tokenizer.py --texts caps.txt  # one caption per line
+    .venv/bin/python -m benchmarks.tokenizer                 # synthetic captions, 15% non-ASCII
+    .venv/bin/python -m benchmarks.tokenizer --texts caps.txt  # one caption per line
 """
 
 from __future__ import annotations
@@ -21,14 +21,11 @@ import argparse
 import importlib.util
 import os
 import statistics
-import sys
 import sysconfig
 import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
 
 def _pin_one_core() -> None:
@@ -39,7 +36,7 @@ def _pin_one_core() -> None:
 
 def _load_reference(path: Path | None):
     if path is None:
-        from tests._tokenizer_oracle import reference_python
+        from benchmarks.oracles import reference_python
 
         python = reference_python()
         purelib = sysconfig.get_paths(vars={"base": str(python.parent.parent), "platbase": str(python.parent.parent)})
@@ -91,8 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
+    from benchmarks.corpora import caption_corpus
     from src.open_alip.tokenizer import SimpleTokenizer
-    from tests._tokenizer_corpus import caption_corpus
 
     if args.texts:
         texts, source = _read_texts(args.texts, args.num), str(args.texts)

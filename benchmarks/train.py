@@ -18,21 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-
-from src.open_alip import ClipLoss, create_model  # noqa: E402
-from src.training.distributed import DistEnv  # noqa: E402
-from src.training.loop import Trainer  # noqa: E402
-from src.training.schedule import build_scheduler  # noqa: E402
+from benchmarks.corpora import write_colour_records
+from src.open_alip import ClipLoss, create_model
+from src.training.distributed import DistEnv
+from src.training.loop import Trainer
+from src.training.schedule import build_scheduler
 
 
 def _batches(n: int, batch: int, side: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -88,8 +84,6 @@ def bench_trainer(cfg: dict, batches, batch: int, warmup: int, accum: int = 1) -
 
 
 def bench_train_py(cfg_name: str, precision: str, batch: int, steps: int, workers: int) -> float:
-    from _train_helpers import write_colour_records
-
     from src.training.main import run
     from src.training.params import parse_args
 

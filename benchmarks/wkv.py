@@ -12,8 +12,8 @@ resident set at once; after one warm-up pass the child resets the kernel's
 resident-set high-water mark (writing 5 to /proc/self/clear_refs) and reports
 VmHWM - VmRSS around the measured pass: the peak of live memory, at page granularity.
 
-    python benchmarks/wkv.py                         # CPU, both shapes
-    python benchmarks/wkv.py --device cuda --train-step --train-batch 256
+    python -m benchmarks.wkv                         # CPU, both shapes
+    python -m benchmarks.wkv --device cuda --train-step --train-batch 256
 """
 
 from __future__ import annotations
@@ -27,13 +27,11 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from src.open_alip.wkv import IMPLEMENTATIONS
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-import torch  # noqa: E402
-
-from src.open_alip.wkv import IMPLEMENTATIONS  # noqa: E402
 
 IMPLS = ("reference", "chunked")
 SHAPES = {
@@ -98,8 +96,9 @@ def memory_child(impl: str, shape_name: str) -> None:
 def cpu_peak_memory(impl: str, shape_name: str) -> int:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "16384"}
     out = subprocess.run(
-        [sys.executable, __file__, "--_memory-child", impl, shape_name],
+        [sys.executable, "-m", "benchmarks.wkv", "--_memory-child", impl, shape_name],
         env=env,
+        cwd=REPO_ROOT,
         check=True,
         capture_output=True,
         text=True,

@@ -1,6 +1,5 @@
 """Small real inputs for the data2rec tests: images of every odd kind, hub parquet, tars, readers."""
 
-from __future__ import annotations
 
 import io
 import struct

@@ -5,7 +5,6 @@ CLIP tokens of "photo number <id> caption <j>", so a test can tell records (and
 which caption was chosen) apart after decoding.
 """
 
-from __future__ import annotations
 
 from pathlib import Path
 

@@ -1,7 +1,6 @@
 """Shared pieces of the RecordIO tests: test records, a spec-literal reference
 encoder, and the script that drives real MXNet 1.9.1 as the format oracle."""
 
-from __future__ import annotations
 
 import json
 import struct

@@ -1,10 +1,10 @@
-"""Shared pieces of the training tests: a toy CLIP model, gloo workers, tiny .rec data.
+"""Shared pieces of the training tests: a toy CLIP model and gloo workers.
 
 The workers run in processes started by torch.multiprocessing.spawn; they import this
-module by name (the parent's sys.path, which pytest extends with tests/, is passed on).
+module as `tests._train_helpers` (spawn passes the parent's sys.path on, which pytest's
+`pythonpath` setting starts at the repository root).
 """
 
-from __future__ import annotations
 
 import math
 import os
@@ -69,33 +69,3 @@ def run_guarded(fn, rank: int, out: Path, *args) -> None:
 
 def grads_of(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-COLOURS = {
-    "red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220), "yellow": (230, 220, 30),
-    "black": (10, 10, 10), "white": (245, 245, 245), "purple": (140, 30, 160), "orange": (250, 140, 20),
-}
-
-
-def write_colour_records(prefix: Path, n: int, side: int = 40, seed: int = 0) -> Path:
-    """`prefix`.rec/.idx: n noisy flat-colour JPEGs captioned with their colour's name.
-
-    Learnable in a few dozen steps (the loss falls well below ln(batch)), and tiny.
-    """
-    import cv2
-    import numpy as np
-
-    from src.open_alip.tokenizer import tokenize_np
-    from src.recordio import IRHeader, MXIndexedRecordIO, pack
-
-    names = list(COLOURS)
-    tokens = tokenize_np([f"a photo of a {name} square" for name in names]).astype(np.float32)
-    rng = np.random.default_rng(seed)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    with MXIndexedRecordIO(f"{prefix}.idx", f"{prefix}.rec", "w") as rec:
-        for i in range(n):
-            c = i % len(names)
-            img = np.clip(np.array(COLOURS[names[c]][::-1]) + rng.normal(0, 12, (side, side, 3)), 0, 255)
-            jpg = cv2.imencode(".jpg", img.astype(np.uint8), [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
-            rec.write_idx(i, pack(IRHeader(0, tokens[c], i, 0), jpg))
-    return prefix

@@ -1,6 +1,5 @@
 """dali.py, the loader smoke test: real shards, real DALI CPU pipelines."""
 
-from __future__ import annotations
 
 import subprocess
 import sys

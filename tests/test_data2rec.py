@@ -1,7 +1,6 @@
 """data2rec end to end: every input kind to shards, read back by our reader, DALI and real MXNet;
 bad inputs reported, multi-machine splits, kill-and-resume of a real subprocess, verify, CLI errors."""
 
-from __future__ import annotations
 
 import hashlib
 import json
@@ -14,7 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _data2rec_helpers import (
+
+from benchmarks.oracles import mxnet_python, run_oracle
+from src.convert import ConvertOptions, SourceOptions, convert, find_shards, verify
+from src.open_alip import tokenize_np
+from tests._data2rec_helpers import (
     bad_images,
     jpeg,
     odd_images,
@@ -23,10 +26,6 @@ from _data2rec_helpers import (
     write_hub_parquet,
     write_tar,
 )
-
-from src.convert import ConvertOptions, SourceOptions, convert, find_shards, verify
-from src.open_alip import tokenize_np
-from tests.venvs import mxnet_python, run_oracle
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, str(REPO / "data2rec.py")]

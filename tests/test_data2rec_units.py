@@ -1,6 +1,5 @@
 """data2rec building blocks: image gate, caption tokens, and each input reader on its own."""
 
-from __future__ import annotations
 
 import io
 import json
@@ -10,7 +9,14 @@ import tracemalloc
 import numpy as np
 import pyarrow as pa
 import pytest
-from _data2rec_helpers import (
+from PIL import Image
+
+from src.convert.captions import CaptionRejected, check_tokens, tokenize_captions
+from src.convert.images import VALIDATE_LEVELS, ImageOptions, ImageRejected, prepare_image, sniff
+from src.convert.sources import InputError, SourceOptions, detect_kind, make_source
+from src.convert.sources.folder import caption_candidates
+from src.open_alip import tokenize_np
+from tests._data2rec_helpers import (
     bad_images,
     jpeg,
     odd_images,
@@ -20,13 +26,6 @@ from _data2rec_helpers import (
     write_hub_parquet,
     write_tar,
 )
-from PIL import Image
-
-from src.convert.captions import CaptionRejected, check_tokens, tokenize_captions
-from src.convert.images import VALIDATE_LEVELS, ImageOptions, ImageRejected, prepare_image, sniff
-from src.convert.sources import InputError, SourceOptions, detect_kind, make_source
-from src.convert.sources.folder import caption_candidates
-from src.open_alip import tokenize_np
 
 
 def _open(data: bytes) -> Image.Image:

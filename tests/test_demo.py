@@ -1,7 +1,6 @@
 """The demo: scene generator, hub-format corpus, figures, step failures, and `demo.py --quick`
 end to end (every real stage: local hub + hfd.sh, data2rec, DALI, torchrun train.py, eval CLIs)."""
 
-from __future__ import annotations
 
 import io
 import json

@@ -2,7 +2,6 @@
 aria2c, wget and curl: complete and verified downloads, retries, resume after a kill,
 re-fetch of corrupt files, hostile names, token hygiene and argument errors."""
 
-from __future__ import annotations
 
 import hashlib
 import os

@@ -2,7 +2,6 @@
 retrieval.py CLIs end to end (their JSON must match the library's numbers), their one-line
 errors, dataset-spec resolution and the train.py epoch hook."""
 
-from __future__ import annotations
 
 import json
 import pickle

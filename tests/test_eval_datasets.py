@@ -1,7 +1,6 @@
 """Evaluation dataset readers on small generated fixtures in each on-disk format, and the eval
 preprocessing (shorter-side bicubic resize, centre crop, CLIP normalisation)."""
 
-from __future__ import annotations
 
 import csv
 import json

@@ -1,6 +1,5 @@
 """Zero-shot metrics against hand-computed examples, result files and the bundled metadata."""
 
-from __future__ import annotations
 
 import json
 

@@ -1,7 +1,6 @@
 """The local hub server: faithful enough that the real huggingface_hub client works against it,
 and its fault injection does what the downloader tests rely on."""
 
-from __future__ import annotations
 
 import hashlib
 import http.client

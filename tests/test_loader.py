@@ -1,6 +1,5 @@
 """The DALI loader (real CPU pipelines) and the PyTorch fallback, on small shards written here."""
 
-from __future__ import annotations
 
 import os
 from collections import Counter

@@ -1,7 +1,6 @@
 """ClipLoss: the math on one process, and 2 real gloo processes with batch B each
 against 1 process with batch 2B (loss, gradients, and whole optimizer steps)."""
 
-from __future__ import annotations
 
 import math
 
@@ -9,12 +8,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from _train_helpers import ToyClip, free_port, grads_of, run_guarded, set_torchrun_env, toy_batch
 
 from src.open_alip.loss import ClipLoss
 from src.training.distributed import DistEnv, all_reduce_mean, cleanup, init_distributed
 from src.training.loop import Trainer
 from src.training.schedule import build_scheduler
+from tests._train_helpers import ToyClip, free_port, grads_of, run_guarded, set_torchrun_env, toy_batch
 
 B = 3  # per-rank batch
 MODES = {  # name -> (local_loss, gather_with_grad); the exact ones

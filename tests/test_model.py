@@ -1,7 +1,5 @@
 """RWKV-CLIP model: layout against the released checkpoints, numerics against a float64 reference."""
 
-from __future__ import annotations
-
 import json
 import math
 from pathlib import Path

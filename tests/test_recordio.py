@@ -1,7 +1,6 @@
 """Tests of src/recordio.py: round trips, the multi-part rule, corrupt input, and
 agreement with the real tools (MXNet 1.9.1 as the format oracle, DALI's reader)."""
 
-from __future__ import annotations
 
 import json
 import os
@@ -17,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.oracles import mxnet_python, run_oracle
 from src import recordio
 from src.recordio import (
     IRHeader,
@@ -37,7 +37,6 @@ from tests._recordio_helpers import (
     record_specs,
     reference_encode,
 )
-from tests.venvs import mxnet_python, run_oracle
 
 MAGIC = struct.pack("<I", 0xCED7230A)
 
@@ -153,10 +152,9 @@ def test_pickled_reader_reopens_and_writer_refuses(tmp_path):
 # started DALI's threads, could deadlock the child. Exit status 0 = all checks held.
 FORK_SCRIPT = r"""
 import os, sys
-sys.path.insert(0, sys.argv[1])
 from src.recordio import MXIndexedRecordIO, MXRecordIO
 assert "cv2" not in sys.modules  # OpenCV is imported only by pack_img/unpack_img
-d = sys.argv[2]
+d = sys.argv[1]
 
 def in_child(fn):
     pid = os.fork()
@@ -196,7 +194,8 @@ assert [r.read(), r.read()] == [b"parent", None]
 
 def test_forked_children_reopen_readers_and_refuse_writers(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-c", FORK_SCRIPT, str(Path(__file__).resolve().parent.parent), str(tmp_path)],
+        [sys.executable, "-c", FORK_SCRIPT, str(tmp_path)],
+        cwd=Path(__file__).resolve().parent.parent,  # `-c` puts the working directory on the path
         capture_output=True,
         text=True,
         timeout=120,

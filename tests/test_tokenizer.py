@@ -1,10 +1,9 @@
 """The CLIP tokenizer must give open_clip's ids on any text, and fail clearly on non-text.
 
 The reference is the real open_clip tokenizer (with ftfy 6.3.1) in an isolated venv,
-see tests/_tokenizer_oracle.py. Corpora are generated here, deterministically.
+see benchmarks/oracles.py. Corpora come from benchmarks/corpora.py, deterministically.
 """
 
-from __future__ import annotations
 
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.corpora import FRAGMENTS, caption_corpus, junk_corpus, long_texts
+from benchmarks.oracles import REPO_ROOT, ReferenceTokenizer, reference_python
 from src.open_alip import tokenizer as tok_mod
 from src.open_alip.tokenizer import (
     EOT_TOKEN,
@@ -24,9 +25,6 @@ from src.open_alip.tokenizer import (
     tokenize,
     tokenize_np,
 )
-from tests._tokenizer_corpus import FRAGMENTS, caption_corpus, junk_corpus, long_texts
-from tests._tokenizer_oracle import ReferenceTokenizer, reference_python
-from tests.venvs import REPO_ROOT
 
 HYPOTHESIS = settings(
     max_examples=200, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -2,7 +2,6 @@
 a real kill and `--resume latest` reproduce the uninterrupted losses, 2 gloo processes
 under torchrun, and the guards (NaN loss, wrong --train-num-samples, bad input)."""
 
-from __future__ import annotations
 
 import json
 import math
@@ -15,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from _train_helpers import write_colour_records
+
+from benchmarks.corpora import write_colour_records
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable

@@ -1,7 +1,6 @@
 """The launch scripts: torchrun's rendezvous from environment variables, the original's
 hyper-parameters, pass-through flags, and clear errors (DRY_RUN prints the command)."""
 
-from __future__ import annotations
 
 import os
 import shlex

@@ -1,6 +1,5 @@
 """Training pieces on one process: accumulation, guards, schedule, checkpoints, params."""
 
-from __future__ import annotations
 
 import math
 import random
@@ -8,7 +7,6 @@ import random
 import numpy as np
 import pytest
 import torch
-from _train_helpers import ToyClip, grads_of, toy_batch
 
 from src.open_alip.loss import ClipLoss
 from src.training import checkpoint as ck
@@ -17,6 +15,7 @@ from src.training.loop import LOGIT_SCALE_MAX, NonFiniteLossError, Trainer, make
 from src.training.observe import Throughput, format_duration
 from src.training.params import build_parser, check_args, resolve_model_config
 from src.training.schedule import build_scheduler, lr_factor, warmup_steps_from
+from tests._train_helpers import ToyClip, grads_of, toy_batch
 
 CPU = DistEnv(0, 0, 1, torch.device("cpu"), None)
 

@@ -1,6 +1,5 @@
 """The bidirectional WKV-6 operator: both implementations against the pair formula."""
 
-from __future__ import annotations
 
 import pytest
 import torch

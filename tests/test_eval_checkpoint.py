@@ -52,7 +52,7 @@ def trained(tmp_path_factory) -> dict:
 
 
 def _train_and_write(root: Path) -> dict:
-    from dataloaders.eval_datasets import preprocess_pil
+    from src.evaluation.datasets import preprocess_pil
     from src.open_alip import ClipLoss
 
     torch.manual_seed(0)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dataloaders.eval_datasets import (
+from src.evaluation.datasets import (
     CLIP_MEAN,
     CLIP_STD,
     EvalDataError,

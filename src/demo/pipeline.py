@@ -273,7 +273,7 @@ class Demo:
         descriptions = all_descriptions()
         with torch.no_grad():
             text = encode_texts(model, descriptions, device)
-            from dataloaders.eval_datasets import load_rgb, preprocess_pil
+            from src.evaluation.datasets import load_rgb, preprocess_pil
 
             images = torch.stack([preprocess_pil(load_rgb(data.images[i]), input_size) for i in picks])
             image_emb = torch.nn.functional.normalize(model.encode_image(images).float(), dim=-1)

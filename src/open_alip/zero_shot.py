@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dataloaders.eval_datasets import (
+from src.evaluation.datasets import (
     ClassificationData,
     EvalDataError,
     RetrievalData,

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from src import eval_cli
+from src.evaluation import cli as eval_cli
 
 EPILOG = """\
 dataset forms (NAME=PATH):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from src import eval_cli
+from src.evaluation import cli as eval_cli
 
 EPILOG = """\
 dataset forms (NAME=PATH; the kind follows from the name or the path):

@@ -54,7 +54,7 @@ def _configure(args: argparse.Namespace, specs: list) -> None:
 
 
 def _evaluate(args: argparse.Namespace, model, spec, input_size: int, device) -> dict:
-    from src.open_alip.zero_shot import evaluate_retrieval
+    from src.evaluation.run import evaluate_retrieval
 
     return evaluate_retrieval(
         model, spec, input_size, device, args.batch_size, args.workers,

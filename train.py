@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         hooks = []
         if args.zeroshot_data:
-            from src.open_alip.zero_shot import zero_shot_epoch_hook
+            from src.evaluation.run import zero_shot_epoch_hook
 
             # Built (and its data read) before training, so a wrong path fails at once.
             hooks.append(zero_shot_epoch_hook(args.zeroshot_data, frequency=args.zeroshot_frequency))

@@ -49,7 +49,7 @@ def _usage_error(args: argparse.Namespace) -> str | None:
 
 
 def _configure(args: argparse.Namespace, specs: list) -> None:
-    from src.open_alip.zero_shot import parse_name_map
+    from src.evaluation.run import parse_name_map
 
     classnames = parse_name_map(args.classnames, "--classnames")
     templates = parse_name_map(args.templates, "--templates")
@@ -59,7 +59,7 @@ def _configure(args: argparse.Namespace, specs: list) -> None:
 
 
 def _evaluate(args: argparse.Namespace, model, spec, input_size: int, device) -> dict:
-    from src.open_alip.zero_shot import evaluate_classification
+    from src.evaluation.run import evaluate_classification
 
     return evaluate_classification(
         model, spec, input_size, device, args.batch_size, args.workers, progress=not args.no_progress

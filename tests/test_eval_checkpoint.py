@@ -22,7 +22,7 @@ from src.demo.corpus import write_classification_set, write_retrieval_set
 from src.demo.scenes import DEMO_TEMPLATES, draw_scene, random_scene
 from src.open_alip.model import create_model
 from src.open_alip.tokenizer import tokenize
-from src.open_alip.zero_shot import (
+from src.evaluation.run import (
     EvalDataError,
     build_class_embeddings,
     evaluate_classification,
@@ -132,7 +132,7 @@ def test_zero_shot_cli_matches_library(trained, tmp_path, capsys):
     model = load_eval_model(CONFIG, trained["checkpoint"], torch.device("cpu"))
     spec = load_classification_data(f"scenes={trained['tree']}")[0]
     assert spec.classnames[0] == "blue circle"  # folder names blue_circle, ... sorted
-    from src.open_alip.zero_shot import DatasetSpec
+    from src.evaluation.run import DatasetSpec
 
     mine = evaluate_classification(
         model, DatasetSpec("scenes", trained["tree"], templates=trained["templates"]), SIZE, "cpu", batch_size=5

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from src.open_alip.zero_shot import (
+from src.evaluation.run import (
     classification_metrics,
     format_table,
     list_metadata,

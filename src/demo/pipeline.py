@@ -254,7 +254,7 @@ class Demo:
 
         from src.demo import report
         from src.demo.scenes import all_descriptions
-        from src.open_alip.zero_shot import encode_texts, evaluate_classification, load_eval_model
+        from src.evaluation.run import encode_texts, evaluate_classification, load_eval_model
 
         points = report.read_loss_points(self.out / "train" / "metrics.jsonl")
         global_batch = self.s.batch_size * self.s.processes

@@ -54,7 +54,7 @@ def run(
     A bad input ends the run with one `PROG: error: ...` line and exit status 2, not a traceback.
     """
     from src.open_alip.model import CheckpointMismatchError
-    from src.open_alip.zero_shot import (
+    from src.evaluation.run import (
         EvalDataError,
         format_table,
         load_eval_model,

@@ -33,7 +33,7 @@ from src.evaluation.datasets import (
     read_manifest_retrieval,
 )
 
-DATA_DIR = Path(__file__).resolve().parent / "zero_shot_data"
+DATA_DIR = Path(__file__).resolve().parents[1] / "open_alip" / "zero_shot_data"
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 # Names the original scripts use for the same bundled metadata.
 ALIASES = {"imagenet": "imagenet1k", "cars": "stanford_car", "fgvc_aircraft": "aircraft", "flowers102": "flowers"}

@@ -1,7 +1,7 @@
 """Which `.rec/.idx` shards a loader reads, and the one combined index DALI needs.
 
 DALI's `fn.readers.mxnet` takes many `.rec` files but exactly one index whose
-offsets run over the files as if concatenated (FORMATS.md section 1), and it reads
+offsets run over the files as if concatenated (docs/formats.md, section 1), and it reads
 records in offset order whatever the line order. So the order of records here
 (shard after shard, each by ascending offset) is the order DALI sees; both
 loader backends index records by that position.
@@ -18,12 +18,13 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from src.errors import UserError
+from src.fsutil import atomic_open
 from src.recordio import RecordIOError, read_index
 
 __all__ = ["Shard", "ShardError", "ShardSet", "default_cache_dir", "load_shards", "resolve_shards"]
@@ -34,7 +35,7 @@ _GLOB_CHARS = re.compile(r"[*?\[]")
 _CACHE_VERSION = 1
 
 
-class ShardError(ValueError):
+class ShardError(UserError):
     """The loader's input is missing, empty, unmatched or corrupt (message is one line)."""
 
 
@@ -198,29 +199,15 @@ def _read_shard_index(shard: Shard) -> tuple[np.ndarray, np.ndarray]:
     return keys, offsets
 
 
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _write_combined(path: Path, shards: list[Shard], offsets: np.ndarray, counts: np.ndarray) -> None:
     bases = np.repeat(np.concatenate([[0], np.cumsum([s.rec.stat().st_size for s in shards])[:-1]]), counts)
     combined = (offsets + bases).tolist()
 
-    def write(f):
+    with atomic_open(path, "wb") as f:
         # Keys are record numbers: unique even when shards reuse keys; DALI ignores them anyway.
         for lo in range(0, len(combined), 1 << 20):
             chunk = combined[lo:lo + (1 << 20)]
             f.write("".join(f"{lo + i}\t{o}\n" for i, o in enumerate(chunk)).encode())
-
-    _atomic_write(path, write)
 
 
 def load_shards(data, cache_dir: str | os.PathLike[str] | None = None) -> ShardSet:
@@ -248,7 +235,8 @@ def load_shards(data, cache_dir: str | os.PathLike[str] | None = None) -> ShardS
         _write_combined(idx_path, shards, offsets, counts)
         # counts goes last: its presence marks a complete cache entry.
         for name, value in (("keys", keys), ("offsets", offsets), ("counts", counts)):
-            _atomic_write(arrays[name], lambda f, v=value: np.save(f, v))
+            with atomic_open(arrays[name], "wb") as f:
+                np.save(f, value)
     except OSError as e:
         raise ShardError(f"{cache}: cannot write the combined index cache ({e.strerror}); "
                          "set RWKV_CLIP_CACHE to a writable folder") from None

@@ -5,7 +5,7 @@ Two uses: (1) a mirror for a cluster (download a dataset once, then point every 
 fault injection (dropped connections, 503s, throttling, hostile file names) driven from
 Python through :class:`Faults`.
 
-The server implements the part of the hub API that downloaders use (FORMATS.md §4):
+The server implements the part of the hub API that downloaders use (docs/formats.md §4):
 repo info (``?blobs=true``), the paginated tree listing, and ``resolve`` URLs. LFS files
 answer ``resolve`` with a 302 to a signed "CDN" URL on a second host name, like the real
 hub, so clients must handle cross-host redirects and must not forward their token.
@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from src.fsutil import atomic_write_text
 
 # Extensions the hub's default .gitattributes sends to LFS; any file at or above
 # LFS_THRESHOLD is LFS too (the hub rejects larger regular files).
@@ -589,12 +591,6 @@ def serve_in_background(
     return HubServer(httpd)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m src.hub_server",
@@ -603,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         "`export HF_ENDPOINT=<printed URL>` and use data/hfd.sh or huggingface_hub as usual. "
         "Files of 10 MiB or more and binary types such as *.parquet are served as LFS files "
         "(sha256 checked by clients); hashes already verified by data/hfd.sh are reused.",
+        allow_abbrev=False,
     )
     p.add_argument("--root", required=True, type=Path, help="folder to serve (its files become the repo's files)")
     p.add_argument("--repo-id", required=True, help="repo id to answer to, ORG/NAME (e.g. Kaichengalex/YFCC15M)")
@@ -647,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
           f"from {a.root.resolve()}", flush=True)
     print(f"Endpoint: {endpoint}\n  export HF_ENDPOINT={endpoint}", flush=True)
     if a.port_file:
-        _write_atomic(a.port_file, endpoint + "\n")
+        atomic_write_text(a.port_file, endpoint + "\n")
     try:
         while True:
             time.sleep(3600)

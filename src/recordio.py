@@ -3,7 +3,7 @@
 A drop-in for `mxnet.recordio` 1.9.1: the same names, argument order and
 results, and files that are byte-identical to the ones MXNet writes for the
 same calls (the on-disk layout, multi-part records included, is described in
-FORMATS.md section 1). Scripts switch by changing one import::
+docs/formats.md section 1). Scripts switch by changing one import::
 
     from src import recordio  # instead of: from mxnet import recordio
 
@@ -33,6 +33,9 @@ from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
 import numpy as np
+
+from src.errors import UserError
+from src.fsutil import atomic_open
 
 __all__ = [
     "IRHeader",
@@ -67,12 +70,12 @@ _NUMPY_SCAN_MIN = 8192
 _WRITE_BUFFER = 1 << 20
 
 
-class RecordIOError(ValueError):
+class RecordIOError(UserError):
     """A `.rec` or `.idx` file (or a packed record) is truncated or corrupt."""
 
 
 IRHeader = namedtuple("HEADER", ["flag", "label", "id", "id2"])
-IRHeader.__doc__ = """Header of an image record: flag, label, id, id2 (see FORMATS.md)."""
+IRHeader.__doc__ = """Header of an image record: flag, label, id, id2 (see docs/formats.md)."""
 
 # MXNet uses native 'IfQQ'; on little-endian machines (all MXNet ever shipped for)
 # that is exactly '<IfQQ', which also keeps files portable.
@@ -491,16 +494,8 @@ def read_index(idx_path: str | os.PathLike[str]) -> list[tuple[int, int]]:
 
 def write_index(idx_path: str | os.PathLike[str], entries: Iterable[tuple[Any, int]]) -> None:
     """Write (key, offset) pairs as an `.idx` file, atomically (temp name, then rename)."""
-    path = os.fspath(idx_path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8", buffering=_WRITE_BUFFER) as f:
-            f.writelines(f"{key}\t{offset}\n" for key, offset in entries)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(idx_path, "w", buffering=_WRITE_BUFFER) as f:
+        f.writelines(f"{key}\t{offset}\n" for key, offset in entries)
 
 
 def read_record_at(f: BinaryIO, offset: int, path: str) -> bytes:

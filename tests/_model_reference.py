@@ -1,4 +1,4 @@
-"""An independent float64 RWKV-CLIP, written from ARCHITECTURE.md for the tests.
+"""An independent float64 RWKV-CLIP, written from docs/model.md for the tests.
 
 Deliberately naive and shaped differently from the library: plain functions over a
 state_dict, explicit loops over positions and heads, einsum over the formulas. It is

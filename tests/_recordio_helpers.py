@@ -11,7 +11,7 @@ MAGIC = struct.pack("<I", 0xCED7230A)
 
 
 def reference_encode(data: bytes) -> bytes:
-    """FORMATS.md section 1, read literally and slowly: the bytes one record occupies."""
+    """docs/formats.md section 1, read literally and slowly: the bytes one record occupies."""
     parts, start = [], 0
     for i in range(0, len(data) - 3, 4):
         if data[i : i + 4] == MAGIC:

@@ -150,7 +150,7 @@ def test_resume_after_kill_mid_file(repo_dir: Path, tmp_path: Path, tool: str):
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_resume_against_a_server_without_ranges_starts_the_file_over(repo_dir: Path, tmp_path: Path, tool: str):
-    # FORMATS.md: a client resuming with Range that gets 200 must start the file over
+    # docs/formats.md §4: a client resuming with Range that gets 200 must start the file over
     faults = Faults(throttle_bps=150_000)
     out_dir = tmp_path / "out"
     args = partial_args(tool, out_dir)

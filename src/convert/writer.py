@@ -11,7 +11,7 @@ import numpy as np
 from ..recordio import MXIndexedRecordIO
 
 TMP_SUFFIX = ".tmp"
-_IR = struct.Struct("<IfQQ")  # IRHeader: flag, label, id, id2 (FORMATS.md section 1)
+_IR = struct.Struct("<IfQQ")  # IRHeader: flag, label, id, id2 (docs/formats.md, section 1)
 
 
 def pack_record(tokens: np.ndarray, sample_id: int, id2: int, payload: bytes) -> bytes:

@@ -1,6 +1,6 @@
 """Write the demo's data: a training corpus in the hub's parquet format and held-out eval sets.
 
-Training rows follow FORMATS.md §2 (the YFCC15M release): ``images`` is a struct
+Training rows follow docs/formats.md §2 (the YFCC15M release): ``images`` is a struct
 ``{bytes: JPEG, path}``, ``texts`` is ``list<float32>`` of K*77 CLIP token ids (K captions, here
 different phrasings of the same scene). The held-out sets use formats the evaluation CLIs read
 from disk: an ImageFolder tree (class sub-folders) for classification and a Karpathy-split JSON
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import random
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from src.demo.scenes import CAPTION_FORMS, DEMO_TEMPLATES, classnames, draw_scene, random_scene
+from src.fsutil import atomic_path, atomic_write_json
 
 CONTEXT_LENGTH = 77
 # Seeds of the held-out streams differ from training so no eval image is a training image.
@@ -34,9 +34,8 @@ def _jpeg(img, quality: int = 92) -> bytes:
 
 
 def _atomic_write_table(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
 
 
 def write_hub_corpus(
@@ -115,8 +114,4 @@ def write_retrieval_set(out_dir: Path | str, num_images: int, seed: int = 0, ima
         draw_scene(scene, image_size).save(out_dir / "images" / name, quality=92)
         sentences = [{"raw": scene.caption(form)} for form in range(len(CAPTION_FORMS))]
         entries.append({"filename": name, "filepath": "images", "imgid": i, "split": "test", "sentences": sentences})
-    path = out_dir / "dataset_scenes.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"dataset": "scenes", "images": entries}))
-    os.replace(tmp, path)
-    return path
+    return atomic_write_json(out_dir / "dataset_scenes.json", {"dataset": "scenes", "images": entries}, indent=None)

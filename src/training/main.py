@@ -7,8 +7,6 @@ set-up, resume, the epoch loop, clean-up.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import time
 from collections.abc import Callable
@@ -20,9 +18,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from src.fsutil import atomic_write_json
+from src.open_alip.model import strip_wrapper_prefixes, unwrap_model
 from src.training import checkpoint as ckpt_io
 from src.training.distributed import DistEnv, barrier, broadcast_object, cleanup, init_distributed
-from src.training.loop import NonFiniteLossError, Trainer, make_grad_scaler, unwrap
+from src.training.errors import NonFiniteLossError, TrainingError
+from src.training.loop import Trainer, make_grad_scaler
 from src.training.observe import LOG, RunLog, Throughput, format_duration, setup_logging
 from src.training.params import check_args, resolve_model_config
 from src.training.schedule import build_scheduler
@@ -33,10 +34,6 @@ from src.training.schedule import build_scheduler
 # this epoch is one to evaluate (e.g. from args.zeroshot_frequency) and may return None.
 # train.py passes `run(args, epoch_end_hooks=[...])`; the zero-shot evaluation plugs in here.
 EpochEndHook = Callable[[nn.Module, int, argparse.Namespace, DistEnv], "dict[str, float] | None"]
-
-
-class TrainingError(ValueError):
-    """A problem the user can fix; its message is one sentence naming the input."""
 
 
 def seed_everything(seed: int, rank: int) -> None:
@@ -57,12 +54,6 @@ def _gather(obj: Any, env: DistEnv) -> list[Any]:
     out: list[Any] = [None] * env.world_size
     dist.all_gather_object(out, obj)
     return out
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def _jsonable_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -124,7 +115,7 @@ def _build_loader(args: argparse.Namespace, model_cfg: dict[str, Any], env: Dist
         input_size=int(model_cfg.get("input_size", 224)),
         train=True,
         backend=args.data_backend,
-        device="gpu" if env.device.type == "cuda" else "cpu",
+        device=env.device,
         num_threads=int(model_cfg.get("workers") or 4),
         rank=env.rank,
         world_size=env.world_size,
@@ -176,10 +167,7 @@ def _run(args: argparse.Namespace, env: DistEnv, hooks: list[EpochEndHook]) -> N
         base_cfg = get_model_config(args.config)
     except (FileNotFoundError, KeyError, ValueError) as exc:
         raise TrainingError(f"--config {args.config}: {exc}") from exc
-    try:
-        model_cfg = resolve_model_config(args, base_cfg)
-    except ValueError as exc:
-        raise TrainingError(str(exc)) from exc
+    model_cfg = resolve_model_config(args, base_cfg)
     precision = model_cfg["precision"]
     if precision == "tf32":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -222,7 +210,7 @@ def _run(args: argparse.Namespace, env: DistEnv, hooks: list[EpochEndHook]) -> N
     global_step, start_epoch, epoch_step = 0, 0, 0
     if state is not None:
         try:
-            unwrap(model).load_state_dict(ckpt_io.strip_prefixes(state["state_dict"]), strict=True)
+            unwrap_model(model).load_state_dict(strip_wrapper_prefixes(state["state_dict"]), strict=True)
         except RuntimeError as exc:
             first = str(exc).strip().splitlines()[-1].strip()[:300]
             raise TrainingError(
@@ -248,7 +236,7 @@ def _run(args: argparse.Namespace, env: DistEnv, hooks: list[EpochEndHook]) -> N
     train_model: nn.Module = model
     if env.distributed:
         ids = [env.device.index] if env.device.type == "cuda" else None
-        # Every parameter gets a gradient (ARCHITECTURE.md), so no find_unused_parameters.
+        # Every parameter gets a gradient (docs/model.md), so no find_unused_parameters.
         train_model = nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=32)
     if args.compile:
         train_model = torch.compile(train_model)
@@ -275,7 +263,7 @@ def _run(args: argparse.Namespace, env: DistEnv, hooks: list[EpochEndHook]) -> N
         "torch": torch.__version__,
     }
     if env.is_master:
-        _write_json_atomic(output / "params.json", resolved)
+        atomic_write_json(output / "params.json", resolved, sort_keys=True, default=str)
     LOG.info(
         "model %s: %s parameters | %d process(es) on %s, %s | global batch %d (%d x %d x accum %d) | "
         "%d records, %d steps per epoch, %d steps in all",
@@ -294,7 +282,7 @@ def _run(args: argparse.Namespace, env: DistEnv, hooks: list[EpochEndHook]) -> N
         if env.is_master:
             ckpt_io.atomic_save(
                 {
-                    "state_dict": unwrap(model).state_dict(),
+                    "state_dict": unwrap_model(model).state_dict(),
                     "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(),
                     "scaler": scaler.state_dict() if scaler is not None else None,
@@ -341,7 +329,7 @@ def _run(args: argparse.Namespace, env: DistEnv, hooks: list[EpochEndHook]) -> N
                         "loss": result.loss,
                         "loss_avg": loss_sum / loss_count,
                         "lr": optimizer.param_groups[0]["lr"],
-                        "logit_scale": float(unwrap(model).logit_scale.detach().exp()),
+                        "logit_scale": float(unwrap_model(model).logit_scale.detach().exp()),
                         "epoch": epoch + epoch_step / steps_per_epoch,
                         **speed,
                     }

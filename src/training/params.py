@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from src.training.errors import TrainingError
 from src.training.schedule import SCHEDULES
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
-# (flag, type, help). Every one of these is a key of the model JSON (ARCHITECTURE.md).
+# (flag, type, help). Every one of these is a key of the model JSON (docs/model.md).
 _MODEL_FLAGS: list[tuple[str, Any, str]] = [
     ("--input-size", int, "image side in pixels (224)"),
     ("--image-depth", int, "image tower blocks"),
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
             "overrides the config's value."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
     )
     g = p.add_argument_group("data and output")
     g.add_argument("--train-data", required=True, nargs="+", metavar="DATA",
@@ -121,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save-every-n-steps", type=int, default=2000, help="step checkpoint interval (0: epochs only)")
     g.add_argument("--keep-checkpoints", type=int, default=2, help="step checkpoints kept (epoch ones are all kept)")
     g.add_argument("--log-every-n-steps", type=int, default=50, help="log line + TensorBoard interval")
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda (this process's GPU: LOCAL_RANK) or cuda:N")
     g.add_argument("--zeroshot-data", default=None, metavar="SPEC",
                    help="zero-shot classification set evaluated at epoch ends, as zero_shot.py takes it "
                         "(e.g. imagenet=/data/imagenet/val, cifar10=/data/cifar-10-batches-py)")
@@ -135,20 +137,22 @@ def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Reject impossible values with one clear sentence each (ValueError)."""
+    """Reject impossible values with one clear sentence each (TrainingError)."""
     positive = ("batch_size", "accum_freq", "epochs", "log_every_n_steps", "zeroshot_frequency")
     for name in positive:
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+            raise TrainingError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
     for name in ("lr", "weight_decay", "save_every_n_steps"):
         if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: must not be negative")
+            raise TrainingError(f"--{name.replace('_', '-')} {getattr(args, name)}: must not be negative")
     if args.max_steps is not None and args.max_steps < 1:
-        raise ValueError(f"--max-steps {args.max_steps}: must be at least 1")
+        raise TrainingError(f"--max-steps {args.max_steps}: must be at least 1")
     if args.train_num_samples is not None and args.train_num_samples < 1:
-        raise ValueError(f"--train-num-samples {args.train_num_samples}: must be at least 1")
+        raise TrainingError(f"--train-num-samples {args.train_num_samples}: must be at least 1")
+    if args.warmup < 0:
+        raise TrainingError(f"--warmup {args.warmup}: must not be negative")
     if args.workers is not None and args.workers < 1:
-        raise ValueError(f"--workers {args.workers}: must be at least 1")
+        raise TrainingError(f"--workers {args.workers}: must be at least 1")
 
 
 def resolve_model_config(args: argparse.Namespace, base: dict[str, Any]) -> dict[str, Any]:
@@ -159,12 +163,12 @@ def resolve_model_config(args: argparse.Namespace, base: dict[str, Any]) -> dict
         cfg["precision"] = args.precision
     cfg.setdefault("precision", "bf16")
     if cfg["precision"] not in PRECISIONS:
-        raise ValueError(f"precision {cfg['precision']!r} in the config: use one of {', '.join(PRECISIONS)}")
+        raise TrainingError(f"precision {cfg['precision']!r} in the config: use one of {', '.join(PRECISIONS)}")
     if args.workers is not None:
         cfg["workers"] = args.workers
     e_img, e_txt = cfg.get("image_embed_dims"), cfg.get("n_embd")
     if e_img is not None and e_txt is not None and e_img != e_txt:
-        raise ValueError(f"--image-embed-dims {e_img} differs from --n-embd {e_txt}: the towers must be equally wide")
+        raise TrainingError(f"--image-embed-dims {e_img} differs from --n-embd {e_txt}: the towers must be equally wide")
     return cfg
 
 

@@ -25,13 +25,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "*.rec/*.idx, or a quoted glob; --data may be given several times.\n"
         "Exit status: 0 all checks passed, 1 a check failed or a record could not be decoded, 2 bad input.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     p.add_argument("--data", action="append", required=True, metavar="PATH",
                    help="shards to read (prefix, .rec, folder or glob); repeat for more")
     p.add_argument("--batch-size", type=int, default=64, metavar="N", help="images per batch (default 64)")
     p.add_argument("--steps", type=int, default=20, metavar="N", help="batches to pull and check (default 20)")
-    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
-                   help="decode on the GPU (DALI 'mixed') or the CPU; auto picks the GPU when there is one")
+    p.add_argument("--device", default="auto",
+                   help="auto, cpu, cuda or cuda:N: decode on the GPU (DALI 'mixed') or the CPU; "
+                        "auto picks the GPU when there is one")
     p.add_argument("--input-size", type=int, default=224, metavar="S", help="image side after crop/resize (default 224)")
     p.add_argument("--workers", type=int, default=4, metavar="N", help="CPU threads (DALI) or worker processes (torch)")
     p.add_argument("--eval", action="store_true", help="evaluation transform (resize + centre crop, no shuffle)")
@@ -58,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from tqdm import tqdm
 
-    from dataloaders.imagenet import CorruptRecordError, build_loader
-    from dataloaders.shards import ShardError
+    from dataloaders.base import CorruptRecordError
+    from dataloaders.imagenet import build_loader
     from dataloaders.smoke import run_smoke, save_grid
+    from src.errors import UserError, report
 
     prog = os.path.basename(sys.argv[0])
     try:
@@ -75,40 +78,41 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             cache_dir=args.cache_dir,
         )
-    except (ShardError, ValueError) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
+    except UserError as e:
+        return report(prog, e)
     print(f"{loader.total_records} records in {len(loader.shardset.shards)} shard(s); rank {loader.rank}/"
           f"{loader.world_size} reads {loader.num_samples} per epoch in {len(loader)} batches; "
           f"backend {loader.backend}, device {loader.device}, {args.workers} workers")
     try:
         with tqdm(total=args.steps, desc="batches", unit="batch", file=sys.stderr) as bar:
-            report = run_smoke(loader, args.steps, bar)
+            smoke = run_smoke(loader, args.steps, bar)
     except ImportError as e:
         print(f"{prog}: error: {e}; install nvidia-dali-cuda120 or use --backend torch", file=sys.stderr)
         return 2
     except CorruptRecordError as e:
         print(f"{prog}: FAILED: {e}", file=sys.stderr)
         return 1
-    rate = report.images_per_second
+    except UserError as e:
+        return report(prog, e)
+    rate = smoke.images_per_second
     threads = max(1, args.workers)
-    if report.timed_images:
-        print(f"{report.images} images in {report.batches} batches; {rate:.1f} images/s after the first batch, "
+    if smoke.timed_images:
+        print(f"{smoke.images} images in {smoke.batches} batches; {rate:.1f} images/s after the first batch, "
               f"{rate / threads:.1f} decodes/s per core ({threads} {'thread' if threads == 1 else 'threads'})")
     else:
-        print(f"{report.images} images in {report.batches} batch; run more --steps for a throughput figure")
-    if args.save_grid and report.first_batch is not None:
+        print(f"{smoke.images} images in {smoke.batches} batch; run more --steps for a throughput figure")
+    if args.save_grid and smoke.first_batch is not None:
         from src.open_alip import decode
 
-        images, tokens = report.first_batch
+        images, tokens = smoke.first_batch
         n = min(16, images.shape[0])
         captions = [decode([int(t) for t in row if t]) for row in tokens[:n].cpu().tolist()]
         save_grid(args.save_grid, images[:n], captions)
         print(f"wrote {args.save_grid} ({n} images with their captions)")
-    if report.problems:
-        for problem in report.problems[:20]:
+    if smoke.problems:
+        for problem in smoke.problems[:20]:
             print(f"FAILED: {problem}", file=sys.stderr)
-        more = len(report.problems) - 20
+        more = len(smoke.problems) - 20
         if more > 0:
             print(f"... and {more} more", file=sys.stderr)
         return 1

@@ -19,12 +19,11 @@ from src.convert import (
     VALIDATE_LEVELS,
     ConvertOptions,
     ImageOptions,
-    InputError,
     SourceOptions,
     convert,
     verify,
 )
-from src.convert.distributor import WorkerCrashed
+from src.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     p.add_argument("inputs", nargs="*", metavar="INPUT",
                    help="parquet files, WebDataset .tar files, CSV/TSV/JSONL manifests, or folders of them "
@@ -144,9 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         report = convert(args.inputs, args.output, opts)
-    except InputError as exc:
-        return _fail(str(exc))
-    except WorkerCrashed as exc:
+    except UserError as exc:
         return _fail(str(exc))
     except OSError as exc:  # disk full, permissions changed mid-run, ...
         where = f"{exc.filename}: " if exc.filename else ""

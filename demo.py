@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         "it with data2rec.py, smoke-test the DALI loader, train a small RWKV-CLIP with torchrun on 2 CPU "
         "processes, then evaluate zero-shot classification and retrieval on held-out scenes against chance. "
         "Everything goes under --output: summary.json, loss_curve.png, predictions.png, logs/.",
+        allow_abbrev=False,
     )
     p.add_argument("--output", type=Path, default=Path("demo_out"), help="output folder (default: demo_out)")
     p.add_argument("--quick", action="store_true",
@@ -36,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from src.demo.pipeline import Demo, DemoError, DemoSettings, format_summary
+    from src.demo.pipeline import Demo, DemoSettings, format_summary
+    from src.errors import UserError
 
     settings = DemoSettings.quick(args.output) if args.quick else DemoSettings(output=args.output)
     settings.seed = args.seed
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         summary = Demo(settings).run()
-    except DemoError as exc:
+    except UserError as exc:  # a DemoError names the failed step and its log
         print(f"demo.py: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

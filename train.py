@@ -17,20 +17,19 @@ def main(argv: list[str] | None = None) -> int:
     from src.training.params import parse_args
 
     args = parse_args(argv)
-    from src.training.loop import NonFiniteLossError
-    from src.training.main import TrainingError, run
+    from src.errors import UserError, report
+    from src.training.main import run
 
     try:
         hooks = []
         if args.zeroshot_data:
-            from src.evaluation.run import zero_shot_epoch_hook
+            from src.evaluation.hook import zero_shot_epoch_hook
 
             # Built (and its data read) before training, so a wrong path fails at once.
             hooks.append(zero_shot_epoch_hook(args.zeroshot_data, frequency=args.zeroshot_frequency))
         run(args, epoch_end_hooks=hooks)
-    except (TrainingError, NonFiniteLossError, ValueError, FileNotFoundError) as exc:
-        print(f"train.py: error: {exc}", file=sys.stderr)
-        return 2 if not isinstance(exc, NonFiniteLossError) else 3
+    except UserError as exc:
+        return report("train.py", exc)
     except KeyboardInterrupt:
         print("train.py: interrupted; resume with --resume latest", file=sys.stderr)
         return 130

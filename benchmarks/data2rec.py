@@ -116,7 +116,7 @@ def data2rec_rate(parquets: list[Path], out: Path, validate: str, workers: int, 
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--photos", default="/usr/share/backgrounds", help="folder of real JPEG photos")
     p.add_argument("--crops", type=int, default=400, help="distinct crops (default 400)")
     p.add_argument("--repeat", type=int, default=5, help="parquet files, each holding all crops (default 5)")

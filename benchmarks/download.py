@@ -52,7 +52,7 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--files", type=int, default=4, help="number of files (default 4)")
     p.add_argument("--size-mb", type=int, default=32, help="MiB per file (default 32)")
     p.add_argument("--repeat", type=int, default=2, help="runs per method; the best counts (default 2)")

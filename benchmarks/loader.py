@@ -123,7 +123,7 @@ def stage_costs(data, input_size: int, batch_size: int, batches: int = 8) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--data", help="shards to read (prefix, folder, glob); default: synthetic")
     p.add_argument("--records", type=int, default=1024, help="synthetic records to write (default 1024)")
     p.add_argument("--batch-size", type=int, default=32)

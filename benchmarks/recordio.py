@@ -84,7 +84,7 @@ def best_of(repeats: int, fn) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     ap.add_argument("--records", type=int, default=1000, help="records to write (default 1000)")
     ap.add_argument("--size", type=int, default=45000, help="mean payload bytes (default 45000, a YFCC JPEG)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per measurement; the best is kept")

@@ -69,7 +69,7 @@ def _time_pass(tokenize, texts: list[str], batch: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--texts", type=Path, help="file with one caption per line (default: synthetic captions)")
     parser.add_argument("-n", "--num", type=int, default=20000, help="number of captions (default 20000)")
     parser.add_argument("--intl-fraction", type=float, default=0.15,

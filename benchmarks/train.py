@@ -103,7 +103,7 @@ def bench_train_py(cfg_name: str, precision: str, batch: int, steps: int, worker
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--config", default="RWKV_CLIP_tiny", help="model config name or JSON")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--batch-size", type=int, default=16)

@@ -161,7 +161,8 @@ def mib(n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run (default cpu)")
     parser.add_argument("--repeats", type=int, default=5, help="timed forward+backward passes per case")

@@ -7,16 +7,15 @@ finding it in a loss curve costs GPU hours.
 from __future__ import annotations
 
 import os
-import tempfile
 import textwrap
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from dataloaders.imagenet import CLIP_MEAN, CLIP_STD, CTX_LEN, EOT_TOKEN, SOT_TOKEN, VOCAB_SIZE
+from src.fsutil import atomic_open
+from src.open_alip.constants import CLIP_MEAN, CLIP_STD, CONTEXT_LENGTH, EOT_TOKEN, SOT_TOKEN, VOCAB_SIZE
 
 __all__ = ["SmokeReport", "check_batch", "denormalize", "run_smoke", "save_grid"]
 
@@ -50,8 +49,8 @@ def check_batch(images: torch.Tensor, tokens: torch.Tensor, batch_size: int, inp
                 )
     if tokens.dtype != torch.int64:
         problems.append(f"tokens are {tokens.dtype}, expected torch.int64")
-    if tokens.ndim != 2 or tokens.shape != (b, CTX_LEN):
-        problems.append(f"tokens have shape {tuple(tokens.shape)}, expected [{b}, {CTX_LEN}]")
+    if tokens.ndim != 2 or tokens.shape != (b, CONTEXT_LENGTH):
+        problems.append(f"tokens have shape {tuple(tokens.shape)}, expected [{b}, {CONTEXT_LENGTH}]")
         return problems
     tok = tokens.detach().cpu()
     if (tok < 0).any() or (tok >= VOCAB_SIZE).any():
@@ -65,7 +64,7 @@ def check_batch(images: torch.Tensor, tokens: torch.Tensor, batch_size: int, inp
         problems.append(f"{no_end} caption(s) have no end token {EOT_TOKEN}")
     else:
         end = is_end.int().argmax(dim=1, keepdim=True)
-        after = torch.arange(CTX_LEN).unsqueeze(0) > end
+        after = torch.arange(CONTEXT_LENGTH).unsqueeze(0) > end
         if (tok[after] != 0).any():
             problems.append("caption(s) have non-zero tokens after the end token")
     return problems
@@ -95,16 +94,8 @@ def save_grid(path: str | os.PathLike[str], images: torch.Tensor, captions: list
         grid.paste(Image.fromarray(px).resize((cell, cell), Image.NEAREST), (x, y))
         lines = textwrap.wrap(caption, width=max(10, cell // 7))[:4]
         draw.multiline_text((x + 3, y + cell + 2), "\n".join(lines), fill="black", font=font)
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            grid.save(f, format="PNG")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path, "wb") as f:
+        grid.save(f, format="PNG")
 
 
 @dataclass

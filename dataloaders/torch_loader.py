@@ -2,8 +2,8 @@
 
 For machines where DALI does not install (macOS, Windows). It reads records with
 `src.recordio`, decodes with PIL and applies the DALI pipeline's transforms
-(random-resized crop over area [0.7, 1] and aspect [0.8, 1.25], resize, flip with
-p=0.5, CLIP normalisation; eval: shorter side resize and centre crop). Each rank
+(src/open_alip/transform.py: random-resized crop over area [0.7, 1] and aspect [0.8, 1.25],
+resize, flip with p=0.5, CLIP normalisation; eval: shorter side resize and centre crop). Each rank
 reads the same record range as the DALI backend and chooses captions with the
 same per-batch seeds, so both backends give the same captions for the same
 records. Augmentation parameters are drawn per sample from (seed, epoch, rank,
@@ -14,7 +14,6 @@ resume skips the consumed batches without decoding them.
 from __future__ import annotations
 
 import io
-import math
 import os
 from typing import Any
 
@@ -23,47 +22,19 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from dataloaders.imagenet import (
-    _SEED_AUG,
-    _SEED_ORDER,
-    CLIP_MEAN,
-    CLIP_STD,
-    TRAIN_AREA,
-    TRAIN_ASPECT,
-    BaseLoader,
-    CorruptRecordError,
-)
+from dataloaders.base import _SEED_AUG, _SEED_ORDER, BaseLoader, CorruptRecordError
 from dataloaders.shards import ShardSet
 
 # Records are read by byte offset, not through MXIndexedRecordIO by key: that would parse
 # each shard's whole index into a dict per worker, ~1.5 GB per worker at 15M records.
+from src.open_alip.constants import CLIP_MEAN, CLIP_STD
+from src.open_alip.transform import augment_pil
 from src.recordio import read_record_at, unpack
 
-__all__ = ["RecordDataset", "TorchLoader", "random_resized_box"]
+__all__ = ["RecordDataset", "TorchLoader"]
 
 _MEAN = np.asarray(CLIP_MEAN, np.float32) * 255
 _STD = np.asarray(CLIP_STD, np.float32) * 255
-
-
-def random_resized_box(width: int, height: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
-    """(left, top, right, bottom) of a random crop with the training area/aspect ranges."""
-    area = width * height
-    log_lo, log_hi = math.log(TRAIN_ASPECT[0]), math.log(TRAIN_ASPECT[1])
-    for _ in range(10):
-        target = area * rng.uniform(*TRAIN_AREA)
-        aspect = math.exp(rng.uniform(log_lo, log_hi))
-        w = round(math.sqrt(target * aspect))
-        h = round(math.sqrt(target / aspect))
-        if 0 < w <= width and 0 < h <= height:
-            x = int(rng.integers(0, width - w + 1))
-            y = int(rng.integers(0, height - h + 1))
-            return x, y, x + w, y + h
-    # No draw fitted (a very elongated image): the largest centred crop within the aspect range.
-    aspect = min(max(width / height, TRAIN_ASPECT[0]), TRAIN_ASPECT[1])
-    w = min(width, round(height * aspect))
-    h = min(height, round(width / aspect))
-    x, y = (width - w) // 2, (height - h) // 2
-    return x, y, x + w, y + h
 
 
 class RecordDataset(Dataset):
@@ -120,11 +91,7 @@ class RecordDataset(Dataset):
             ) from None
         size = self.input_size
         if self.train:
-            rng = np.random.default_rng(aug_seed)
-            box = random_resized_box(img.width, img.height, rng)
-            img = img.resize((size, size), Image.BILINEAR, box=box)
-            if rng.random() < 0.5:
-                img = img.transpose(Image.FLIP_LEFT_RIGHT)
+            img = augment_pil(img, size, np.random.default_rng(aug_seed))
         else:
             scale = size / min(img.width, img.height)
             new = (max(size, round(img.width * scale)), max(size, round(img.height * scale)))
@@ -174,7 +141,7 @@ class TorchLoader(BaseLoader):
             batch_sampler=batches,
             num_workers=workers,
             collate_fn=_collate,
-            pin_memory=self.device == "gpu",
+            pin_memory=self.device.type == "cuda",
             prefetch_factor=4 if workers else None,
         )
         self._iter = iter(loader)
@@ -188,5 +155,4 @@ class TorchLoader(BaseLoader):
             if not lines:
                 raise
             raise CorruptRecordError(lines[-1].split("CorruptRecordError: ", 1)[1]) from None
-        device = self.torch_device
-        return images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        return images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)

@@ -20,18 +20,17 @@ import retrieval as retrieval_cli
 import zero_shot as zero_shot_cli
 from src.demo.corpus import write_classification_set, write_retrieval_set
 from src.demo.scenes import DEMO_TEMPLATES, draw_scene, random_scene
-from src.open_alip.model import create_model
-from src.open_alip.tokenizer import tokenize
+from src.evaluation.hook import zero_shot_epoch_hook
 from src.evaluation.run import (
     EvalDataError,
-    build_class_embeddings,
     evaluate_classification,
     evaluate_retrieval,
     load_classification_data,
     load_eval_model,
-    load_metadata,
-    zero_shot_epoch_hook,
 )
+from src.open_alip.model import create_model
+from src.open_alip.tokenizer import tokenize
+from src.open_alip.zero_shot import build_class_embeddings, load_metadata
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "src" / "open_alip" / "model_configs" / "RWKV_CLIP_demo.json"

@@ -13,13 +13,9 @@ import torch
 from PIL import Image
 
 from src.evaluation.datasets import (
-    CLIP_MEAN,
-    CLIP_STD,
     EvalDataError,
     make_loader,
     preprocess_batch,
-    preprocess_pil,
-    preprocess_tensor,
     read_cifar,
     read_image_folder,
     read_imagenet_val,
@@ -27,6 +23,8 @@ from src.evaluation.datasets import (
     read_manifest_classification,
     read_manifest_retrieval,
 )
+from src.open_alip.constants import CLIP_MEAN, CLIP_STD
+from src.open_alip.transform import preprocess_pil, preprocess_tensor
 
 
 def _save(path: Path, color: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> Path:

@@ -7,13 +7,10 @@ import pytest
 import torch
 
 from src.evaluation.run import (
-    classification_metrics,
     format_table,
-    list_metadata,
-    load_metadata,
-    retrieval_metrics,
     write_result,
 )
+from src.open_alip.zero_shot import classification_metrics, list_metadata, load_metadata, retrieval_metrics
 
 
 def test_classification_metrics_by_hand():

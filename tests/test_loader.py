@@ -9,15 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from dataloaders.imagenet import (
-    CLIP_MEAN,
-    CLIP_STD,
-    CorruptRecordError,
-    build_loader,
-    select_captions,
-    shard_range,
-)
+from dataloaders.base import CorruptRecordError, select_captions, shard_range
+from dataloaders.imagenet import build_loader
 from dataloaders.shards import ShardError, load_shards, resolve_shards
+from src.open_alip.constants import CLIP_MEAN, CLIP_STD
 from tests._loader_helpers import caption_index, record_colour, record_id, write_shard
 
 S = 32  # input size: small keeps the CPU pipelines fast
@@ -248,7 +243,7 @@ def test_mid_epoch_resume_gives_the_same_batches(shards, cache, backend, drop_ch
     head_only = make(shards, cache, train=True, backend=backend, seed=7, num_threads=1)
     head_only.load_state_dict({**state, "batch": len(head_only) - 1, "dali_checkpoint": None})
     assert len(list(head_only)) == 1 and head_only.state_dict()["batch"] == 0
-    with pytest.raises(ValueError, match="world_size"):
+    with pytest.raises(ShardError, match="world_size"):
         make(shards, cache, train=True, backend=backend, seed=7, rank=0, world_size=2).load_state_dict(state)
 
 
@@ -290,13 +285,13 @@ def test_construction_is_cheap_and_lazy(shards, cache):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (DALI 'mixed' decoding)")
 def test_gpu_pipeline_gives_the_cpu_layout_on_the_gpu(shards, cache):
     # Runs only where there is a GPU; the CPU suite covers the same code with device='cpu'.
-    gpu = list(make(shards, cache, train=False, device="gpu", batch_size=6, all_captions=True))
+    gpu = list(make(shards, cache, train=False, device="cuda", batch_size=6, all_captions=True))
     cpu = list(make(shards, cache, train=False, device="cpu", batch_size=6, all_captions=True))
     assert len(gpu) == len(cpu) == 7
     for (ig, tg), (ic, tc) in zip(gpu, cpu):
         assert ig.is_cuda and tg.is_cuda and ig.shape == ic.shape and ig.dtype == ic.dtype
         assert torch.equal(tg.cpu(), tc)
         assert float((ig.cpu() - ic).abs().mean()) < 0.1  # nvJPEG vs libjpeg-turbo rounding
-    train = make(shards, cache, train=True, device="gpu")
+    train = make(shards, cache, train=True, device="cuda")
     images, tokens = next(iter(train))
     assert images.is_cuda and tokens.is_cuda and tokens.shape == (4, 77)

@@ -17,9 +17,8 @@ from hypothesis import strategies as st
 from benchmarks.corpora import FRAGMENTS, caption_corpus, junk_corpus, long_texts
 from benchmarks.oracles import REPO_ROOT, ReferenceTokenizer, reference_python
 from src.open_alip import tokenizer as tok_mod
+from src.open_alip.constants import EOT_TOKEN, SOT_TOKEN
 from src.open_alip.tokenizer import (
-    EOT_TOKEN,
-    SOT_TOKEN,
     SimpleTokenizer,
     decode,
     tokenize,

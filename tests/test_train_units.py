@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from src.open_alip.loss import ClipLoss
+from src.open_alip.model import strip_wrapper_prefixes
 from src.training import checkpoint as ck
 from src.training.distributed import DistEnv, init_distributed
+from src.training.errors import TrainingError
 from src.training.loop import LOGIT_SCALE_MAX, NonFiniteLossError, Trainer, make_grad_scaler
 from src.training.observe import Throughput, format_duration
 from src.training.params import build_parser, check_args, resolve_model_config
@@ -158,7 +160,7 @@ def test_latest_checkpoint_pruning_and_resume_resolution(tmp_path):
     for step in (2, 4, 6):
         ck.atomic_save({"state_dict": {}, "step": step}, ck.step_checkpoint_path(tmp_path, step))
     ck.atomic_save({"state_dict": {}, "step": 5}, ck.epoch_checkpoint_path(tmp_path, 1))
-    (ck.checkpoint_dir(tmp_path) / ".step_000000008.pt.tmp.1").write_bytes(b"partial")  # killed mid-write
+    (ck.checkpoint_dir(tmp_path) / ".step_000000008.pt.1.tmp").write_bytes(b"partial")  # killed mid-write
     assert ck.resolve_resume("latest", tmp_path) == ck.step_checkpoint_path(tmp_path, 6)
     ck.prune_step_checkpoints(tmp_path, keep=1)
     assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [5, 6]
@@ -166,9 +168,9 @@ def test_latest_checkpoint_pruning_and_resume_resolution(tmp_path):
         ck.resolve_resume(str(tmp_path / "nope.pt"), tmp_path)
 
 
-def test_strip_prefixes():
+def test_strip_wrapper_prefixes():
     sd = {"module._orig_mod.logit_scale": 1, "module.text_model.emb.weight": 2, "image_model.x": 3}
-    assert ck.strip_prefixes(sd) == {"logit_scale": 1, "text_model.emb.weight": 2, "image_model.x": 3}
+    assert strip_wrapper_prefixes(sd) == {"logit_scale": 1, "text_model.emb.weight": 2, "image_model.x": 3}
 
 
 def test_flags_override_the_config_json():
@@ -183,13 +185,13 @@ def test_flags_override_the_config_json():
     assert cfg == {**base, "n_layer": 3, "drop_path_rate": 0.1, "with_cp": True, "precision": "fp32"}
     assert args.accum_freq == 2
     args.image_embed_dims = 320
-    with pytest.raises(ValueError, match="--image-embed-dims 320"):
+    with pytest.raises(TrainingError, match="--image-embed-dims 320"):
         resolve_model_config(args, base)
 
 
 def test_bad_values_are_refused_with_the_flag_named():
     args = build_parser().parse_args(["--train-data", "d", "--output", "o", "--batch-size", "0"])
-    with pytest.raises(ValueError, match="--batch-size 0"):
+    with pytest.raises(TrainingError, match="--batch-size 0"):
         check_args(args)
 
 

@@ -16,11 +16,13 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from itertools import islice
 
+from src.errors import UserError
+
 from .items import Item, Result
 from .worker import WorkerConfig, init_worker, is_light, process_chunk
 
 
-class WorkerCrashed(RuntimeError):
+class WorkerCrashed(UserError):
     """A worker process died (e.g. a decoder crashed on a hostile file or memory ran out)."""
 
 

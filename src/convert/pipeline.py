@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from src.errors import UserError
+
 from .distributor import chunked, ordered_map, prefetch
 from .images import ImageOptions
 from .items import CAPTION_COUNT, Item, Unit
@@ -27,7 +29,7 @@ from .worker import WorkerConfig
 from .writer import TMP_SUFFIX, ShardWriter, pack_record
 
 
-class OutputError(InputError):
+class OutputError(UserError):
     """The output cannot be written, or holds another run's files."""
 
 

@@ -20,12 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from src.errors import UserError
+from src.fsutil import atomic_write_json
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO_ROOT / "src" / "open_alip" / "model_configs" / "RWKV_CLIP_demo.json"
 REPO_ID = "demo/synthetic-scenes"
 
 
-class DemoError(RuntimeError):
+class DemoError(UserError):
     """A demo step failed; the message names the step and where its log is."""
 
 
@@ -254,7 +257,8 @@ class Demo:
 
         from src.demo import report
         from src.demo.scenes import all_descriptions
-        from src.evaluation.run import encode_texts, evaluate_classification, load_eval_model
+        from src.evaluation.run import evaluate_classification, load_eval_model
+        from src.open_alip.zero_shot import encode_texts
 
         points = report.read_loss_points(self.out / "train" / "metrics.jsonl")
         global_batch = self.s.batch_size * self.s.processes
@@ -312,10 +316,7 @@ class Demo:
         for i, (name, what, fn) in enumerate(steps, 1):
             self._step(i, len(steps), name, what, fn)
         self.summary = self._summary(time.monotonic() - start)
-        path = self.out / "summary.json"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.summary, indent=2) + "\n")
-        tmp.replace(path)
+        atomic_write_json(self.out / "summary.json", self.summary)
         return self.summary
 
     def _summary(self, seconds: float) -> dict:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
+
+from src.fsutil import atomic_open
 
 GOOD = (20, 130, 40)
 BAD = (200, 30, 30)
@@ -26,9 +27,8 @@ def _font(size: int) -> ImageFont.ImageFont:
 def _save_png(img: Image.Image, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    img.save(tmp, format="PNG")
-    os.replace(tmp, path)
+    with atomic_open(path, "wb") as f:
+        img.save(f, format="PNG")
     return path
 
 

@@ -7,7 +7,6 @@ Torch and the model code are imported only once a run starts, so that `--help` a
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,8 @@ def build_parser(
     """The common options, with the CLI's own dataset options placed after --data-root (where --help
     has always listed them)."""
     p = argparse.ArgumentParser(
-        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     p.add_argument("--model-name", "--config", dest="config", default="RWKV_CLIP_B32",
                    help="model config: a shipped name (RWKV_CLIP_B32, RWKV_CLIP_B16, ...) or a JSON file")
@@ -53,13 +53,13 @@ def run(
     input_size, device)` returns the library's result dict and `summary` its one-line headline.
     A bad input ends the run with one `PROG: error: ...` line and exit status 2, not a traceback.
     """
-    from src.open_alip.model import CheckpointMismatchError
+    from src.devices import resolve_device
+    from src.errors import UserError, report
     from src.evaluation.run import (
         EvalDataError,
         format_table,
         load_eval_model,
         parse_dataset_list,
-        resolve_device,
         write_result,
     )
 
@@ -82,8 +82,7 @@ def run(
             path = write_result(result, args.output)
             print(f"{tag} {spec.name}: {summary(result)} -> {path}", flush=True)
             results.append(result)
-    except (EvalDataError, CheckpointMismatchError, FileNotFoundError, ValueError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
+    except UserError as exc:
+        return report(prog, exc)
     print(format_table(results))
     return 0

@@ -9,10 +9,8 @@ so that evaluation code does not care which on-disk layout it came from:
 - `read_karpathy`        Karpathy-split JSON (dataset_coco.json, dataset_flickr30k.json) + image folder
 - `read_manifest`        CSV/TSV/JSONL manifest (image column + label column, or caption columns)
 
-Preprocessing follows the original evaluation (open_clip's eval transform): resize the shorter side
-to the input size with bicubic interpolation, centre crop, CLIP mean/std normalisation. The "pil"
-path reproduces it exactly on CPU; the "device" path does the resize/crop/normalise with torch on
-the accelerator (antialiased bicubic, rounded to uint8 like PIL) so decoding is the only CPU work.
+Preprocessing is the model library's evaluation transform (src/open_alip/transform.py): exact
+PIL on CPU, or decoded uint8 tensors transformed on the GPU (`make_loader` picks by device).
 """
 
 from __future__ import annotations
@@ -30,15 +28,16 @@ import numpy as np
 import torch
 from PIL import Image
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+from src.errors import UserError
+from src.open_alip.transform import preprocess_pil, preprocess_tensor
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 
 # An image is either a file on disk or an in-memory HWC uint8 array (CIFAR).
 ImageSource = Union[Path, np.ndarray]
 
 
-class EvalDataError(ValueError):
+class EvalDataError(UserError):
     """A dataset on disk is missing, malformed or ambiguous; the message says what to fix."""
 
 
@@ -442,54 +441,6 @@ def load_rgb(source: ImageSource) -> Image.Image:
             return img.convert("RGB")
     except OSError as exc:
         raise EvalDataError(f"cannot read image {source}: {exc}") from None
-
-
-def _resized_size(width: int, height: int, size: int) -> tuple[int, int]:
-    # torchvision's Resize(int): the shorter side becomes `size`, the longer one is truncated.
-    if width <= height:
-        return size, int(size * height / width)
-    return int(size * width / height), size
-
-
-def _crop_box(width: int, height: int, size: int) -> tuple[int, int]:
-    return int(round((height - size) / 2.0)), int(round((width - size) / 2.0))
-
-
-def _normalise(chw_float01: torch.Tensor) -> torch.Tensor:
-    mean = torch.tensor(CLIP_MEAN, dtype=chw_float01.dtype, device=chw_float01.device).view(-1, 1, 1)
-    std = torch.tensor(CLIP_STD, dtype=chw_float01.dtype, device=chw_float01.device).view(-1, 1, 1)
-    return (chw_float01 - mean) / std
-
-
-def preprocess_pil(img: Image.Image, size: int) -> torch.Tensor:
-    """Bicubic shorter-side resize, centre crop, CLIP normalisation; float32 [3, size, size]."""
-    img = img.convert("RGB")
-    w, h = img.size
-    nw, nh = _resized_size(w, h, size)
-    if (nw, nh) != (w, h):
-        img = img.resize((nw, nh), Image.BICUBIC)
-    top, left = _crop_box(nw, nh, size)
-    if top < 0 or left < 0:
-        raise EvalDataError("image smaller than the crop after resizing")  # cannot happen for size>0
-    img = img.crop((left, top, left + size, top + size))
-    array = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
-    return _normalise(array.float() / 255.0)
-
-
-def preprocess_tensor(image: torch.Tensor, size: int) -> torch.Tensor:
-    """The same transform on a uint8 [3, H, W] tensor, on whatever device it lives on."""
-    _, h, w = image.shape
-    nw, nh = _resized_size(w, h, size)
-    x = image.unsqueeze(0).float()
-    if (nw, nh) != (w, h):
-        x = torch.nn.functional.interpolate(
-            x, size=(nh, nw), mode="bicubic", align_corners=False, antialias=True
-        )
-        # PIL hands back uint8: round and clip so both paths see the same quantised pixels
-        x = x.round().clamp(0, 255)
-    top, left = _crop_box(nw, nh, size)
-    x = x[0, :, top : top + size, left : left + size]
-    return _normalise(x / 255.0)
 
 
 class ImageDataset(torch.utils.data.Dataset):

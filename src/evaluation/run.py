@@ -1,17 +1,17 @@
-"""Zero-shot evaluation: class embeddings from prompt templates, classification and retrieval metrics.
+"""One zero-shot evaluation of one dataset: read it, embed its images and texts, score it.
 
-The functions here take a model with `encode_image(images)` and `encode_text(tokens)` (RWKV_CLIP,
-or its DDP wrapper) and return plain dicts, so the same code serves the CLIs (zero_shot.py,
-retrieval.py), the demo and the periodic evaluation inside train.py.
-
-Metrics are reported in percent.
+`evaluate_classification` / `evaluate_retrieval` take a model with `encode_image` and
+`encode_text` (RWKV_CLIP, or one wrapped by DDP or torch.compile) and a dataset spec, and
+return plain dicts, so the same code serves the CLIs (zero_shot.py, retrieval.py), the
+demo and train.py's epoch-end hook. The maths (class embeddings, metrics) come from the
+model library (src/open_alip/zero_shot.py). Metrics are in percent.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,32 +32,24 @@ from src.evaluation.datasets import (
     read_manifest_classification,
     read_manifest_retrieval,
 )
+from src.fsutil import atomic_write_json
+from src.open_alip.model import CheckpointMismatchError, create_model, unwrap_model
+from src.open_alip.zero_shot import (
+    ALIASES,
+    DEFAULT_TEMPLATES,
+    Tokenizer,
+    build_class_embeddings,
+    classification_metrics,
+    encode_texts,
+    load_metadata,
+    retrieval_metrics,
+)
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "open_alip" / "zero_shot_data"
-DEFAULT_TEMPLATES = ("a photo of a {}.",)
-# Names the original scripts use for the same bundled metadata.
-ALIASES = {"imagenet": "imagenet1k", "cars": "stanford_car", "fgvc_aircraft": "aircraft", "flowers102": "flowers"}
 MANIFEST_SUFFIXES = (".csv", ".tsv", ".jsonl")
-
-Tokenizer = Callable[[Sequence[str]], torch.Tensor]
 
 
 # ---------------------------------------------------------------------------------------------
 # bundled class names and templates
-
-
-def list_metadata() -> list[str]:
-    """Dataset names with bundled class names and/or templates."""
-    return sorted(p.stem for p in DATA_DIR.glob("*.json"))
-
-
-def load_metadata(name: str) -> tuple[list[str] | None, list[str] | None]:
-    """(classnames, templates) bundled for `name`, each None when not bundled."""
-    path = DATA_DIR / f"{ALIASES.get(name, name)}.json"
-    if not path.is_file():
-        return None, None
-    data = json.loads(path.read_text(encoding="utf-8"))
-    return data.get("classnames"), data.get("templates")
 
 
 def read_templates(path: Path | str) -> list[str]:
@@ -104,7 +96,7 @@ class DatasetSpec:
         return cls(name=name, path=Path(path).expanduser(), **extra)
 
 
-def _as_spec(spec: DatasetSpec | str | Path) -> DatasetSpec:
+def as_spec(spec: DatasetSpec | str | Path) -> DatasetSpec:
     if isinstance(spec, DatasetSpec):
         return spec
     return DatasetSpec.parse(str(spec))
@@ -112,7 +104,7 @@ def _as_spec(spec: DatasetSpec | str | Path) -> DatasetSpec:
 
 def load_classification_data(spec: DatasetSpec | str | Path) -> tuple[ClassificationData, list[str]]:
     """Read a classification dataset and pick its templates; returns (data, templates)."""
-    spec = _as_spec(spec)
+    spec = as_spec(spec)
     bundled_names, bundled_templates = load_metadata(spec.name)
     kind = spec.kind or _infer_classification_kind(spec)
     names: list[str] | None = None
@@ -164,7 +156,7 @@ def _infer_classification_kind(spec: DatasetSpec) -> str:
 
 def load_retrieval_data(spec: DatasetSpec | str | Path, captions_per_image: int | None = 5) -> RetrievalData:
     """A Karpathy-split JSON (or a folder holding one) or a CSV/TSV/JSONL manifest."""
-    spec = _as_spec(spec)
+    spec = as_spec(spec)
     kind = spec.kind or ("manifest" if spec.path.suffix.lower() in MANIFEST_SUFFIXES else "karpathy")
     if kind == "manifest":
         return read_manifest_retrieval(spec.path, name=spec.name)
@@ -177,53 +169,6 @@ def load_retrieval_data(spec: DatasetSpec | str | Path, captions_per_image: int 
 # embeddings
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, "module", model)
-
-
-def _default_tokenizer() -> Tokenizer:
-    from src.open_alip.tokenizer import tokenize
-
-    return tokenize
-
-
-@torch.no_grad()
-def encode_texts(
-    model: torch.nn.Module,
-    texts: Sequence[str],
-    device: torch.device | str,
-    batch_size: int = 256,
-    tokenizer: Tokenizer | None = None,
-) -> torch.Tensor:
-    """L2-normalised text embeddings [N, D] (float32, on `device`)."""
-    tokenizer = tokenizer or _default_tokenizer()
-    model = _unwrap(model)
-    out = []
-    for start in range(0, len(texts), batch_size):
-        tokens = tokenizer(list(texts[start : start + batch_size])).to(device)
-        out.append(F.normalize(model.encode_text(tokens).float(), dim=-1))
-    return torch.cat(out)
-
-
-@torch.no_grad()
-def build_class_embeddings(
-    model: torch.nn.Module,
-    classnames: Sequence[str],
-    templates: Sequence[str],
-    device: torch.device | str,
-    batch_size: int = 256,
-    tokenizer: Tokenizer | None = None,
-) -> torch.Tensor:
-    """Zero-shot classifier weights [D, C]: for each class, the mean of its normalised
-    prompt embeddings (one per template), re-normalised (the CLIP paper's ensembling)."""
-    if not classnames or not templates:
-        raise ValueError("need at least one class name and one template")
-    prompts = [t.format(c) for c in classnames for t in templates]
-    emb = encode_texts(model, prompts, device, batch_size, tokenizer)
-    emb = emb.view(len(classnames), len(templates), -1).mean(dim=1)
-    return F.normalize(emb, dim=-1).t().contiguous()
-
-
 @torch.no_grad()
 def encode_images(
     model: torch.nn.Module,
@@ -234,7 +179,7 @@ def encode_images(
     desc: str = "images",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """L2-normalised image embeddings [N, D] and the loader's labels [N]."""
-    model = _unwrap(model)
+    model = unwrap_model(model)
     features, labels = [], []
     batches = loader
     if progress:
@@ -252,79 +197,19 @@ def encode_images(
 # metrics
 
 
-def classification_metrics(logits: torch.Tensor, targets: torch.Tensor, num_classes: int | None = None) -> dict:
-    """Top-1 / top-5 accuracy and mean per-class recall (classes without samples are skipped), in %."""
-    num_classes = num_classes or logits.shape[1]
-    targets = targets.to(logits.device).long()
-    k = min(5, logits.shape[1])
-    topk = logits.topk(k, dim=1).indices
-    hit = topk.eq(targets.unsqueeze(1))
-    top1 = hit[:, 0].float()
-    per_class_hits = torch.zeros(num_classes, device=logits.device).index_add_(0, targets, top1)
-    per_class_total = torch.bincount(targets, minlength=num_classes).float()
-    present = per_class_total > 0
-    recall = (per_class_hits[present] / per_class_total[present]).mean()
-    return {
-        "top1": 100.0 * top1.mean().item(),
-        "top5": 100.0 * hit.any(dim=1).float().mean().item(),
-        "mean_per_class_recall": 100.0 * recall.item(),
-    }
-
-
-def retrieval_metrics(
-    image_emb: torch.Tensor,
-    text_emb: torch.Tensor,
-    caption_image: torch.Tensor | Sequence[int],
-    ks: Sequence[int] = (1, 5, 10),
-    chunk: int = 1024,
-) -> dict:
-    """Recall@K both ways, in %.
-
-    image->text: an image is a hit at K when any of its captions is among the K most similar texts.
-    text->image: a caption is a hit at K when its image is among the K most similar images.
-    Ranks count strictly better-scoring candidates, so ties resolve in the query's favour.
-    """
-    caption_image = torch.as_tensor(caption_image, device=image_emb.device).long()
-    n_img, n_txt = image_emb.shape[0], text_emb.shape[0]
-    i2t_rank = torch.empty(n_img, dtype=torch.long, device=image_emb.device)
-    t2i_rank = torch.empty(n_txt, dtype=torch.long, device=image_emb.device)
-    owner = torch.zeros(n_img, n_txt, dtype=torch.bool, device=image_emb.device)
-    owner[caption_image, torch.arange(n_txt, device=image_emb.device)] = True
-    for start in range(0, n_img, chunk):
-        sim = image_emb[start : start + chunk] @ text_emb.t()
-        mine = owner[start : start + chunk]
-        best = sim.masked_fill(~mine, -math.inf).max(dim=1, keepdim=True).values
-        i2t_rank[start : start + chunk] = (sim > best).sum(dim=1)
-    for start in range(0, n_txt, chunk):
-        sim = text_emb[start : start + chunk] @ image_emb.t()
-        idx = caption_image[start : start + chunk]
-        correct = sim.gather(1, idx.unsqueeze(1))
-        t2i_rank[start : start + chunk] = (sim > correct).sum(dim=1)
-    metrics = {}
-    for k in ks:
-        metrics[f"image_to_text_R@{k}"] = 100.0 * (i2t_rank < k).float().mean().item()
-    for k in ks:
-        metrics[f"text_to_image_R@{k}"] = 100.0 * (t2i_rank < k).float().mean().item()
-    metrics["mean_recall"] = sum(metrics.values()) / len(metrics)
-    return metrics
-
-
 # ---------------------------------------------------------------------------------------------
 # whole evaluations
 
 
-def _eval_mode(model: torch.nn.Module):
-    """Context: model in eval mode, restored afterwards (train.py calls this mid-training)."""
-
-    class _Ctx:
-        def __enter__(self):
-            self.was_training = model.training
-            model.eval()
-
-        def __exit__(self, *exc):
-            model.train(self.was_training)
-
-    return _Ctx()
+@contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """The model in eval mode, its mode restored afterwards (train.py evaluates mid-training)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def evaluate_classification(
@@ -345,7 +230,7 @@ def evaluate_classification(
     the dict also holds "predictions" (top-1 class index per image) and "data" (the dataset).
     """
     data, templates = load_classification_data(dataset_spec)
-    with _eval_mode(model):
+    with eval_mode(model):
         classifier = build_class_embeddings(model, data.classnames, templates, device, tokenizer=tokenizer)
         loader = make_loader(data.images, data.labels, input_size, batch_size, device, workers)
         features, labels = encode_images(model, loader, input_size, device, progress, desc=data.name)
@@ -379,7 +264,7 @@ def evaluate_retrieval(
     """Image<->text retrieval of one dataset: ``{"dataset", "task": "retrieval", "num_images",
     "num_captions", "metrics": {"image_to_text_R@1", ..., "text_to_image_R@10", "mean_recall"}}``."""
     data = load_retrieval_data(dataset_spec, captions_per_image)
-    with _eval_mode(model):
+    with eval_mode(model):
         text_emb = encode_texts(model, data.captions, device, tokenizer=tokenizer)
         loader = make_loader(data.images, None, input_size, batch_size, device, workers)
         image_emb, _ = encode_images(model, loader, input_size, device, progress, desc=data.name)
@@ -418,35 +303,24 @@ def write_result(result: dict, output_dir: Path | str) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in result["dataset"]).strip("._")
     path = output_dir / f"{result['task']}_{safe or 'dataset'}.json"
-    tmp = path.with_name(path.name + ".tmp")
     public = {k: v for k, v in result.items() if k not in ("data", "predictions")}
-    tmp.write_text(json.dumps(public, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic_write_json(path, public)
 
 
 # ---------------------------------------------------------------------------------------------
 # helpers shared by the evaluation CLIs
 
 
-def resolve_device(name: str = "auto") -> torch.device:
-    """"auto" picks the first GPU when there is one, else the CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise EvalDataError(f"--device {name}: no CUDA device on this machine; use --device cpu")
-    return device
-
-
 def load_eval_model(config: str | Path, checkpoint: str | Path | None, device: torch.device) -> torch.nn.Module:
     """create_model(config, pretrained=checkpoint) in fp32 eval mode on `device` (the original
     evaluation runs in plain fp32)."""
-    from src.open_alip.model import create_model
-
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise EvalDataError(f"checkpoint {checkpoint} does not exist; pass the .pt file with --model-weight")
-    model = create_model(str(config), pretrained=str(checkpoint) if checkpoint else None)
+    try:
+        model = create_model(str(config), pretrained=str(checkpoint) if checkpoint else None)
+    except (CheckpointMismatchError, FileNotFoundError, ValueError) as exc:
+        # create_model's errors are the library's; here they are the user's to fix.
+        raise EvalDataError(str(exc)) from exc
     return model.to(device=device, dtype=torch.float32).eval()
 
 
@@ -478,24 +352,3 @@ def parse_name_map(values: Sequence[str] | None, option: str) -> dict[str, Path]
     return out
 
 
-def zero_shot_epoch_hook(
-    dataset_spec: DatasetSpec | str | Path, frequency: int = 1, batch_size: int = 64, workers: int = 0
-) -> Callable:
-    """An epoch-end hook for train.py's `--zeroshot-data SPEC --zeroshot-frequency N`.
-
-    Called as ``hook(model, epochs_done, args, env)``; on the master rank (``env.is_master``) every
-    `frequency` epochs it returns ``{"zeroshot_top1": ..., "zeroshot_top5": ...,
-    "zeroshot_mean_per_class_recall": ...}`` (percent), elsewhere ``{}``.
-    """
-    spec = _as_spec(dataset_spec)
-    load_classification_data(spec)  # fail at start-up, not after the first epoch
-
-    def hook(model: torch.nn.Module, epochs_done: int, args=None, env=None) -> dict:
-        if epochs_done % frequency or not getattr(env, "is_master", True):
-            return {}
-        device = getattr(env, "device", None) or next(_unwrap(model).parameters()).device
-        input_size = int(_unwrap(model).config["input_size"])
-        result = evaluate_classification(model, spec, input_size, device, batch_size, workers)
-        return {f"zeroshot_{k}": v for k, v in result["metrics"].items()}
-
-    return hook

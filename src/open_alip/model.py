@@ -209,14 +209,15 @@ def create_model(
     return model
 
 
-def _strip_prefixes(key: str) -> str:
-    changed = True
-    while changed:
-        changed = False
-        for prefix in ("module.", "_orig_mod."):
-            if key.startswith(prefix):
-                key, changed = key[len(prefix) :], True
-    return key
+def strip_wrapper_prefixes(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys without the `module.` (DDP, DataParallel) and `_orig_mod.` (torch.compile)
+    prefixes that saving a wrapped model adds, in any nesting."""
+    out = {}
+    for key, value in state_dict.items():
+        while key.startswith(("module.", "_orig_mod.")):
+            key = key.split(".", 1)[1]
+        out[key] = value
+    return out
 
 
 def _extract_state_dict(obj: Any, where: str) -> dict[str, torch.Tensor]:
@@ -278,7 +279,7 @@ def load_checkpoint(
             raw = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises several types for corrupt or unsafe files
             raise CheckpointMismatchError(f"cannot read {where}: {type(exc).__name__}: {exc}") from None
-    state = {_strip_prefixes(k): v for k, v in _extract_state_dict(raw, where).items()}
+    state = strip_wrapper_prefixes(_extract_state_dict(raw, where))
     model = unwrap_model(model)
 
     own = model.state_dict()

@@ -44,12 +44,11 @@ import numpy as np
 import regex
 from ftfy.badness import is_bad
 
+from .constants import CONTEXT_LENGTH
+
 if TYPE_CHECKING:
     import torch
 
-DEFAULT_CONTEXT_LENGTH = 77
-SOT_TOKEN = 49406
-EOT_TOKEN = 49407
 VOCAB_PATH = Path(__file__).with_name("bpe_simple_vocab_16e6.txt.gz")
 
 # The merge list has more lines than CLIP uses; CLIP's vocabulary is 256 bytes,
@@ -362,7 +361,7 @@ class SimpleTokenizer:
         data = bytes(self._byte_of[c] for c in symbols)
         return data.decode("utf-8", errors="replace").replace(_END_OF_WORD, " ")
 
-    def tokenize_np(self, texts: str | Iterable[str], context_length: int = DEFAULT_CONTEXT_LENGTH) -> np.ndarray:
+    def tokenize_np(self, texts: str | Iterable[str], context_length: int = CONTEXT_LENGTH) -> np.ndarray:
         """int64 array [N, context_length]: start, ids, end, zero padding; see `tokenize_np`."""
         batch = _as_batch(texts)
         context_length = _check_context_length(context_length)
@@ -384,7 +383,7 @@ class SimpleTokenizer:
             out[row, : len(ids)] = ids
         return out
 
-    def __call__(self, texts: str | Iterable[str], context_length: int = DEFAULT_CONTEXT_LENGTH) -> torch.Tensor:
+    def __call__(self, texts: str | Iterable[str], context_length: int = CONTEXT_LENGTH) -> torch.Tensor:
         import torch
 
         return torch.from_numpy(self.tokenize_np(texts, context_length))
@@ -415,7 +414,7 @@ def _check_context_length(context_length: Any) -> int:
     if type(context_length) is int and context_length > 0:
         return context_length
     if context_length is None:  # as the reference: None means the default
-        return DEFAULT_CONTEXT_LENGTH
+        return CONTEXT_LENGTH
     if isinstance(context_length, bool) or not isinstance(context_length, (int, np.integer)):
         raise TypeError(f"context_length must be an int, got {type(context_length).__name__}")
     if context_length < 1:
@@ -428,7 +427,7 @@ def _default_tokenizer() -> SimpleTokenizer:
     return SimpleTokenizer()
 
 
-def tokenize_np(texts: str | Iterable[str], context_length: int = DEFAULT_CONTEXT_LENGTH) -> np.ndarray:
+def tokenize_np(texts: str | Iterable[str], context_length: int = CONTEXT_LENGTH) -> np.ndarray:
     """CLIP token ids as a numpy int64 array [N, context_length] (a str gives N=1).
 
     Each row is the start token 49406, the text's ids, the end token 49407 and
@@ -440,7 +439,7 @@ def tokenize_np(texts: str | Iterable[str], context_length: int = DEFAULT_CONTEX
     return _default_tokenizer().tokenize_np(texts, context_length)
 
 
-def tokenize(texts: str | Iterable[str], context_length: int = DEFAULT_CONTEXT_LENGTH) -> torch.Tensor:
+def tokenize(texts: str | Iterable[str], context_length: int = CONTEXT_LENGTH) -> torch.Tensor:
     """CLIP token ids as a torch.LongTensor [N, context_length]; see `tokenize_np`."""
     import torch
 

@@ -17,6 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from src.fsutil import atomic_path
+from src.training.errors import TrainingError
+
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^(?:step|epoch)_(\d+)\.pt$")
 _STEP_NAME = re.compile(r"^step_(\d+)\.pt$")
@@ -36,27 +39,12 @@ def epoch_checkpoint_path(output: str | os.PathLike, epoch: int) -> Path:
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
-    """Write `obj` to a temporary file beside `path`, fsync it, then rename over `path`.
-
-    A kill at any moment leaves either the previous file or the complete new one.
-    """
+    """torch.save `obj` durably under a temporary name, then rename it over `path`: a kill at
+    any moment leaves either the previous file or the complete new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    with atomic_path(path, durable=True) as tmp:
+        torch.save(obj, tmp)
     return path
 
 
@@ -119,20 +107,10 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:
-        raise ValueError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {exc})") from exc
+        raise TrainingError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {exc})") from exc
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise ValueError(f"checkpoint {path} has no 'state_dict'; it is not a training checkpoint")
+        raise TrainingError(f"checkpoint {path} has no 'state_dict'; it is not a training checkpoint")
     return ckpt
-
-
-def strip_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Remove the wrappers' `module.` and `_orig_mod.` prefixes."""
-    out = {}
-    for key, value in state_dict.items():
-        while key.startswith(("module.", "_orig_mod.")):
-            key = key.split(".", 1)[1]
-        out[key] = value
-    return out
 
 
 # --- RNG state --------------------------------------------------------------------------

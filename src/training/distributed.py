@@ -9,6 +9,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from src.devices import resolve_device
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -29,17 +31,6 @@ class DistEnv:
 
 def launched_by_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-
-
-def resolve_device(device: str, local_rank: int) -> torch.device:
-    """`auto` picks this rank's GPU when CUDA is usable, else the CPU."""
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"--device {device!r}: use auto, cpu or cuda")
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
 def init_distributed(device: str = "auto", timeout_s: int = 1800) -> DistEnv:

@@ -17,13 +17,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from src.open_alip.model import unwrap_model
 from src.training.distributed import DistEnv, all_reduce_mean
+from src.training.errors import NonFiniteLossError
 
 LOGIT_SCALE_MAX = math.log(100)
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite; nothing was updated or saved for that step."""
 
 
 @dataclass
@@ -42,17 +40,6 @@ def make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScal
         return None
     # The original's settings: start small, grow slowly.
     return torch.amp.GradScaler(device.type, init_scale=128, growth_interval=200)
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The model under DistributedDataParallel and/or torch.compile wrappers."""
-    while True:
-        if isinstance(model, nn.parallel.DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
 
 
 def _rng_snapshot(device: torch.device):
@@ -82,7 +69,7 @@ class Trainer:
         scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         self.model = model
-        self.raw_model = unwrap(model)
+        self.raw_model = unwrap_model(model)
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.loss_fn = loss_fn

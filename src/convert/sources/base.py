@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from src.errors import UserError
+
 from ..items import Item, Unit
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
 
 
-class InputError(ValueError):
+class InputError(UserError):
     """The inputs cannot be converted at all (wrong kind, missing, unreadable): a fatal, user-facing error."""
 
 

@@ -1,0 +1,23 @@
+"""The one base class of errors a user can fix.
+
+A `UserError` is bad input, a missing file, a flag out of range, a folder that is not
+writable: its message is one line that names the input and says what to do. The CLIs
+catch this class alone, print `PROG: error: MESSAGE` and exit with `exit_code`; any
+other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Something the user can fix; the message names the input and the fix."""
+
+    exit_code = 2
+
+
+def report(prog: str, error: UserError) -> int:
+    """Print `error` the way every CLI does and return its exit status."""
+    import sys
+
+    print(f"{prog}: error: {error}", file=sys.stderr)
+    return error.exit_code

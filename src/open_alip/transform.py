@@ -1,0 +1,109 @@
+"""Image preprocessing of RWKV-CLIP: the evaluation transform and the training augmentation.
+
+Evaluation (open_clip's eval transform, which the original evaluation uses): resize the
+shorter side to the input size with bicubic interpolation, centre crop, CLIP mean/std.
+`preprocess_pil` does it exactly on CPU; `preprocess_tensor` does the same on a uint8
+tensor on any device (antialiased bicubic, rounded to uint8 as PIL rounds), so decoding
+is the only CPU work when evaluating on a GPU.
+
+Training (the original's crop): a random crop covering 70-100% of the image area with an
+aspect ratio in [0.8, 1.25], resized to the input size, flipped with probability 0.5.
+The DALI pipeline (dataloaders/imagenet.py) and the PyTorch loader both use these ranges.
+
+PIL and numpy are imported here, not by `src.open_alip` itself, so importing the
+tokenizer stays light.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .constants import CLIP_MEAN, CLIP_STD
+
+TRAIN_AREA = (0.7, 1.0)
+TRAIN_ASPECT = (0.8, 1.25)
+TRAIN_CROP_ATTEMPTS = 10
+
+
+def resized_size(width: int, height: int, size: int) -> tuple[int, int]:
+    """(width, height) after torchvision's Resize(int): the shorter side becomes `size`,
+    the longer one is truncated."""
+    if width <= height:
+        return size, int(size * height / width)
+    return int(size * width / height), size
+
+
+def center_crop_offsets(width: int, height: int, size: int) -> tuple[int, int]:
+    """(top, left) of a centred size x size crop, rounded as torchvision's CenterCrop."""
+    return int(round((height - size) / 2.0)), int(round((width - size) / 2.0))
+
+
+def normalize(chw_float01: torch.Tensor) -> torch.Tensor:
+    mean = torch.tensor(CLIP_MEAN, dtype=chw_float01.dtype, device=chw_float01.device).view(-1, 1, 1)
+    std = torch.tensor(CLIP_STD, dtype=chw_float01.dtype, device=chw_float01.device).view(-1, 1, 1)
+    return (chw_float01 - mean) / std
+
+
+def _to_chw_float(img: Image.Image) -> torch.Tensor:
+    array = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+    return array.float() / 255.0
+
+
+def preprocess_pil(img: Image.Image, size: int) -> torch.Tensor:
+    """The evaluation transform of one PIL image: float32 [3, size, size]."""
+    img = img.convert("RGB")
+    w, h = img.size
+    nw, nh = resized_size(w, h, size)
+    if (nw, nh) != (w, h):
+        img = img.resize((nw, nh), Image.BICUBIC)
+    top, left = center_crop_offsets(nw, nh, size)
+    img = img.crop((left, top, left + size, top + size))
+    return normalize(_to_chw_float(img))
+
+
+def preprocess_tensor(image: torch.Tensor, size: int) -> torch.Tensor:
+    """The evaluation transform of a uint8 [3, H, W] tensor, on whatever device it lives on."""
+    _, h, w = image.shape
+    nw, nh = resized_size(w, h, size)
+    x = image.unsqueeze(0).float()
+    if (nw, nh) != (w, h):
+        x = torch.nn.functional.interpolate(x, size=(nh, nw), mode="bicubic", align_corners=False, antialias=True)
+        # PIL hands back uint8: round and clip so both paths see the same quantised pixels
+        x = x.round().clamp(0, 255)
+    top, left = center_crop_offsets(nw, nh, size)
+    x = x[0, :, top : top + size, left : left + size]
+    return normalize(x / 255.0)
+
+
+def random_resized_box(width: int, height: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of a random training crop (area and aspect ranges above)."""
+    area = width * height
+    log_lo, log_hi = math.log(TRAIN_ASPECT[0]), math.log(TRAIN_ASPECT[1])
+    for _ in range(TRAIN_CROP_ATTEMPTS):
+        target = area * rng.uniform(*TRAIN_AREA)
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        w = round(math.sqrt(target * aspect))
+        h = round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            x = int(rng.integers(0, width - w + 1))
+            y = int(rng.integers(0, height - h + 1))
+            return x, y, x + w, y + h
+    # No draw fitted (a very elongated image): the largest centred crop within the aspect range.
+    aspect = min(max(width / height, TRAIN_ASPECT[0]), TRAIN_ASPECT[1])
+    w = min(width, round(height * aspect))
+    h = min(height, round(width / aspect))
+    x, y = (width - w) // 2, (height - h) // 2
+    return x, y, x + w, y + h
+
+
+def augment_pil(img: Image.Image, size: int, rng: np.random.Generator) -> Image.Image:
+    """The training augmentation of one RGB image: random resized crop (bilinear) and flip."""
+    box = random_resized_box(img.width, img.height, rng)
+    img = img.resize((size, size), Image.BILINEAR, box=box)
+    if rng.random() < 0.5:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    return img

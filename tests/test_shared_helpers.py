@@ -1,0 +1,109 @@
+"""The small shared helpers: atomic writes, device resolution, the user-error base class."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from src import devices
+from src.devices import DeviceError, resolve_device
+from src.errors import UserError, report
+from src.fsutil import (
+    atomic_open,
+    atomic_write_json,
+    atomic_write_text,
+    remove_stale_temp_files,
+    temp_path_for,
+)
+
+# --- atomic writes ---------------------------------------------------------------------------
+
+
+def test_atomic_write_replaces_only_when_complete(tmp_path):
+    target = tmp_path / "result.json"
+    atomic_write_json(target, {"a": 1})
+    with pytest.raises(RuntimeError, match="half way"):
+        with atomic_open(target, "w") as f:
+            f.write('{"a": ')
+            raise RuntimeError("half way")
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]  # the temporary is gone
+
+
+def test_atomic_write_durable_and_text(tmp_path):
+    path = atomic_write_text(tmp_path / "x.txt", "hello\n", durable=True)
+    assert path.read_text() == "hello\n"
+    with pytest.raises(ValueError, match="whole files"):
+        with atomic_open(tmp_path / "x.txt", "a"):
+            pass
+
+
+def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
+    # A writer killed between writing and renaming leaves its temporary behind.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    stale = tmp_path / f".step_000000008.pt.{dead_pid}.tmp"
+    stale.write_bytes(b"partial")
+    mine = temp_path_for(tmp_path / "step_000000009.pt")  # this process is alive: keep it
+    mine.write_bytes(b"in progress")
+    removed = remove_stale_temp_files(tmp_path, "step_*.pt")
+    assert removed == [stale] and not stale.exists() and mine.exists()
+
+
+# --- devices ---------------------------------------------------------------------------------
+
+
+def test_cpu_and_auto_without_a_gpu():
+    assert resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(DeviceError, match="--device cuda: .* sees no CUDA GPU"):
+            resolve_device("cuda")
+
+
+@pytest.mark.parametrize("name", ["tpu", "gpu", "cuda:x", ""])
+def test_unknown_device_names_are_one_line_errors(name):
+    with pytest.raises(DeviceError, match="use auto, cpu, cuda or cuda:N"):
+        resolve_device(name)
+
+
+def _fake_gpus(monkeypatch, count):
+    # No GPU can run here: pretend torch sees `count` of them (only the bookkeeping is tested).
+    monkeypatch.setattr(devices.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(devices.torch.cuda, "device_count", lambda: count)
+
+
+def test_each_local_rank_gets_its_own_gpu(monkeypatch):
+    _fake_gpus(monkeypatch, 4)
+    for rank in range(4):
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        assert resolve_device("auto") == resolve_device("cuda") == torch.device("cuda", rank)
+    assert resolve_device("cuda:2") == torch.device("cuda", 2)
+
+
+def test_more_processes_than_visible_gpus_fails_clearly(monkeypatch):
+    _fake_gpus(monkeypatch, 2)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(DeviceError, match=r"LOCAL_RANK 3: only 2 GPU\(s\) are visible \(CUDA_VISIBLE_DEVICES=0,1\)"):
+        resolve_device("auto")
+    with pytest.raises(DeviceError, match="--device cuda:5: only 2"):
+        resolve_device("cuda:5")
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def test_user_errors_print_one_line_and_their_exit_code(capsys):
+    class Stopped(UserError):
+        exit_code = 3
+
+    assert report("prog.py", UserError("bad --flag 0: must be at least 1")) == 2
+    assert report("prog.py", Stopped("loss is nan")) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["prog.py: error: bad --flag 0: must be at least 1", "prog.py: error: loss is nan"]
+    assert not issubclass(UserError, (ValueError, RuntimeError)), "a bug's ValueError must not pass as a user error"

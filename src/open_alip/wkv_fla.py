@@ -9,8 +9,8 @@ same recurrence over the time-reversed sequence with u = 0. Tensors are
 `[B, T, H, N]`, which is our `[B, T, C]` viewed per head: no transpose.
 
 fla's own `reverse=True` mode is not used: in fla-core 0.6.0 its gradient of the
-log-decay reads r one step on the wrong side and disagrees with autograd of the
-forward, while flipping the sequence is exact.
+log-decay disagrees with the reference by about the size of the gradient itself (its
+outputs and other gradients are right), while flipping the sequence is exact.
 
 The pair of recurrences is one custom op (`open_alip::wkv_fla`) with its backward
 a second op, so `torch.compile` treats the Triton calls as opaque nodes. Between

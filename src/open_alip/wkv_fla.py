@@ -134,6 +134,8 @@ def _device_guard(t: Tensor):
 
 def _both_directions_forward(r: Tensor, k: Tensor, v: Tensor, logd: Tensor, u: Tensor) -> Tensor:
     fused_recurrent = _import_fla()
+    # The kernels index memory as dense [B, T, H, N]; a compiler may hand over other strides.
+    r, k, v, logd, u = (t.contiguous() for t in (r, k, v, logd, u))
     options = {"scale": 1.0, "initial_state": None, "output_final_state": False, "reverse": False}
     with _device_guard(r):
         left, _ = fused_recurrent.fused_recurrent_rwkv6_fwd(r, k, v, logd, u, **options)
@@ -159,6 +161,7 @@ def wkv_fla_backward_op(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Gradients (r, k, v, logd, u) of `wkv_fla_op` for the output gradient `grad`."""
     fused_recurrent = _import_fla()
+    grad, r, k, v, logd, u = (t.contiguous() for t in (grad, r, k, v, logd, u))
     options = {"scale": 1.0, "initial_state": None, "reverse": False}
     with _device_guard(r):
         dr, dk, dv, dlogd, du, _ = fused_recurrent.fused_recurrent_rwkv6_bwd(r, k, v, logd, u, grad, **options)
@@ -180,7 +183,7 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, grad: Tensor):
-    return wkv_fla_backward_op(grad.contiguous(), *ctx.saved_tensors)
+    return wkv_fla_backward_op(grad, *ctx.saved_tensors)
 
 
 wkv_fla_op.register_autograd(_backward, setup_context=_setup_context)

@@ -8,11 +8,11 @@ where D(s, t) is the product of the per-step decays d_l = exp(-exp(w_l)) strictl
 between s and t (both end points excluded). Inputs are `[B, T, C]` with channel
 c = head * N + d; the bonus `u` is `[H, N]`.
 
-Two implementations compute the same numbers:
+Four implementations compute the same numbers:
 
 * `wkv_reference`: the two recurrent scans of the original CUDA kernel, written in
   plain PyTorch. O(T) Python steps; memory for autograd grows with T * N * N.
-* `wkv_chunked` (the default): splits time into chunks of L tokens. Pairs inside a
+* `wkv_chunked` (the default on CPU): splits time into chunks of L tokens. Pairs inside a
   chunk are handled as a small masked L x L "attention" per channel; pairs across
   chunks go through one N x N state per chunk boundary and direction. The in-chunk
   part is a custom autograd Function whose backward recomputes the decays from the

@@ -99,6 +99,9 @@ def _probe(device_type: str) -> str | None:
         fused_recurrent = _import_fla()
     except ImportError as exc:
         return f"it needs the fla-core and triton packages (pip install -r requirements.txt): {exc}"
+    except Exception as exc:  # a broken install (e.g. a triton that fla does not support)
+        first_line = (str(exc).splitlines() or [""])[0]
+        return f"fla-core failed to import ({type(exc).__name__}: {first_line})"
     if device_type == "cpu":
         if not _is_interpreted(fused_recurrent):
             return (

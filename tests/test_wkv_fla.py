@@ -30,8 +30,8 @@ from tests._wkv_fla_cases import CASES, GRADIENTS
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Measured (fla-core 0.6.0, triton 3.7.1): forward and the r, k, v, u gradients within
-# 2e-7 of the largest reference value; the w gradient within 1.1e-4 over decay logits
-# in [-20, 20] (fla's rounding times exp(w)) and 1.3e-6 where the logit is <= 0.
+# 2.2e-7 of the largest reference value; the w gradient within 5.4e-5 over decay logits
+# in [-20, 20] (fla's rounding times exp(w)) and 5.5e-7 where the logit is <= 0.
 TIGHT = 1e-6
 W_ALL = 5e-4
 W_CALM = 1e-5

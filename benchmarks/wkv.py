@@ -1,9 +1,15 @@
-"""Benchmark the WKV operator: chunked fast path against the two-scan reference.
+"""Benchmark the WKV operator: every implementation that runs on the device, against "chunked".
 
 Times forward+backward at the B/32 shapes (image: B=8, T=49, C=640, H=8; text:
-B=8, T=77, C=640, H=10) for both implementations in the same run and prints the
-ratio; measures the peak memory of one forward+backward of each; optionally times a
-full RWKV-CLIP training step (bf16 autocast, AdamW) in samples/s.
+B=8, T=77, C=640, H=10) for each implementation in the same run and prints its time,
+its speed relative to "chunked", and its largest difference from "chunked" (forward
+and the five gradients, each relative to chunked's largest value); measures the peak
+memory of one forward+backward of each; optionally times a full RWKV-CLIP training
+step (bf16 autocast, AdamW) in samples/s.
+
+Implementations: "reference" and "chunked" everywhere; "fla" and "fla_chunk" on CUDA
+when fla-core imports. Under TRITON_INTERPRET=1 "fla" also runs on CPU, far too
+slowly for these shapes: name it with --impls to include it anyway.
 
 Memory method: on CUDA, torch.cuda.max_memory_allocated() above the inputs. On CPU,
 each implementation runs in a fresh child process with glibc told to serve every
@@ -12,8 +18,9 @@ resident set at once; after one warm-up pass the child resets the kernel's
 resident-set high-water mark (writing 5 to /proc/self/clear_refs) and reports
 VmHWM - VmRSS around the measured pass: the peak of live memory, at page granularity.
 
-    python -m benchmarks.wkv                         # CPU, both shapes
+    python -m benchmarks.wkv                         # CPU: reference and chunked
     python -m benchmarks.wkv --device cuda --train-step --train-batch 256
+    python -m benchmarks.wkv --device cuda --decay-range -20 20   # extreme decay logits
 """
 
 from __future__ import annotations
@@ -29,22 +36,26 @@ from pathlib import Path
 
 import torch
 
-from src.open_alip.wkv import IMPLEMENTATIONS
+from src.open_alip.wkv import IMPLEMENTATIONS, WKV_IMPL_CHOICES, available_implementations, resolve_wkv_impl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-IMPLS = ("reference", "chunked")
+BASELINE = "chunked"
 SHAPES = {
     "image": (8, 49, 640, 8),
     "text": (8, 77, 640, 10),
 }
+DECAY_RANGE = (-6.0, 0.0)  # the released models' decay logits
 
 
-def make_inputs(shape: tuple[int, int, int, int], device: str, seed: int = 0) -> list[torch.Tensor]:
+def make_inputs(
+    shape: tuple[int, int, int, int], device: str, seed: int = 0, decay: tuple[float, float] = DECAY_RANGE
+) -> list[torch.Tensor]:
     batch, time_, channels, heads = shape
     g = torch.Generator().manual_seed(seed)
     r, k, v = (torch.randn(batch, time_, channels, generator=g) for _ in range(3))
-    w = torch.rand(batch, time_, channels, generator=g) * 6 - 6  # the released models' decay range
+    lo, hi = decay
+    w = torch.rand(batch, time_, channels, generator=g) * (hi - lo) + lo
     u = torch.randn(heads, channels // heads, generator=g)
     return [t.to(device).requires_grad_() for t in (r, k, v, w, u)]
 
@@ -53,6 +64,26 @@ def step(impl: str, inputs: list[torch.Tensor]) -> None:
     for t in inputs:
         t.grad = None
     IMPLEMENTATIONS[impl](*inputs).square().sum().backward()
+
+
+def outputs_and_gradients(impl: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """[y, dr, dk, dv, dw, du] of one forward+backward with a fixed random output weight."""
+    for t in inputs:
+        t.grad = None
+    y = IMPLEMENTATIONS[impl](*inputs)
+    weight = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y.device)
+    (y * weight).sum().backward()
+    return [y.detach()] + [torch.zeros_like(t) if t.grad is None else t.grad.clone() for t in inputs]
+
+
+def largest_difference(got: list[torch.Tensor], want: list[torch.Tensor]) -> tuple[float, str]:
+    """The largest of max|got - want| / max|want| over y and the gradients, and which one."""
+    worst, name = 0.0, "y"
+    for label, a, b in zip(("y", "r", "k", "v", "w", "u"), got, want):
+        diff = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+        if not diff <= worst:  # also catches nan
+            worst, name = diff, label
+    return worst, name
 
 
 def sync(device: str) -> None:
@@ -159,23 +190,36 @@ def mib(n: int) -> str:
     return f"{n / 2**20:8.1f} MiB"
 
 
+def default_impls(device: str) -> list[str]:
+    """Everything that runs on `device`, except fla interpreted on CPU (hours at these shapes)."""
+    impls = available_implementations(device)
+    return [i for i in impls if not (device == "cpu" and i.startswith("fla"))]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run (default cpu)")
+    parser.add_argument(
+        "--impls", nargs="+", choices=list(IMPLEMENTATIONS),
+        help="implementations to compare (default: every one that runs on the device; chunked is always added)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=5, help="timed forward+backward passes per case")
     parser.add_argument(
         "--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES), help="which shapes"
     )
+    parser.add_argument(
+        "--decay-range", nargs=2, type=float, default=list(DECAY_RANGE), metavar=("LO", "HI"),
+        help=f"decay logits are drawn uniformly from [LO, HI] (default {DECAY_RANGE[0]:g} {DECAY_RANGE[1]:g})",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     parser.add_argument("--train-step", action="store_true", help="also time full training steps")
     parser.add_argument("--train-model", default="RWKV_CLIP_B32", help="model config for --train-step")
     parser.add_argument("--train-batch", type=int, default=256, help="batch size for --train-step")
     parser.add_argument("--train-steps", type=int, default=5, help="timed steps for --train-step")
-    parser.add_argument("--train-impls", nargs="+", default=["chunked"], choices=list(IMPLEMENTATIONS))
+    parser.add_argument("--train-impls", nargs="+", default=["auto"], choices=list(WKV_IMPL_CHOICES))
     parser.add_argument("--_memory-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -188,42 +232,64 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1 or args.train_batch < 1 or args.train_steps < 1:
         print("error: --repeats, --train-batch and --train-steps must be at least 1", file=sys.stderr)
         return 2
+    try:
+        impls = [resolve_wkv_impl(i, args.device) for i in (args.impls or default_impls(args.device))]
+        train_impls = [resolve_wkv_impl(i, args.device) for i in args.train_impls] if args.train_step else []
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    impls = [BASELINE] + [i for i in dict.fromkeys(impls) if i != BASELINE]
     if args.threads:
         torch.set_num_threads(args.threads)
 
     device_name = (
         torch.cuda.get_device_name() if args.device == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     )
-    print(f"WKV forward+backward, float32, {device_name}, median of {args.repeats}")
+    lo, hi = args.decay_range
+    print(f"WKV forward+backward, float32, {device_name}, median of {args.repeats}, decay logits in [{lo:g}, {hi:g}]")
+    print("  speed-up: chunked time / this time; diff: largest |this - chunked| / max|chunked| over y and grads")
     for name in args.shapes:
         shape = SHAPES[name]
-        inputs = make_inputs(shape, args.device)
-        (ref, ref_cpu), (fast, fast_cpu) = (time_impl(i, inputs, args.device, args.repeats) for i in IMPLS)
         b, t, c, h = shape
-        print(
-            f"  {name:5s} B={b} T={t} C={c} H={h}: wall reference {ref * 1e3:9.2f} ms  chunked {fast * 1e3:9.2f} ms"
-            f"  speed-up x{ref / fast:.2f}"
-        )
-        if args.device == "cpu":  # CPU time is steadier than wall time on a shared machine
-            print(
-                f"  {'':5s} {'':24s} cpu  reference {ref_cpu * 1e3:9.2f} ms  chunked {fast_cpu * 1e3:9.2f} ms"
-                f"  speed-up x{ref_cpu / fast_cpu:.2f}"
-            )
+        print(f"  {name} B={b} T={t} C={c} H={h}")
+        inputs = make_inputs(shape, args.device, decay=(lo, hi))
+        base_out = outputs_and_gradients(BASELINE, inputs)
+        base_wall = base_cpu = None
+        for impl in impls:
+            try:
+                if impl != BASELINE:
+                    diff, worst = largest_difference(outputs_and_gradients(impl, inputs), base_out)
+                wall, cpu = time_impl(impl, inputs, args.device, args.repeats)
+            except Exception as exc:  # one failing kernel must not hide the others' numbers
+                print(f"    {impl:10s} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                continue
+            if impl == BASELINE:
+                base_wall, base_cpu = wall, cpu
+            line = f"    {impl:10s} wall {wall * 1e3:9.2f} ms  speed-up x{base_wall / wall:7.2f}"
+            if args.device == "cpu":  # CPU time is steadier than wall time on a shared machine
+                line += f"  cpu {cpu * 1e3:9.2f} ms  x{base_cpu / cpu:7.2f}"
+            print(line + ("" if impl == BASELINE else f"  diff {diff:.1e} ({worst})"))
     if not args.no_memory:
         how = (
             "torch.cuda.max_memory_allocated above inputs"
             if args.device == "cuda"
             else "peak RSS growth of one pass in a fresh process, mmap-backed malloc"
         )
-        print(f"Peak memory of one forward+backward ({how})")
+        print(f"Peak memory of one forward+backward ({how}); ratio: chunked / this")
         measure = cuda_peak_memory if args.device == "cuda" else cpu_peak_memory
         for name in args.shapes:
-            ref, fast = measure("reference", name), measure("chunked", name)
-            ratio = f"x{ref / fast:.2f}" if fast > 0 else "n/a"
-            print(f"  {name:5s}: reference {mib(ref)}  chunked {mib(fast)}  reference/chunked {ratio}")
+            peaks = {}
+            for impl in impls:
+                try:
+                    peaks[impl] = measure(impl, name)
+                except Exception as exc:
+                    print(f"  {name:5s} {impl:10s} failed: {type(exc).__name__}")
+            for impl, peak in peaks.items():
+                ratio = f"x{peaks[BASELINE] / peak:.2f}" if peak > 0 and BASELINE in peaks else "n/a"
+                print(f"  {name:5s} {impl:10s} {mib(peak)}  {ratio}")
     if args.train_step:
         print(f"Training step, {args.train_model}, batch {args.train_batch}, bf16 autocast, AdamW")
-        for impl in args.train_impls:
+        for impl in train_impls:
             rate = train_step_throughput(
                 args.train_model, args.train_batch, args.device, args.train_steps, impl
             )

@@ -22,7 +22,7 @@ from torch import nn
 from .rwkv6 import TimeMix
 from .text_rwkv import TextRWKV
 from .vision_rwkv import VisionRWKV
-from .wkv import IMPLEMENTATIONS
+from .wkv import WKV_IMPL_CHOICES
 
 CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
 
@@ -175,9 +175,15 @@ class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for us
         self.text_model.set_with_cp(enabled)
 
     def set_wkv_impl(self, impl: str) -> None:
-        """Switch every WKV call between "chunked" (default) and "reference"."""
-        if impl not in IMPLEMENTATIONS:
-            raise ValueError(f"unknown wkv implementation {impl!r}; choose one of {sorted(IMPLEMENTATIONS)}")
+        """Choose the WKV implementation of every layer: a name from `wkv.WKV_IMPL_CHOICES`.
+
+        "auto" (the default) runs fla's kernels on CUDA when fla-core imports and the
+        chunked PyTorch form otherwise. Only the name is checked here; whether it can
+        run is known once the model's device is (`wkv.resolve_wkv_impl(impl, device)`
+        tells up front; a forward on an unusable device raises the same ValueError).
+        """
+        if impl not in WKV_IMPL_CHOICES:
+            raise ValueError(f"unknown wkv implementation {impl!r}; choose one of {', '.join(WKV_IMPL_CHOICES)}")
         for module in self.modules():
             if isinstance(module, TimeMix):
                 module.wkv_impl = impl
@@ -197,13 +203,16 @@ class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for us
 def create_model(
     config: str | os.PathLike | Mapping[str, Any],
     pretrained: str | os.PathLike | None = None,
+    wkv_impl: str = "auto",
     **overrides: Any,
 ) -> RWKV_CLIP:
     """Build RWKV_CLIP from a shipped name, JSON path or dict; optionally load weights.
 
-    Device and dtype are left to the caller (`model.to(...)`).
+    Device and dtype are left to the caller (`model.to(...)`). `wkv_impl` is passed to
+    `RWKV_CLIP.set_wkv_impl`.
     """
     model = RWKV_CLIP(get_model_config(config, **overrides))
+    model.set_wkv_impl(wkv_impl)
     if pretrained is not None:
         load_checkpoint(model, pretrained, strict=True)
     return model

@@ -59,7 +59,7 @@ class TimeMix(nn.Module):
         gn_eps: float,
         linear_order: tuple[str, ...],
         decay_dtype: torch.dtype = torch.float32,
-        wkv_impl: str = "chunked",
+        wkv_impl: str = "auto",
     ):
         super().__init__()
         if dim_att % n_head:

@@ -8,11 +8,11 @@ where D(s, t) is the product of the per-step decays d_l = exp(-exp(w_l)) strictl
 between s and t (both end points excluded). Inputs are `[B, T, C]` with channel
 c = head * N + d; the bonus `u` is `[H, N]`.
 
-Two implementations compute the same numbers:
+Four implementations compute the same numbers:
 
 * `wkv_reference`: the two recurrent scans of the original CUDA kernel, written in
   plain PyTorch. O(T) Python steps; memory for autograd grows with T * N * N.
-* `wkv_chunked` (the default): splits time into chunks of L tokens. Pairs inside a
+* `wkv_chunked` (the default on CPU): splits time into chunks of L tokens. Pairs inside a
   chunk are handled as a small masked L x L "attention" per channel; pairs across
   chunks go through one N x N state per chunk boundary and direction. The in-chunk
   part is a custom autograd Function whose backward recomputes the decays from the
@@ -21,13 +21,25 @@ Two implementations compute the same numbers:
   Memory is O(T * L * N + T / L * N * N) per head, never T * T * N. Every decay factor is the
   exponential of a sum of log-decays over a contiguous range (never a difference of
   prefix sums), so nothing cancels and nothing overflows for any decay logit.
+* `wkv_fla`: flash-linear-attention's fused recurrent RWKV-6 Triton kernels, one pass per
+  direction (`wkv_fla.py`). The fast path on CUDA; on CPU it runs under Triton's
+  interpreter when TRITON_INTERPRET=1 is set, which is how it is checked without a GPU.
+* `wkv_fla_chunk`: fla's chunked RWKV-6 kernels, CUDA only and never chosen by "auto"
+  (see its docstring).
+
+`wkv(..., impl="auto")` takes "fla" for CUDA tensors when fla imports and "chunked"
+otherwise; `resolve_wkv_impl` says which implementation a name means on a device, or
+why it cannot run there.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
+
+from . import wkv_fla as _fla
 
 Tensor = torch.Tensor
 
@@ -199,24 +211,112 @@ def wkv_chunked(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: in
     return _merge_heads(y)
 
 
+# exp(-exp(w)) is 0 in float32 once exp(w) > 104 (exp(-104) is below half the smallest
+# subnormal). fla's gradient of the log-decay is a difference of two running sums, so
+# its rounding error is multiplied by dlogd/dw = -exp(w); clamping where float32 decays
+# are already 0 changes no forward value and caps that factor at 105.
+_FLA_W_MAX = math.log(105.0)
+
+
+def _log_decay_per_head(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor) -> list[Tensor]:
+    """float32 `[B, T, H, N]` views of r, k, v and of the log-decay -exp(w), and u."""
+    _check(r, k, v, w, u)
+    heads, size = u.shape
+    shape = (*r.shape[:2], heads, size)
+    logd = -torch.exp(w.float().clamp(max=_FLA_W_MAX))
+    return [t.float().reshape(shape).contiguous() for t in (r, k, v, logd)] + [u.float().contiguous()]
+
+
+def wkv_fla(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor) -> Tensor:
+    """`wkv_reference` through fla's fused recurrent kernels; computes in float32.
+
+    Forward and the gradients of r, k, v, u agree with the reference to float32
+    rounding. The gradient of w carries fla's rounding error times exp(w) (at most
+    105, see _FLA_W_MAX): about 1e-4 of the largest w gradient when decay logits
+    reach +4, about 1e-6 when they stay below 0.
+    """
+    problem = _fla.fla_problem(r.device)
+    if problem:
+        raise ValueError(f"wkv implementation 'fla' cannot run on {r.device.type}: {problem}")
+    y = _fla.wkv_fla_op(*_log_decay_per_head(r, k, v, w, u))
+    return y.reshape(r.shape).to(r.dtype)
+
+
+def wkv_fla_chunk(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor) -> Tensor:
+    """`wkv_reference` through fla's chunked RWKV-6 kernels (`chunk_rwkv6`); CUDA only.
+
+    Not verified on CPU: Triton's interpreter cannot run these kernels (in fla-core
+    0.6.0 `chunk_fwd_h` calls `.to()` on a loop index, which the interpreter hands over
+    as a Python int). So "auto" never picks it; benchmarks/wkv.py reports its largest
+    difference from "chunked" on a GPU. It calls fla's public autograd function, which
+    fla marks torch.compiler.disable: under torch.compile it is a graph break.
+    """
+    if r.device.type != "cuda":
+        raise ValueError(f"wkv implementation 'fla_chunk' cannot run on {r.device.type}: {_CHUNK_CPU}")
+    problem = _fla.fla_problem(r.device)
+    if problem:
+        raise ValueError(f"wkv implementation 'fla_chunk' cannot run on cuda: {problem}")
+    chunk_rwkv6 = _fla.chunk_rwkv6()
+    r4, k4, v4, logd4, u = _log_decay_per_head(r, k, v, w, u)
+    left, _ = chunk_rwkv6(r4, k4, v4, logd4, u, scale=1.0)
+    flipped = [t.flip(1) for t in (r4, k4, v4, logd4)]
+    right, _ = chunk_rwkv6(*flipped, torch.zeros_like(u), scale=1.0)
+    return (left + right.flip(1)).reshape(r.shape).to(r.dtype)
+
+
+_CHUNK_CPU = "it runs only on CUDA tensors (Triton's interpreter cannot run fla's chunked kernels)"
+
 IMPLEMENTATIONS: dict[str, Callable[..., Tensor]] = {
     "chunked": wkv_chunked,
     "reference": wkv_reference,
+    "fla": wkv_fla,
+    "fla_chunk": wkv_fla_chunk,
 }
+# Every name `wkv`, `resolve_wkv_impl` and the model accept (for a CLI's `choices`).
+WKV_IMPL_CHOICES: tuple[str, ...] = ("auto", *IMPLEMENTATIONS)
 
 
-def wkv(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, impl: str = "chunked") -> Tensor:
+def _unusable(impl: str, device: torch.device) -> str | None:
+    """Why `impl` (a concrete name) cannot run on `device`, or None."""
+    if impl == "fla_chunk" and device.type != "cuda":
+        return _CHUNK_CPU
+    if impl in ("fla", "fla_chunk"):
+        return _fla.fla_problem(device)
+    return None
+
+
+def resolve_wkv_impl(impl: str, device: torch.device | str = "cpu") -> str:
+    """The implementation `impl` means for tensors on `device`.
+
+    "auto" gives "fla" on CUDA when fla-core imports, "chunked" otherwise. A name
+    that is unknown, or that cannot run on `device`, raises a one-line ValueError
+    saying what to choose or how to enable it. Asking for "fla" imports fla.
+    """
+    device = torch.device(device)
+    if impl == "auto":
+        return "fla" if device.type == "cuda" and _fla.fla_problem(device) is None else "chunked"
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown wkv implementation {impl!r}; choose one of {', '.join(WKV_IMPL_CHOICES)}")
+    problem = _unusable(impl, device)
+    if problem:
+        raise ValueError(f"wkv implementation {impl!r} cannot run on {device.type}: {problem}")
+    return impl
+
+
+def available_implementations(device: torch.device | str = "cpu") -> list[str]:
+    """The concrete implementations that can run on `device` in this process."""
+    device = torch.device(device)
+    return [name for name in IMPLEMENTATIONS if _unusable(name, device) is None]
+
+
+def wkv(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, impl: str = "auto") -> Tensor:
     """WKV as the model uses it: float32 even under autocast, float64 when given float64.
 
     `w` is the decay logit (per-step decay exp(-exp(w))); `u` is the bonus `[H, N]`.
-    Returns `[B, T, C]` in float32 (float64 for float64 inputs).
+    Returns `[B, T, C]` in float32 (float64 for float64 inputs; the fla kernels still
+    compute in float32). `impl` is a name from WKV_IMPL_CHOICES, resolved for r's device.
     """
-    try:
-        fn = IMPLEMENTATIONS[impl]
-    except KeyError:
-        raise ValueError(
-            f"unknown wkv implementation {impl!r}; choose one of {sorted(IMPLEMENTATIONS)}"
-        ) from None
+    fn = IMPLEMENTATIONS[resolve_wkv_impl(impl, r.device)]
     dtype = torch.float64 if r.dtype == torch.float64 else torch.float32
     with torch.autocast(device_type=r.device.type, enabled=False):
         return fn(*(t.to(dtype) for t in (r, k, v, w, u)))

@@ -180,6 +180,79 @@ def junk_corpus(n: int, seed: int = 0) -> list[str]:
     return out[:n]
 
 
+# Captions as they come out of web scrapes (photo titles, descriptions, alt text): real
+# caption structure, damaged the ways such text is damaged in the wild.
+_CJK_CAPTIONS = [
+    "{place}の{noun}", "東京タワーの夜景", "京都 清水寺 {year}年", "桜と富士山", "猫がかわいい",
+    "北京 故宫 {year}", "上海外滩夜景", "我的{noun}", "美丽的风景 {place}", "香港 維多利亞港",
+    "서울의 밤", "부산 해운대 {year}", "우리 {noun}", "제주도 여행", "台北101 跨年煙火",
+]
+_EMOJI = ["😀", "😍", "👍", "👍🏽", "❤️", "❤", "🔥", "✨", "🌸", "🐱", "🐶", "📷", "🇯🇵", "🇫🇷", "👨\u200d👩\u200d👧",
+          "🙏", "😂", "🎉", "☀️", "🌊"]
+_ENTITY_OF = {"'": ["&#39;", "&#039;", "&#x27;", "&apos;", "&rsquo;", "&#8217;"], '"': ["&quot;", "&#34;", "&ldquo;"],
+              "&": ["&amp;", "&amp;amp;", "&#38;"], " ": ["&nbsp;", " ", " ", " "], "é": ["&eacute;", "&#233;"],
+              "-": ["&ndash;", "&mdash;", "-"], "…": ["&hellip;", "..."], "©": ["&copy;", "(c)"]}
+_CONTROLS = ["\r\n", "\n", "\t", "\x00", "\u200b", "\ufeff", "\xad", "\xa0", "\x0b", "\x1b[0m", "\u2028",
+             "\x85", "\x92", "\x96", "\u3000", "\u200e"]
+_URLS = ["http://www.flickr.com/photos/{name}/{num}/", "https://example.com/view?id={num}&amp;lang=en",
+         "http://t.co/{num}", "www.{place_slug}.com", "https://www.youtube.com/watch?v={num}&feature=share"]
+
+
+def _entity_escape(rng: random.Random, text: str) -> str:
+    # Each escapable character becomes one of the spellings web pages use for it.
+    return "".join(rng.choice(_ENTITY_OF[c]) if c in _ENTITY_OF and rng.random() < 0.8 else c for c in text)
+
+
+def _damage(rng: random.Random, text: str) -> str:
+    if rng.random() < 0.3:
+        text = _entity_escape(rng, text)
+    if rng.random() < 0.15:
+        text = _mojibake(rng, text)
+        if rng.random() < 0.2:  # mis-decoded twice
+            text = _mojibake(rng, text)
+    if rng.random() < 0.3:
+        words = text.split(" ")
+        for _ in range(rng.randint(1, 3)):
+            words.insert(rng.randint(0, len(words)), rng.choice(_EMOJI))
+        text = " ".join(words)
+    if rng.random() < 0.25:
+        for _ in range(rng.randint(1, 3)):
+            pos = rng.randint(0, len(text))
+            text = text[:pos] + rng.choice(_CONTROLS) + text[pos:]
+    if rng.random() < 0.1:
+        text = rng.choice(["<b>", "<i>", "<p>", "<br />", '<a href="http://flickr.com">']) + text + rng.choice(
+            ["</b>", "</i>", "</p>", "<br>", "</a>"])
+    return text
+
+
+def web_caption_corpus(n: int, seed: int = 0) -> list[str]:
+    """Web captions heavy in HTML entities, mojibake, CJK, emoji, control characters and URLs.
+
+    Each is a title, often followed by a description or a tag list, built like
+    `caption_corpus`'s and then damaged: entity-escaped (sometimes twice), read in
+    the wrong encoding, sprinkled with emoji and control characters, wrapped in tags.
+    """
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        kind = rng.random()
+        if kind < 0.3:
+            text = _caption(rng, _CJK_CAPTIONS)
+        elif kind < 0.55:
+            text = _caption(rng, _INTL)
+        else:
+            text = _caption(rng, _TEMPLATES)
+        if rng.random() < 0.5:
+            text += rng.choice([" - ", " | ", ". ", "\n", "\r\n", " :: "]) + _caption(rng, _TEMPLATES + _INTL + _CJK_CAPTIONS)
+        if rng.random() < 0.15:
+            text += " " + rng.choice(_URLS).format(name=rng.choice(_NAME), num=rng.randint(0, 10**9),
+                                                    place_slug=rng.choice(_PLACE).lower().replace(" ", ""))
+        if rng.random() < 0.2:
+            text += " " + " ".join("#" + rng.choice(_NOUN + _ADJ) for _ in range(rng.randint(1, 5)))
+        out.append(_damage(rng, text))
+    return out
+
+
 def long_texts(seed: int = 0) -> list[str]:
     """Texts far past the context length, some with many lines (ftfy works line by line)."""
     rng = random.Random(seed)

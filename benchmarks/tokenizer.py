@@ -6,13 +6,17 @@ itself is not installed here). By default its file comes from the test oracle ve
 (benchmarks/oracles.py builds it on first use, about a minute); `--reference`
 takes any open_clip/tokenizer.py.
 
+Two synthetic corpora by default (benchmarks/corpora.py): clean captions (15%
+non-ASCII) and hostile web captions (HTML entities, mojibake, CJK, emoji, control
+characters, URLs); a third, `junk`, is glued hostile fragments and raw code points.
 Each round times (thread CPU time) a fresh instance of each tokenizer over the
 whole corpus in batches, twice: the first pass starts with empty caches (ours and
 the reference's BPE cache), the second shows the steady state of a long run. The
-median round is reported. Outputs are compared before timing.
+median round is reported, per corpus. Outputs are compared before timing.
 
-    .venv/bin/python -m benchmarks.tokenizer                 # synthetic captions, 15% non-ASCII
-    .venv/bin/python -m benchmarks.tokenizer --texts caps.txt  # one caption per line
+    .venv/bin/python -m benchmarks.tokenizer                        # clean and hostile corpora
+    .venv/bin/python -m benchmarks.tokenizer --corpora hostile,junk -n 5000
+    .venv/bin/python -m benchmarks.tokenizer --texts caps.txt         # one caption per line
 """
 
 from __future__ import annotations
@@ -68,12 +72,66 @@ def _time_pass(tokenize, texts: list[str], batch: int) -> float:
     return time.thread_time() - start
 
 
+CORPORA = {
+    "clean": "synthetic captions, {intl:.0%} non-ASCII",
+    "hostile": "web captions: HTML entities, mojibake, CJK, emoji, control characters, URLs",
+    "junk": "glued hostile fragments, raw code points, ASCII noise",
+}
+
+
+def _corpus(name: str, n: int, intl_fraction: float) -> list[str]:
+    from benchmarks.corpora import caption_corpus, junk_corpus, web_caption_corpus
+
+    if name == "clean":
+        return caption_corpus(n, seed=123, intl_fraction=intl_fraction)
+    if name == "hostile":
+        return web_caption_corpus(n, seed=123)
+    return junk_corpus(n, seed=123)
+
+
+def _parse_corpora(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = sorted(set(names) - set(CORPORA))
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown corpus {', '.join(unknown) or value!r}; choose from {', '.join(CORPORA)}")
+    return list(dict.fromkeys(names))
+
+
+def _compare(ref_module, texts: list[str], batch: int, rounds: int) -> dict[str, float]:
+    """Median captions/s ratio (ours / reference) per pass, after checking the outputs agree."""
+    import numpy as np
+
+    from src.open_alip.tokenizer import SimpleTokenizer
+
+    if not np.array_equal(SimpleTokenizer().tokenize_np(texts), ref_module.tokenize(texts).numpy()):
+        raise SystemExit("error: outputs differ from the reference on this corpus; timings would be meaningless")
+    # "first pass": fresh instances, empty caches. "second pass": the same instances
+    # again, caches warm, as in a long conversion run where words keep recurring.
+    times: dict[tuple[str, str], list[float]] = {}
+    for _ in range(rounds):
+        ref_tok, ours = ref_module.SimpleTokenizer(), SimpleTokenizer()
+        for phase in ("first pass", "second pass"):
+            times.setdefault(("reference", phase), []).append(_time_pass(ref_tok, texts, batch))
+            times.setdefault(("ours", phase), []).append(_time_pass(ours.tokenize_np, texts, batch))
+    ratios = {}
+    for phase in ("first pass", "second pass"):
+        ref_rate = len(texts) / statistics.median(times[("reference", phase)])
+        ours_rate = len(texts) / statistics.median(times[("ours", phase)])
+        ratios[phase] = ours_rate / ref_rate
+        print(f"  {phase + ':':12} reference (open_clip) {ref_rate:9,.0f} captions/s | "
+              f"ours (tokenize_np) {ours_rate:9,.0f} captions/s | ratio {ratios[phase]:.1f}x", flush=True)
+    return ratios
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("--texts", type=Path, help="file with one caption per line (default: synthetic captions)")
-    parser.add_argument("-n", "--num", type=int, default=20000, help="number of captions (default 20000)")
+    parser.add_argument("--texts", type=Path,
+                        help="file with one caption per line, timed instead of the synthetic corpora")
+    parser.add_argument("--corpora", type=_parse_corpora, default=["clean", "hostile"],
+                        help=f"comma-separated synthetic corpora out of {', '.join(CORPORA)} (default clean,hostile)")
+    parser.add_argument("-n", "--num", type=int, default=20000, help="captions per corpus (default 20000)")
     parser.add_argument("--intl-fraction", type=float, default=0.15,
-                        help="share of non-ASCII synthetic captions (default 0.15)")
+                        help="share of non-ASCII captions in the clean corpus (default 0.15)")
     parser.add_argument("--batch", type=int, default=256, help="captions per tokenize call (default 256)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds; the median is reported (default 3)")
     parser.add_argument("--reference", type=Path, help="path of open_clip/tokenizer.py to compare against")
@@ -84,38 +142,25 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("error: --intl-fraction must be between 0 and 1")
 
     _pin_one_core()
-    import numpy as np
     import torch
 
     torch.set_num_threads(1)
-    from benchmarks.corpora import caption_corpus
-    from src.open_alip.tokenizer import SimpleTokenizer
-
     if args.texts:
-        texts, source = _read_texts(args.texts, args.num), str(args.texts)
+        corpora = [(args.texts.name, str(args.texts), _read_texts(args.texts, args.num))]
     else:
-        texts = caption_corpus(args.num, seed=123, intl_fraction=args.intl_fraction)
-        source = f"synthetic captions, {args.intl_fraction:.0%} non-ASCII"
+        corpora = [(name, CORPORA[name].format(intl=args.intl_fraction), _corpus(name, args.num, args.intl_fraction))
+                   for name in args.corpora]
     ref_module, ref_path = _load_reference(args.reference)
-    print(f"corpus: {len(texts)} texts ({source}); batch {args.batch}; one core")
     print(f"reference: {ref_path}")
+    print(f"one core; batch {args.batch}; median of {args.rounds} rounds; "
+          "first pass = empty caches on both sides, second pass = warm caches")
+    summary = []
+    for name, description, texts in corpora:
+        print(f"{name}: {len(texts)} texts ({description})", flush=True)
+        ratios = _compare(ref_module, texts, args.batch, args.rounds)
+        summary.append(f"{name} {ratios['first pass']:.1f}x / {ratios['second pass']:.1f}x")
+    print(f"ratio ours/open_clip (first pass / second pass): {'; '.join(summary)}")
 
-    if not np.array_equal(SimpleTokenizer().tokenize_np(texts), ref_module.tokenize(texts).numpy()):
-        raise SystemExit("error: outputs differ from the reference on this corpus; timings would be meaningless")
-
-    # "first pass": fresh instances, empty caches. "second pass": the same instances
-    # again, caches warm, as in a long conversion run where words keep recurring.
-    times: dict[tuple[str, str], list[float]] = {}
-    for _ in range(args.rounds):
-        ref_tok, ours = ref_module.SimpleTokenizer(), SimpleTokenizer()
-        for phase in ("first pass", "second pass"):
-            times.setdefault(("reference", phase), []).append(_time_pass(ref_tok, texts, args.batch))
-            times.setdefault(("ours", phase), []).append(_time_pass(ours.tokenize_np, texts, args.batch))
-    for phase in ("first pass", "second pass"):
-        ref_rate = len(texts) / statistics.median(times[("reference", phase)])
-        ours_rate = len(texts) / statistics.median(times[("ours", phase)])
-        print(f"{phase}: reference (open_clip) {ref_rate:10,.0f} captions/s | "
-              f"ours (tokenize_np) {ours_rate:10,.0f} captions/s | ratio {ours_rate / ref_rate:.1f}x")
 
 if __name__ == "__main__":
     main()

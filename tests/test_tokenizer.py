@@ -8,13 +8,15 @@ see benchmarks/oracles.py. Corpora come from benchmarks/corpora.py, deterministi
 import subprocess
 import sys
 
+import ftfy
 import numpy as np
 import pytest
 import torch
+from ftfy.badness import is_bad
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.corpora import FRAGMENTS, caption_corpus, junk_corpus, long_texts
+from benchmarks.corpora import FRAGMENTS, caption_corpus, junk_corpus, long_texts, web_caption_corpus
 from benchmarks.oracles import REPO_ROOT, ReferenceTokenizer, reference_python
 from src.open_alip import tokenizer as tok_mod
 from src.open_alip.constants import EOT_TOKEN, SOT_TOKEN
@@ -57,7 +59,8 @@ def _assert_same(
 
 
 def test_matches_reference_on_generated_corpus(reference):
-    texts = caption_corpus(6000, seed=1) + junk_corpus(12000, seed=2) + long_texts(seed=3)
+    texts = caption_corpus(6000, seed=1) + junk_corpus(12000, seed=2) + web_caption_corpus(8000, seed=16)
+    texts += long_texts(seed=3)
     expected = _reference_ids(reference, texts)
     _assert_same(reference, texts, expected=expected)
     # A second pass hits the caches everywhere; it must not change anything.
@@ -66,7 +69,8 @@ def test_matches_reference_on_generated_corpus(reference):
 
 @pytest.mark.parametrize("context_length", [1, 2, 3, 8, 77, 300])
 def test_matches_reference_at_any_context_length(reference, context_length):
-    texts = caption_corpus(300, seed=4) + junk_corpus(300, seed=5) + long_texts(seed=6)[:3]
+    texts = caption_corpus(300, seed=4) + junk_corpus(300, seed=5) + web_caption_corpus(300, seed=17)
+    texts += long_texts(seed=6)[:3]
     _assert_same(reference, texts, context_length)
 
 
@@ -89,22 +93,36 @@ def test_matches_reference_near_the_ascii_shortcut(reference, texts):
     _assert_same(reference, texts)
 
 
+@HYPOTHESIS
+@given(st.lists(st.text(alphabet="aabeéř'", min_size=1, max_size=30), min_size=1, max_size=20).map(" ".join))
+def test_matches_reference_on_repetitive_words(reference, text):
+    # Few letters, long words: BPE joins overlapping pairs ("aaaa") and rejoins joined symbols.
+    _assert_same(reference, [text, text.upper()])
+
+
 def test_encode_and_decode_match_reference(reference):
-    texts = caption_corpus(200, seed=7) + junk_corpus(400, seed=8)
+    texts = caption_corpus(200, seed=7) + junk_corpus(400, seed=8) + web_caption_corpus(400, seed=18)
     ours = SimpleTokenizer()
     assert [ours.encode(t) for t in texts] == reference.encode(texts)
     rows = [ours.encode(t) for t in texts] + [[SOT_TOKEN, 320, 1125, EOT_TOKEN, 0, 0], [0, 255, 49405]]
     assert [ours.decode(r) for r in rows] == reference.decode(rows)
 
 
-# -- the no-ftfy shortcuts, checked against the full cleaning path --------------------------
-# _reference_clean is the reference's cleaning (ftfy + html.unescape); the equivalence tests
-# above check it against open_clip itself. These tests pin the shortcuts to it directly,
-# with many more examples, because they are the one place where ids could silently drift.
+# -- the cleaning shortcuts, checked against ftfy itself -------------------------------------
+# _fix_text restates ftfy.fix_text and _looks_bad restates ftfy's is_bad; _reference_clean is
+# the reference's cleaning (ftfy + html.unescape). The equivalence tests above check the whole
+# tokenizer against open_clip; these pin the shortcuts to ftfy directly, with many more
+# examples, because they are the one place where ids could silently drift.
 
 
 def _shortcut_agrees(text: str) -> None:
+    assert tok_mod._fix_text(text) == ftfy.fix_text(text), repr(text)
     assert " ".join(tok_mod._clean_words(text)) == tok_mod._reference_clean(text), repr(text)
+
+
+def test_fast_paths_are_in_use():
+    # Otherwise every test below would pass against ftfy's own slow path.
+    assert tok_mod._FAST_FTFY and tok_mod._CHARACTER_FIXERS is not None and tok_mod._FAST_BADNESS is not None
 
 
 def test_ascii_shortcut_admits_exactly_the_documented_characters():
@@ -126,78 +144,98 @@ def test_ascii_shortcut_equals_full_cleaning(text):
     _shortcut_agrees(text)
 
 
-@settings(max_examples=700, derandomize=True, database=None, deadline=None)
+# What ftfy's steps act on, mixed with mojibake, entity and segment material.
+_FTFY_MATERIAL = list("‘’“”ʼ‚ﬁﬂＡａ＆；＃ｶﾞ\u3000é\u0301Ãâ€™Â\xa0\x85\x93\x1b[m\x00\u200b\ufeff\r\n\u2028a &;#<")
+
+
+@settings(max_examples=1500, derandomize=True, database=None, deadline=None)
 @given(
     st.one_of(
         st.text(alphabet=st.characters(exclude_categories=()), max_size=40),
         st.text(alphabet=st.characters(max_codepoint=0x3FF), max_size=40),
         st.text(alphabet=st.characters(max_codepoint=0x2BFF, exclude_categories=["Cs"]), max_size=40),
         st.lists(st.sampled_from(FRAGMENTS), max_size=10).map(" ".join),
-        # What the translating fixers touch, mixed with mojibake and entity material.
-        st.text(alphabet=st.sampled_from(list("‘’“”ʼ‚ﬁﬂＡａ＆；＃ｶﾞ\u3000é\u0301Ãâ€™Â\xa0a &;#<")), max_size=30),
+        st.lists(st.sampled_from(FRAGMENTS), max_size=10).map("".join),
+        st.text(alphabet=st.sampled_from(_FTFY_MATERIAL), max_size=30),
     )
 )
-def test_non_ascii_shortcut_equals_full_cleaning(text):
+def test_fast_ftfy_equals_ftfy(text):
     _shortcut_agrees(text)
+
+
+def test_fast_ftfy_on_web_captions():
+    for text in web_caption_corpus(3000, seed=13) + junk_corpus(3000, seed=14) + long_texts(seed=15):
+        _shortcut_agrees(text)
 
 
 # Large blocks of one kind (CJK ideographs, Hangul syllables, private use, ...): every 16th.
 _HOMOGENEOUS_BLOCKS = [(0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xA000, 0xA48C), (0xAC00, 0xD7A3), (0xE000, 0xF8FF)]
 
 
-def test_non_ascii_shortcut_on_every_bmp_character():
+def test_fast_ftfy_on_every_bmp_character():
     # Each character between letters, next to an accented letter (ftfy's mojibake
-    # detector looks at neighbours) and doubled.
-    admitted = 0
+    # detector looks at neighbours), doubled, and after mojibake.
     for code in range(0x80, 0x10000):
         if any(lo < code < hi and code % 16 for lo, hi in _HOMOGENEOUS_BLOCKS):
             continue
         char = chr(code)
-        text = f"a{char}b é{char}{char}"
-        if tok_mod._NEEDS_FULL_CLEAN.search(text) and tok_mod._simple_ftfy(text) is not None:
-            admitted += 1
-            _shortcut_agrees(text)
-    assert admitted > 15_000  # the shortcut is in use, not trivially off
+        text = f"a{char}b é{char}{char} Ã{char}"
+        assert tok_mod._fix_text(text) == ftfy.fix_text(text), repr(text)
 
 
-def test_mojibake_hint_never_hides_what_is_bad_flags():
-    from ftfy.badness import is_bad
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(st.lists(st.sampled_from([*"ab\n<&;amp#x’", "&amp;", "Ã©", "\r\n"]), max_size=30).map("".join),
+       st.integers(min_value=1, max_value=6))
+def test_fast_ftfy_cuts_segments_as_ftfy(text, length):
+    # Short segments make ftfy's cutting of long lines (1,000,000 characters by default) testable.
+    saved = tok_mod._FTFY_SEGMENT_LENGTH
+    tok_mod._FTFY_SEGMENT_LENGTH = length
+    try:
+        assert tok_mod._fix_text(text) == ftfy.fix_text(text, max_decode_length=length), repr(text)
+    finally:
+        tok_mod._FTFY_SEGMENT_LENGTH = saved
 
-    assert tok_mod._MOJIBAKE_HINT is not None
-    texts = junk_corpus(4000, seed=11) + caption_corpus(1000, seed=12, intl_fraction=1.0)
-    bad = [t for t in texts if is_bad(t)]
-    assert len(bad) > 300  # mojibake is in the corpus, so the check is not vacuous
-    assert all(tok_mod._MOJIBAKE_HINT.search(t) for t in bad)
-    # ...and it does let ftfy-innocent scripts through without calling is_bad.
-    assert tok_mod._MOJIBAKE_HINT.search("東京タワーの夜景 서울의 밤 😀 ❤") is None
+
+def test_each_character_fixer_ignores_text_without_its_characters():
+    # The skip in _fix_segment: a fixer whose pattern finds nothing returns its input.
+    everything = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+    surrogates = "".join(chr(c) for c in range(0xD800, 0xE000))
+    for needed, fixer in tok_mod._CHARACTER_FIXERS:
+        for text in (everything, surrogates, "\x1b[31mred\x1b[0m", "a\r\nb\rc"):
+            rest = needed.sub("", text)
+            assert fixer(rest) == rest, fixer.__name__
+    assert tok_mod._FIXABLE.pattern == "|".join(needed.pattern for needed, _ in tok_mod._CHARACTER_FIXERS)
 
 
-@settings(max_examples=600, derandomize=True, database=None, deadline=None)
+@settings(max_examples=1500, derandomize=True, database=None, deadline=None)
 @given(
     st.one_of(
         st.text(alphabet=st.characters(max_codepoint=0x24FF, exclude_categories=["Cs"]), max_size=12),
+        st.text(alphabet=st.characters(max_codepoint=0x4FF), max_size=30),
         st.lists(st.sampled_from(FRAGMENTS), max_size=6).map("".join),
+        st.text(alphabet=st.sampled_from(list("ÃÂâ€™ØÙВГРСΒΓΞΟœŒ°²³×√≈‚Äàµ ¡\xa0\n\tax.,?!")), max_size=12),
     )
 )
-def test_mojibake_hint_is_implied_by_is_bad(text):
-    from ftfy.badness import is_bad
-
-    assert tok_mod._looks_bad(text) == is_bad(text)
+def test_fast_mojibake_detector_equals_is_bad(text):
+    assert tok_mod._looks_bad(text) == is_bad(text), repr(text)
 
 
-def test_shortcut_scope():
-    assert tok_mod._simple_ftfy("é" * 1_000_001) is None  # several ftfy segments
-    assert tok_mod._simple_ftfy("é\né") is None
-    assert tok_mod._simple_ftfy("Ã©") is None  # mojibake
-    assert tok_mod._simple_ftfy("＆amp;") is None  # width fix makes an entity
-    assert tok_mod._simple_ftfy("é" * 1000) == "é" * 1000
-    assert tok_mod._simple_ftfy("it’s “ﬁne” ＬＯＵＤ") == "it's \"fine\" LOUD"
+def test_fast_mojibake_detector_on_corpora():
+    texts = junk_corpus(4000, seed=11) + web_caption_corpus(4000, seed=12) + caption_corpus(1000, seed=12, intl_fraction=1.0)
+    bad = [t for t in texts if is_bad(t)]
+    assert len(bad) > 500  # mojibake is in the corpus, so the check is not vacuous
+    assert [t for t in texts if tok_mod._looks_bad(t)] == bad
+    # The alternative anchored at the start of the text, and the one with an optional space.
+    for text, expected in [("Ã x", True), (" Ã x", False), ("xÃ x", True), ("x\nÃ x", True), ("x Ã x", True)]:
+        assert tok_mod._looks_bad(text) is expected is is_bad(text), repr(text)
 
 
 @pytest.mark.parametrize(
     "text",
     ["a & b", "a &amp; b", "x \x0b y", "\x1b[31mred", "a\x7f", "é\u0301", "e\u0301", "ﬁne", "ＬＯＵＤ", "a\u3000b",
-     "\ufeffbom", "‘q’", "“q”", "Ã©", "a\x85b", "a\u2028b", "é\né", "\ud800", "\x80", "Ã é", "Â£", "it’s", "é’", "Ã’", "＆amp;", "’\u0301", "ｶﾞ"],
+     "\ufeffbom", "‘q’", "“q”", "Ã©", "a\x85b", "a\u2028b", "é\né", "\ud800", "\x80", "Ã é", "Â£", "it’s", "é’", "Ã’",
+     "＆amp;", "’\u0301", "ｶﾞ", "&amp;lt;b&amp;gt;", "<b>&amp;\n&amp;", "&amp;\n<b>\n&amp;", "Ã\x83Â©", "ÃƒÂ©",
+     "&Atilde;&copy;", "â€œquotedâ€\x9d", "x" * 20 + "\r\n" + "Ã©" * 3],
 )
 def test_shortcut_edge_cases(text):
     _shortcut_agrees(text)

@@ -8,22 +8,23 @@ tests/test_tokenizer.py checks that against the real open_clip on a large corpus
 
 What makes it faster than the reference, without changing a single id:
 
-* Text cleaning (ftfy) dominates the reference's cost, and most captions are
-  text whose cleaning is provably trivial (`_clean_words`):
-  - printable ASCII (plus tab/LF/CR/form feed) with no '&' that could start an
-    entity: nothing to unescape, no mojibake, no control character, ligature,
-    wide form or curly quote, NFC does not touch ASCII, and the line-break fix
-    only swaps one whitespace for another, which the whitespace collapse erases;
-  - other one-segment text (no line break, under ftfy's segment length) on which
-    ftfy 6.3.1's loop provably settles after at most its three translating fixers
-    (ligatures, width forms, curly quotes): ftfy's own mojibake detector passes it
-    before and after, it holds no character from ftfy's other fix tables and no
-    possible entity, and the result is NFC (`_simple_ftfy`, built from ftfy's
-    own tables and functions).
-  Everything else takes the reference's cleaning path.
+* Printable ASCII (plus tab/LF/CR/form feed) with no '&' that could start an
+  entity skips text cleaning altogether: nothing to unescape, no mojibake, no
+  control character, ligature, wide form or curly quote, NFC does not touch
+  ASCII, and the line-break fix only swaps one whitespace for another, which the
+  whitespace collapse erases.
+* Everything else goes through `_fix_text`, ftfy 6.3.1's `fix_text` restated:
+  the same segments, the same steps in the same order, ftfy's own functions,
+  but each step skipped when it provably returns its input, which a cheap check
+  shows: no '&' (entities), no character the fixer acts on (built from ftfy's
+  tables), no match of ftfy's mojibake detector (its pattern rebuilt so that the
+  regex engine skips to the few characters it can match on, `_fast_badness_pattern`).
+  Real mojibake still goes through ftfy's own repair step. For any other ftfy
+  version `fix_text` itself runs.
 * No match of the splitting pattern can contain a space, so the cleaned text can
   be cut at spaces and each piece's ids cached: captions are built from a small
   vocabulary of words, so most pieces are a dictionary hit.
+* BPE of a new word looks up only the pair ranks a join changes (`_merge`).
 * Only the first `context_length - 2` ids of a text can reach the output, so
   encoding stops there.
 """
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import ftfy
 import numpy as np
 import regex
-from ftfy.badness import is_bad
+from ftfy.badness import BADNESS_RE, is_bad
 
 from .constants import CONTEXT_LENGTH
 
@@ -89,33 +90,50 @@ def _byte_symbols() -> tuple[list[str], list[str]]:
     return chars, by_byte
 
 
-def _ftfy_patterns() -> tuple[std_re.Pattern[str], std_re.Pattern[str]] | None:
-    """Text that some ftfy fixer would rewrite, from ftfy's own tables.
+def _char_class(codes: Iterable[int]) -> str:
+    return "[" + "".join(std_re.escape(chr(c)) for c in sorted(codes)) + "]"
 
-    Returns (any such text, such text other than what the three translating fixers
-    handle), or None, disabling the non-ASCII shortcut, for any ftfy but the one
-    this was checked against.
+
+# The fast ftfy path restates ftfy 6.3.1's control flow and calls its internals;
+# any other version gets ftfy itself.
+_FAST_FTFY = ftfy.__version__ == "6.3.1" and hasattr(ftfy, "_fix_encoding_one_step_and_explain")
+
+
+def _character_fixers() -> tuple[tuple[std_re.Pattern[str], Any], ...] | None:
+    """ftfy's character fixers in the order its loop runs them, each with the characters it acts on.
+
+    Each fixer returns its input unchanged unless the text holds one of the
+    characters its pattern matches: the patterns are the fixers' own (C1 controls,
+    curly quotes, surrogates) or classes of their translation tables' keys, plus
+    the characters the line-break fix replaces and ESC, which starts every
+    terminal escape. None without the fast ftfy path.
     """
-    if ftfy.__version__ != "6.3.1":
+    if not _FAST_FTFY:
         return None
     from ftfy import chardata, fixes
 
-    def char_class(codes: set[int]) -> str:
-        return "[" + "".join(std_re.escape(chr(c)) for c in sorted(codes)) + "]"
+    def chars(codes: Iterable[int]) -> std_re.Pattern[str]:
+        return std_re.compile(_char_class(codes))
 
-    # Line breaks would split the text into several ftfy segments.
-    untranslatable = [
-        char_class({*chardata.CONTROL_CHARS, *(ord(c) for c in "\n\r\x85\u2028\u2029")}),
-        chardata.C1_CONTROL_RE.pattern,
-        fixes.SURROGATE_RE.pattern,
-        _ENTITY_START,
-    ]
-    translatable = [
-        char_class({*chardata.LIGATURES, *chardata.WIDTH_MAP}),
-        chardata.SINGLE_QUOTE_RE.pattern,
-        chardata.DOUBLE_QUOTE_RE.pattern,
-    ]
-    return std_re.compile("|".join(untranslatable + translatable)), std_re.compile("|".join(untranslatable))
+    quotes = std_re.compile(f"{chardata.SINGLE_QUOTE_RE.pattern}|{chardata.DOUBLE_QUOTE_RE.pattern}")
+    return (
+        (chardata.C1_CONTROL_RE, fixes.fix_c1_controls),
+        (chars(chardata.LIGATURES), fixes.fix_latin_ligatures),
+        (chars(chardata.WIDTH_MAP), fixes.fix_character_width),
+        (quotes, fixes.uncurl_quotes),
+        (chars(map(ord, "\r\u2028\u2029\x85")), fixes.fix_line_breaks),
+        (fixes.SURROGATE_RE, fixes.fix_surrogates),
+        (chars([0x1B]), fixes.remove_terminal_escapes),
+        (chars(chardata.CONTROL_CHARS), fixes.remove_control_chars),
+    )
+
+
+_CHARACTER_FIXERS = _character_fixers()
+# What `ftfy.fix_encoding` repeats, with the settings it passes.
+_ENCODING_STEP = getattr(ftfy, "_fix_encoding_one_step_and_explain", None)
+_ENCODING_CONFIG = ftfy.TextFixerConfig(explain=False)
+# Any character some character fixer acts on: text without one skips them all.
+_FIXABLE = None if _CHARACTER_FIXERS is None else std_re.compile("|".join(p.pattern for p, _ in _CHARACTER_FIXERS))
 
 
 def _fixed_char_spans(op: Any, arg: Any, codes: Any) -> list[tuple[int, int]] | None:
@@ -135,88 +153,155 @@ def _fixed_char_spans(op: Any, arg: Any, codes: Any) -> list[tuple[int, int]] | 
     return spans
 
 
-def _mojibake_hint_pattern() -> std_re.Pattern[str] | None:
-    """Characters without which ftfy's mojibake detector (`is_bad`) cannot match.
+def _fixed_sequences(items: list[Any], codes: Any) -> list[list[Any]] | None:
+    """The element sequences one regex alternative stands for, with each `x?` spelled out.
 
-    Each alternative of ftfy's BADNESS_RE has positions that must match one of a
-    fixed set of non-ASCII characters; the smallest such set of every alternative,
-    united, is this class, derived from the live pattern. Text with none of them
-    is not bad, so `is_bad`, the main cost of the non-ASCII shortcut, is skipped
-    for scripts ftfy does not suspect (CJK, emoji, ...). None if the pattern is not
-    of that shape.
+    None if the alternative holds anything but single characters, character sets,
+    '.', '^' (start of string) and optional single elements: elements that look at
+    nothing outside the one character they match, or at the string's start.
     """
-    if _FTFY_PATTERNS is None:
+    sequences: list[list[Any]] = [[]]
+    for op, arg in items:
+        if op in (codes.MAX_REPEAT, codes.MIN_REPEAT) and arg[0] == 0 and arg[1] == 1 and len(arg[2]) == 1:
+            optional = list(arg[2])
+            if optional[0][0] not in (codes.LITERAL, codes.NOT_LITERAL, codes.IN, codes.ANY):
+                return None
+            sequences = [seq + extra for seq in sequences for extra in ([], optional)]
+        elif op in (codes.LITERAL, codes.NOT_LITERAL, codes.IN, codes.ANY) or (
+            op is codes.AT and arg is codes.AT_BEGINNING
+        ):
+            sequences = [[*seq, (op, arg)] for seq in sequences]
+        else:
+            return None
+    return sequences
+
+
+def _fast_badness_pattern() -> std_re.Pattern[str] | None:
+    """ftfy's mojibake detector BADNESS_RE, rebuilt so that a search skips ordinary text.
+
+    BADNESS_RE is a list of alternatives, each a fixed sequence of single-character
+    elements (`_fixed_sequences`); in every sequence some element must match one of
+    a small fixed set of non-ASCII characters, its hint. A sequence e1..em with hint
+    ek matches somewhere exactly when, at some character c in ek's set, e1..ek match
+    ending at c (a look-behind; the sequence has a fixed width) and ek+1..em match
+    right after it (a look-ahead); '^' still means index 0 inside a look-behind. So
+    `[all hints](?:(?<=e1..ek)(?=ek+1..em)|...)` finds a match exactly when
+    BADNESS_RE does, and since it starts with one character set, the regex engine
+    jumps straight to hint characters: CJK, emoji, plain ASCII cost next to nothing.
+    None (`is_bad` is then used as it is) if the pattern is not of that shape, the
+    regex internals differ, or without the fast ftfy path.
+    """
+    if not _FAST_FTFY:
         return None
     try:
+        from re import _compiler, _parser
         from re import _constants as codes
-        from re import _parser
 
-        from ftfy.badness import BADNESS_RE
-
-        if BADNESS_RE.flags & std_re.IGNORECASE:
+        if BADNESS_RE.flags & (std_re.IGNORECASE | std_re.MULTILINE | std_re.LOCALE):
             return None
-        tree = list(_parser.parse(BADNESS_RE.pattern, BADNESS_RE.flags))
-        if len(tree) != 1 or tree[0][0] is not codes.BRANCH:
+        tree = _parser.parse(BADNESS_RE.pattern, BADNESS_RE.flags)
+        items = list(tree)
+        if len(items) != 1 or items[0][0] is not codes.BRANCH:
             return None
-        spans: list[tuple[int, int]] = []
-        for alternative in tree[0][1][1]:
-            best = None
-            for op, arg in alternative:
-                found = _fixed_char_spans(op, arg, codes)
-                if found and all(lo >= 0x80 for lo, _ in found):
-                    size = sum(hi - lo + 1 for lo, hi in found)
-                    if best is None or size < best[0]:
-                        best = (size, found)
-            if best is None:
+        hints: list[tuple[int, int]] = []
+        branch = []
+        for alternative in items[0][1][1]:
+            sequences = _fixed_sequences(list(alternative), codes)
+            if sequences is None:
                 return None
-            spans += best[1]
-    except (ImportError, AttributeError, TypeError, ValueError, IndexError):
+            for sequence in sequences:
+                sizes = []
+                for k, (op, arg) in enumerate(sequence):
+                    found = _fixed_char_spans(op, arg, codes)
+                    if found and all(lo >= 0x80 for lo, _ in found):
+                        sizes.append((sum(hi - lo + 1 for lo, hi in found), k, found))
+                if not sizes:
+                    return None
+                _, k, found = min(sizes)
+                hints += found
+                checks = [(codes.ASSERT, (-1, _parser.SubPattern(tree.state, sequence[: k + 1])))]
+                if k + 1 < len(sequence):
+                    checks.append((codes.ASSERT, (1, _parser.SubPattern(tree.state, sequence[k + 1 :]))))
+                branch.append(_parser.SubPattern(tree.state, checks))
+        hint_set = [(codes.RANGE, (lo, hi)) for lo, hi in sorted(set(hints))]
+        rebuilt = _parser.SubPattern(tree.state, [(codes.IN, hint_set), (codes.BRANCH, (None, branch))])
+        return _compiler.compile(rebuilt, BADNESS_RE.flags)
+    except (ImportError, AttributeError, TypeError, ValueError, IndexError, std_re.error):
         return None
-    listed = "".join(f"{std_re.escape(chr(lo))}-{std_re.escape(chr(hi))}" for lo, hi in sorted(set(spans)))
-    return std_re.compile(f"[{listed}]")
 
 
-_FTFY_PATTERNS = _ftfy_patterns()
-_MOJIBAKE_HINT = _mojibake_hint_pattern()
+_FAST_BADNESS = _fast_badness_pattern()
+# ftfy's default `max_decode_length`: longer lines are cut into segments of this size.
 _FTFY_SEGMENT_LENGTH = 1_000_000
 
 
 def _looks_bad(text: str) -> bool:
-    """ftfy's `is_bad`, skipped when the text lacks every character it could match on."""
-    if _MOJIBAKE_HINT is not None and _MOJIBAKE_HINT.search(text) is None:
-        return False
-    return is_bad(text)
+    """ftfy's `is_bad(text)` (see `_fast_badness_pattern`)."""
+    if _FAST_BADNESS is None:
+        return is_bad(text)
+    return _FAST_BADNESS.search(text) is not None
 
 
-def _settled(text: str) -> bool:
-    """ftfy's loop would return `text` as it is: no fixer applies, NFC holds, no mojibake."""
-    return (
-        _FTFY_PATTERNS[0].search(text) is None
-        and unicodedata.is_normalized("NFC", text)
-        and not _looks_bad(text)
-    )
+def _fix_encoding(text: str) -> str:
+    """`ftfy.fix_encoding(text)`: its mojibake-fixing step, repeated until nothing changes.
 
-
-def _simple_ftfy(text: str) -> str | None:
-    """ftfy.fix_text + html.unescape of one-segment non-ASCII `text`, when provably simple.
-
-    Simple means ftfy's loop settles after one pass in which at most its three
-    character-translating fixers (ligatures, character width, curly quotes) act, as
-    they do on "it’s" or "ＬＯＵＤ": the mojibake detector passes the text before and
-    after, nothing else applies, and the result is settled. None otherwise.
+    ftfy's step returns text that `is_bad` passes unchanged (its first check), so
+    the step runs only on text `_looks_bad` flags. The result is a fixed point:
+    `_fix_encoding` returns it unchanged.
     """
-    if _FTFY_PATTERNS is None or len(text) > _FTFY_SEGMENT_LENGTH:
-        return None
-    any_fix, untranslatable = _FTFY_PATTERNS
-    if any_fix.search(text) is None:
-        return text if unicodedata.is_normalized("NFC", text) and not _looks_bad(text) else None
-    if untranslatable.search(text) is not None or _looks_bad(text):
-        return None
-    # Same fixers, same order as ftfy's pass (fix_encoding is a no-op: is_bad is False).
-    from ftfy import fixes
+    while _looks_bad(text):
+        fixed = _ENCODING_STEP(text, _ENCODING_CONFIG).text
+        if fixed == text:
+            break
+        text = fixed
+    return text
 
-    fixed = fixes.uncurl_quotes(fixes.fix_character_width(fixes.fix_latin_ligatures(text)))
-    return fixed if _settled(fixed) else None
+
+def _fix_segment(text: str, unescape: bool) -> str:
+    """ftfy 6.3.1's `fix_and_explain` loop on one segment, default settings, minus no-op calls.
+
+    Same steps, same order, same functions; a step is skipped only when it provably
+    returns its input: entity unescaping needs an '&'; `_fix_encoding` returns its
+    own output unchanged; each character fixer needs a character of its pattern.
+    `unicodedata.normalize` returns NFC text itself.
+    """
+    settled = None
+    while True:
+        before = text
+        if unescape and "&" in text:
+            text = ftfy.fixes.unescape_html(text)
+        if text != settled:
+            text = settled = _fix_encoding(text)
+        if _FIXABLE.search(text) is not None:
+            for needed, fixer in _CHARACTER_FIXERS:
+                if needed.search(text) is not None:
+                    text = fixer(text)
+        text = unicodedata.normalize("NFC", text)
+        if text == before:
+            return text
+
+
+def _fix_text(text: str) -> str:
+    """`ftfy.fix_text(text)` with default settings, faster (see `_fix_segment`).
+
+    As ftfy: the text is fixed in segments, each line (with its line feed) or, for a
+    longer line, each `_FTFY_SEGMENT_LENGTH` characters of it; HTML entities are
+    unescaped until the first segment holding a '<', and not from there on.
+    """
+    if _CHARACTER_FIXERS is None:
+        return ftfy.fix_text(text)
+    if len(text) <= _FTFY_SEGMENT_LENGTH and "\n" not in text:
+        return _fix_segment(text, "<" not in text)
+    out = []
+    unescape = True
+    pos = 0
+    while pos < len(text):
+        end = min(text.find("\n", pos) + 1 or len(text), pos + _FTFY_SEGMENT_LENGTH)
+        segment = text[pos:end]
+        unescape = unescape and "<" not in segment
+        out.append(_fix_segment(segment, unescape))
+        pos = end
+    return "".join(out)
 
 
 def _reference_clean(text: str) -> str:
@@ -226,14 +311,16 @@ def _reference_clean(text: str) -> str:
 
 
 def _clean_words(text: str) -> list[str]:
-    """Cleaned text cut at spaces (see the module docstring for the ASCII shortcut)."""
+    """The reference's cleaning of `text`, cut at spaces.
+
+    Printable ASCII without a possible entity skips ftfy and HTML unescaping (see
+    the module docstring); everything else takes `_fix_text`, equal to ftfy.
+    """
     if _NEEDS_FULL_CLEAN.search(text) is None:
         return text.lower().split()
-    fixed = _simple_ftfy(text)
-    if fixed is not None:
-        # As the reference: collapse whitespace, then lower-case (which can change length).
-        return " ".join(fixed.split()).lower().split(" ")
-    return _reference_clean(text).split(" ")
+    text = html.unescape(html.unescape(_fix_text(text)))
+    # As the reference: collapse whitespace, then lower-case (which can change length).
+    return " ".join(text.split()).lower().split(" ")
 
 
 class SimpleTokenizer:
@@ -277,32 +364,40 @@ class SimpleTokenizer:
 
     # -- BPE ---------------------------------------------------------------
     def _merge(self, symbols: str) -> list[str]:
-        """Apply the merges to one pre-token, lowest rank first, until none applies."""
+        """Apply the merges to one pre-token, lowest rank first, until none applies.
+
+        As the reference, each round joins every occurrence of the lowest-ranked
+        pair, left to right without overlap ("aaa" -> "aa", "a"). A rank names one
+        pair, so equal ranks mark its occurrences. Only the ranks next to a join
+        change, so they are the only ones looked up again; a pair holding the joined
+        symbol can never be the pair being joined, so a round finds no new
+        occurrences of its own pair.
+        """
         parts = list(symbols)
         parts[-1] += _END_OF_WORD
         rank_of = self._ranks.get
         unranked = self._unranked
-        while len(parts) > 1:
-            pair_ranks = [rank_of(pair, unranked) for pair in zip(parts, parts[1:])]
-            best = min(pair_ranks)
+        ranks = [rank_of(pair, unranked) for pair in zip(parts, parts[1:])]
+        while ranks:
+            best = min(ranks)
             if best == unranked:
                 break
-            # A rank names one pair, so equal ranks mark every occurrence of the best
-            # pair; they are joined left to right without overlap ("aaa" -> "aa", "a").
-            i = pair_ranks.index(best)
-            joined = parts[i] + parts[i + 1]
-            merged = parts[:i]
-            merged.append(joined)
-            i += 2
-            last = len(parts) - 1
-            while i <= last:
-                if i < last and pair_ranks[i] == best:
-                    merged.append(joined)
-                    i += 2
+            i = ranks.index(best)
+            while True:
+                joined = parts[i] + parts[i + 1]
+                parts[i] = joined
+                del parts[i + 1]
+                del ranks[i]
+                if i:
+                    ranks[i - 1] = rank_of((parts[i - 1], joined), unranked)
+                if i < len(ranks):
+                    ranks[i] = rank_of((joined, parts[i + 1]), unranked)
+                    try:
+                        i = ranks.index(best, i + 1)
+                    except ValueError:
+                        break
                 else:
-                    merged.append(parts[i])
-                    i += 1
-            parts = merged
+                    break
         return parts
 
     def _piece_ids(self, piece: str) -> tuple[int, ...]:
@@ -315,7 +410,7 @@ class SimpleTokenizer:
             found = token_cache.get(token)
             if found is None:
                 symbols = token.encode("utf-8").decode("latin-1").translate(self._to_symbols)
-                found = tuple(self.encoder[s] for s in self._merge(symbols))
+                found = tuple(map(self.encoder.__getitem__, self._merge(symbols)))
                 if len(token_cache) >= _CACHE_LIMIT:
                     token_cache.clear()
                     token_cache.update(self._special_cache)

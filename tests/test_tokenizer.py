@@ -204,7 +204,11 @@ def test_each_character_fixer_ignores_text_without_its_characters():
         for text in (everything, surrogates, "\x1b[31mred\x1b[0m", "a\r\nb\rc"):
             rest = needed.sub("", text)
             assert fixer(rest) == rest, fixer.__name__
-    assert tok_mod._FIXABLE.pattern == "|".join(needed.pattern for needed, _ in tok_mod._CHARACTER_FIXERS)
+    # The patterns match exactly their code points; _FIXABLE is their union.
+    for (codes, _), (needed, _) in zip(tok_mod._FIXER_CODES, tok_mod._CHARACTER_FIXERS):
+        assert {ord(c) for c in needed.findall(everything + surrogates)} == codes
+    assert {ord(c) for c in tok_mod._FIXABLE.findall(everything + surrogates)} == tok_mod._FIXABLE_CODES
+    assert tok_mod._FIXABLE_CODES == set().union(*(codes for codes, _ in tok_mod._FIXER_CODES))
 
 
 @settings(max_examples=1500, derandomize=True, database=None, deadline=None)

@@ -57,6 +57,8 @@ VOCAB_PATH = Path(__file__).with_name("bpe_simple_vocab_16e6.txt.gz")
 _NUM_MERGES = 49152 - 256 - 2
 _SPECIAL_TOKENS = ("<start_of_text>", "<end_of_text>")
 _END_OF_WORD = "</w>"
+# More than any id: pair keys a * _PAIR + b are distinct for distinct pairs.
+_PAIR = 1 << 16
 
 # An '&' that could begin an entity for html.unescape or ftfy: both need at least
 # one character after it other than whitespace ("Tom & Jerry" is safe).
@@ -91,49 +93,14 @@ def _byte_symbols() -> tuple[list[str], list[str]]:
 
 
 def _char_class(codes: Iterable[int]) -> str:
-    return "[" + "".join(std_re.escape(chr(c)) for c in sorted(codes)) + "]"
-
-
-# The fast ftfy path restates ftfy 6.3.1's control flow and calls its internals;
-# any other version gets ftfy itself.
-_FAST_FTFY = ftfy.__version__ == "6.3.1" and hasattr(ftfy, "_fix_encoding_one_step_and_explain")
-
-
-def _character_fixers() -> tuple[tuple[std_re.Pattern[str], Any], ...] | None:
-    """ftfy's character fixers in the order its loop runs them, each with the characters it acts on.
-
-    Each fixer returns its input unchanged unless the text holds one of the
-    characters its pattern matches: the patterns are the fixers' own (C1 controls,
-    curly quotes, surrogates) or classes of their translation tables' keys, plus
-    the characters the line-break fix replaces and ESC, which starts every
-    terminal escape. None without the fast ftfy path.
-    """
-    if not _FAST_FTFY:
-        return None
-    from ftfy import chardata, fixes
-
-    def chars(codes: Iterable[int]) -> std_re.Pattern[str]:
-        return std_re.compile(_char_class(codes))
-
-    quotes = std_re.compile(f"{chardata.SINGLE_QUOTE_RE.pattern}|{chardata.DOUBLE_QUOTE_RE.pattern}")
-    return (
-        (chardata.C1_CONTROL_RE, fixes.fix_c1_controls),
-        (chars(chardata.LIGATURES), fixes.fix_latin_ligatures),
-        (chars(chardata.WIDTH_MAP), fixes.fix_character_width),
-        (quotes, fixes.uncurl_quotes),
-        (chars(map(ord, "\r\u2028\u2029\x85")), fixes.fix_line_breaks),
-        (fixes.SURROGATE_RE, fixes.fix_surrogates),
-        (chars([0x1B]), fixes.remove_terminal_escapes),
-        (chars(chardata.CONTROL_CHARS), fixes.remove_control_chars),
-    )
-
-
-_CHARACTER_FIXERS = _character_fixers()
-# What `ftfy.fix_encoding` repeats, with the settings it passes.
-_ENCODING_STEP = getattr(ftfy, "_fix_encoding_one_step_and_explain", None)
-_ENCODING_CONFIG = ftfy.TextFixerConfig(explain=False)
-# Any character some character fixer acts on: text without one skips them all.
-_FIXABLE = None if _CHARACTER_FIXERS is None else std_re.compile("|".join(p.pattern for p, _ in _CHARACTER_FIXERS))
+    """A regex class of exactly these code points."""
+    spans: list[list[int]] = []
+    for code in sorted(set(codes)):
+        if spans and spans[-1][1] == code - 1:
+            spans[-1][1] = code
+        else:
+            spans.append([code, code])
+    return "[" + "".join(f"{std_re.escape(chr(lo))}-{std_re.escape(chr(hi))}" for lo, hi in spans) + "]"
 
 
 def _fixed_char_spans(op: Any, arg: Any, codes: Any) -> list[tuple[int, int]] | None:
@@ -151,6 +118,63 @@ def _fixed_char_spans(op: Any, arg: Any, codes: Any) -> list[tuple[int, int]] | 
         else:  # negation, \s, \w ...: not a fixed set
             return None
     return spans
+
+
+def _class_codes(pattern: std_re.Pattern[str]) -> set[int]:
+    """The code points a one-character-class pattern such as ftfy's `[\\x80-\\x9f]` matches."""
+    from re import _constants as codes
+    from re import _parser
+
+    items = list(_parser.parse(pattern.pattern, pattern.flags))
+    spans = _fixed_char_spans(*items[0], codes) if len(items) == 1 else None
+    if spans is None or pattern.flags & std_re.IGNORECASE:
+        raise ValueError(f"not a plain character class: {pattern.pattern!r}")
+    return {code for lo, hi in spans for code in range(lo, hi + 1)}
+
+
+# The fast ftfy path restates ftfy 6.3.1's control flow and calls its internals;
+# any other version gets ftfy itself.
+_FAST_FTFY = ftfy.__version__ == "6.3.1" and hasattr(ftfy, "_fix_encoding_one_step_and_explain")
+
+
+def _character_fixers() -> tuple[tuple[set[int], Any], ...] | None:
+    """ftfy's character fixers in the order its loop runs them, each with the characters it acts on.
+
+    Each fixer returns its input unchanged unless the text holds one of these
+    characters: those of the fixer's own pattern (C1 controls, curly quotes,
+    surrogates), the keys of its translation table, the characters the line-break
+    fix replaces, or ESC, which starts every terminal escape. None without the fast
+    ftfy path or if ftfy's patterns are not plain character classes.
+    """
+    if not _FAST_FTFY:
+        return None
+    from ftfy import chardata, fixes
+
+    try:
+        return (
+            (_class_codes(chardata.C1_CONTROL_RE), fixes.fix_c1_controls),
+            (set(chardata.LIGATURES), fixes.fix_latin_ligatures),
+            (set(chardata.WIDTH_MAP), fixes.fix_character_width),
+            (_class_codes(chardata.SINGLE_QUOTE_RE) | _class_codes(chardata.DOUBLE_QUOTE_RE), fixes.uncurl_quotes),
+            (set(map(ord, "\r\u2028\u2029\x85")), fixes.fix_line_breaks),
+            (_class_codes(fixes.SURROGATE_RE), fixes.fix_surrogates),
+            ({0x1B}, fixes.remove_terminal_escapes),
+            (set(chardata.CONTROL_CHARS), fixes.remove_control_chars),
+        )
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+_FIXER_CODES = _character_fixers()
+# Each fixer with a pattern for its characters, and one for any fixer's character.
+_CHARACTER_FIXERS = None if _FIXER_CODES is None else tuple(
+    (std_re.compile(_char_class(codes)), fixer) for codes, fixer in _FIXER_CODES
+)
+_FIXABLE_CODES: set[int] = set().union(*(codes for codes, _ in _FIXER_CODES or ()))
+_FIXABLE = std_re.compile(_char_class(_FIXABLE_CODES)) if _FIXABLE_CODES else None
+# What `ftfy.fix_encoding` repeats, with the settings it passes.
+_ENCODING_STEP = getattr(ftfy, "_fix_encoding_one_step_and_explain", None)
+_ENCODING_CONFIG = ftfy.TextFixerConfig(explain=False)
 
 
 def _fixed_sequences(items: list[Any], codes: Any) -> list[list[Any]] | None:
@@ -176,7 +200,7 @@ def _fixed_sequences(items: list[Any], codes: Any) -> list[list[Any]] | None:
     return sequences
 
 
-def _fast_badness_pattern() -> std_re.Pattern[str] | None:
+def _fast_badness_pattern() -> tuple[std_re.Pattern[str], set[int]] | None:
     """ftfy's mojibake detector BADNESS_RE, rebuilt so that a search skips ordinary text.
 
     BADNESS_RE is a list of alternatives, each a fixed sequence of single-character
@@ -188,6 +212,7 @@ def _fast_badness_pattern() -> std_re.Pattern[str] | None:
     `[all hints](?:(?<=e1..ek)(?=ek+1..em)|...)` finds a match exactly when
     BADNESS_RE does, and since it starts with one character set, the regex engine
     jumps straight to hint characters: CJK, emoji, plain ASCII cost next to nothing.
+    Returns that pattern and all hint characters (text without one is not bad);
     None (`is_bad` is then used as it is) if the pattern is not of that shape, the
     regex internals differ, or without the fast ftfy path.
     """
@@ -223,14 +248,21 @@ def _fast_badness_pattern() -> std_re.Pattern[str] | None:
                 if k + 1 < len(sequence):
                     checks.append((codes.ASSERT, (1, _parser.SubPattern(tree.state, sequence[k + 1 :]))))
                 branch.append(_parser.SubPattern(tree.state, checks))
-        hint_set = [(codes.RANGE, (lo, hi)) for lo, hi in sorted(set(hints))]
+        spans = sorted(set(hints))
+        hint_set = [(codes.RANGE, span) for span in spans]
         rebuilt = _parser.SubPattern(tree.state, [(codes.IN, hint_set), (codes.BRANCH, (None, branch))])
-        return _compiler.compile(rebuilt, BADNESS_RE.flags)
+        hint_codes = {code for lo, hi in spans for code in range(lo, hi + 1)}
+        return _compiler.compile(rebuilt, BADNESS_RE.flags), hint_codes
     except (ImportError, AttributeError, TypeError, ValueError, IndexError, std_re.error):
         return None
 
 
-_FAST_BADNESS = _fast_badness_pattern()
+_FAST_BADNESS, _BADNESS_HINTS = _fast_badness_pattern() or (None, set())
+# Text without any of these is its own ftfy.fix_text and html.unescape, if it is one
+# NFC segment: no '&' to start an entity, not bad, nothing for a character fixer.
+_MAYBE_CHANGED = (
+    None if _FAST_BADNESS is None else std_re.compile(_char_class({*_FIXABLE_CODES, *_BADNESS_HINTS, *b"&\n"}))
+)
 # ftfy's default `max_decode_length`: longer lines are cut into segments of this size.
 _FTFY_SEGMENT_LENGTH = 1_000_000
 
@@ -318,6 +350,13 @@ def _clean_words(text: str) -> list[str]:
     """
     if _NEEDS_FULL_CLEAN.search(text) is None:
         return text.lower().split()
+    if (
+        _MAYBE_CHANGED is not None
+        and _MAYBE_CHANGED.search(text) is None
+        and len(text) <= _FTFY_SEGMENT_LENGTH
+        and unicodedata.is_normalized("NFC", text)
+    ):
+        return " ".join(text.split()).lower().split(" ")
     text = html.unescape(html.unescape(_fix_text(text)))
     # As the reference: collapse whitespace, then lower-case (which can change length).
     return " ".join(text.split()).lower().split(" ")
@@ -344,11 +383,21 @@ class SimpleTokenizer:
         # two merges spell the same string.
         self.encoder: dict[str, int] = dict(zip(vocab, range(len(vocab))))
         self.decoder: dict[int, str] = dict(enumerate(vocab))
-        self._ranks: dict[tuple[str, ...], int] = dict(zip(merges, range(len(merges))))
-        self._unranked = len(merges)
         self._byte_of = {c: b for b, c in enumerate(self._byte_char)}
-        # UTF-8 bytes, seen as Latin-1 code points, translated to BPE symbols.
-        self._to_symbols = {b: c for b, c in enumerate(self._byte_char)}
+        # BPE runs on ids: each symbol the reference would hold as a string is held as
+        # that string's id (distinct strings, distinct ids), a pair (a, b) as a * _PAIR + b.
+        # Every symbol is a vocabulary string: a byte's, a last byte's with its
+        # end-of-word mark, or the join of a merge; a merge whose halves are not in
+        # the vocabulary can never apply. Later duplicates win, as in the reference.
+        encoder = self.encoder
+        self._first_id = [encoder[c] for c in self._byte_char]
+        self._last_id = [encoder[c + _END_OF_WORD] for c in self._byte_char]
+        self._pair_rank: dict[int, int] = {}
+        for rank, merge in enumerate(merges):
+            if len(merge) == 2 and merge[0] in encoder and merge[1] in encoder:
+                self._pair_rank[encoder[merge[0]] * _PAIR + encoder[merge[1]]] = rank
+        self._joined_id = [encoder["".join(merge)] for merge in merges]
+        self._unranked = len(merges)
         self.sot_token_id = self.encoder[_SPECIAL_TOKENS[0]]
         self.eot_token_id = self.encoder[_SPECIAL_TOKENS[1]]
         self.vocab_size = len(vocab)
@@ -363,8 +412,8 @@ class SimpleTokenizer:
         self._token_cache: dict[str, tuple[int, ...]] = dict(self._special_cache)
 
     # -- BPE ---------------------------------------------------------------
-    def _merge(self, symbols: str) -> list[str]:
-        """Apply the merges to one pre-token, lowest rank first, until none applies.
+    def _bpe(self, token: str) -> tuple[int, ...]:
+        """Ids of one pre-token: its UTF-8 bytes, merged lowest rank first until none applies.
 
         As the reference, each round joins every occurrence of the lowest-ranked
         pair, left to right without overlap ("aaa" -> "aa", "a"). A rank names one
@@ -373,32 +422,34 @@ class SimpleTokenizer:
         symbol can never be the pair being joined, so a round finds no new
         occurrences of its own pair.
         """
-        parts = list(symbols)
-        parts[-1] += _END_OF_WORD
-        rank_of = self._ranks.get
+        data = token.encode("utf-8")
+        first = self._first_id
+        ids = [first[byte] for byte in data]
+        ids[-1] = self._last_id[data[-1]]
+        rank_of = self._pair_rank.get
         unranked = self._unranked
-        ranks = [rank_of(pair, unranked) for pair in zip(parts, parts[1:])]
+        ranks = [rank_of(a * _PAIR + b, unranked) for a, b in zip(ids, ids[1:])]
         while ranks:
             best = min(ranks)
             if best == unranked:
                 break
+            joined = self._joined_id[best]
             i = ranks.index(best)
             while True:
-                joined = parts[i] + parts[i + 1]
-                parts[i] = joined
-                del parts[i + 1]
+                ids[i] = joined
+                del ids[i + 1]
                 del ranks[i]
                 if i:
-                    ranks[i - 1] = rank_of((parts[i - 1], joined), unranked)
+                    ranks[i - 1] = rank_of(ids[i - 1] * _PAIR + joined, unranked)
                 if i < len(ranks):
-                    ranks[i] = rank_of((joined, parts[i + 1]), unranked)
+                    ranks[i] = rank_of(joined * _PAIR + ids[i + 1], unranked)
                     try:
                         i = ranks.index(best, i + 1)
                     except ValueError:
                         break
                 else:
                     break
-        return parts
+        return tuple(ids)
 
     def _piece_ids(self, piece: str) -> tuple[int, ...]:
         """Ids of a space-free stretch of cleaned text."""
@@ -409,8 +460,7 @@ class SimpleTokenizer:
         for token in tokens:
             found = token_cache.get(token)
             if found is None:
-                symbols = token.encode("utf-8").decode("latin-1").translate(self._to_symbols)
-                found = tuple(map(self.encoder.__getitem__, self._merge(symbols)))
+                found = self._bpe(token)
                 if len(token_cache) >= _CACHE_LIMIT:
                     token_cache.clear()
                     token_cache.update(self._special_cache)

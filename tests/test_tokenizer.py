@@ -234,6 +234,26 @@ def test_fast_mojibake_detector_on_corpora():
         assert tok_mod._looks_bad(text) is expected is is_bad(text), repr(text)
 
 
+def test_lower_case_keeps_whitespace_where_it_was():
+    # Why _clean_words may lower-case before cutting at whitespace (see its docstring).
+    for code in range(0x110000):
+        char = chr(code)
+        lowered = char.lower()
+        if char.isspace():
+            assert lowered == char, hex(code)
+            # Neither cased nor case-ignorable: it ends a final sigma's context scan.
+            assert f"aΣ{char}b".lower() == f"aς{char}b" and f"a{char}Σ".lower() == f"a{char}σ", hex(code)
+        else:
+            assert lowered and not any(c.isspace() for c in lowered), hex(code)
+
+
+@settings(max_examples=500, derandomize=True, database=None, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("aΣσςİI'.\u0301\u00ad\u200d \t\n\x1c\x85\xa0\u2028\u3000")), max_size=20))
+def test_lower_then_cut_equals_collapse_then_lower(text):
+    words = text.lower().split()
+    assert " ".join(words) == " ".join(text.split()).lower()
+
+
 @pytest.mark.parametrize(
     "text",
     ["a & b", "a &amp; b", "x \x0b y", "\x1b[31mred", "a\x7f", "é\u0301", "e\u0301", "ﬁne", "ＬＯＵＤ", "a\u3000b",

@@ -172,6 +172,7 @@ _CHARACTER_FIXERS = None if _FIXER_CODES is None else tuple(
 )
 _FIXABLE_CODES: set[int] = set().union(*(codes for codes, _ in _FIXER_CODES or ()))
 _FIXABLE = std_re.compile(_char_class(_FIXABLE_CODES)) if _FIXABLE_CODES else None
+_unescape_html = ftfy.fixes.unescape_html
 # What `ftfy.fix_encoding` repeats, with the settings it passes.
 _ENCODING_STEP = getattr(ftfy, "_fix_encoding_one_step_and_explain", None)
 _ENCODING_CONFIG = ftfy.TextFixerConfig(explain=False)
@@ -301,7 +302,7 @@ def _fix_segment(text: str, unescape: bool) -> str:
     while True:
         before = text
         if unescape and "&" in text:
-            text = ftfy.fixes.unescape_html(text)
+            text = _unescape_html(text)
         if text != settled:
             text = settled = _fix_encoding(text)
         if _FIXABLE.search(text) is not None:
@@ -343,10 +344,18 @@ def _reference_clean(text: str) -> str:
 
 
 def _clean_words(text: str) -> list[str]:
-    """The reference's cleaning of `text`, cut at spaces.
+    """The reference's cleaning of `text`, cut at whitespace.
 
     Printable ASCII without a possible entity skips ftfy and HTML unescaping (see
-    the module docstring); everything else takes `_fix_text`, equal to ftfy.
+    the module docstring), so does one NFC segment that `_MAYBE_CHANGED` finds
+    nothing in; everything else takes `_fix_text`, equal to ftfy. html.unescape
+    returns text without '&' as it is.
+
+    The reference collapses whitespace, then lower-cases and cuts at spaces; here
+    the text is lower-cased, then cut at whitespace. Same words: lower-casing maps
+    no character to or from whitespace, and whitespace is neither cased nor
+    case-ignorable, so it ends the context scan of a final sigma just as a single
+    space or the text's end does (tests/test_tokenizer.py checks every character).
     """
     if _NEEDS_FULL_CLEAN.search(text) is None:
         return text.lower().split()
@@ -356,10 +365,11 @@ def _clean_words(text: str) -> list[str]:
         and len(text) <= _FTFY_SEGMENT_LENGTH
         and unicodedata.is_normalized("NFC", text)
     ):
-        return " ".join(text.split()).lower().split(" ")
-    text = html.unescape(html.unescape(_fix_text(text)))
-    # As the reference: collapse whitespace, then lower-case (which can change length).
-    return " ".join(text.split()).lower().split(" ")
+        return text.lower().split()
+    text = _fix_text(text)
+    if "&" in text:
+        text = html.unescape(html.unescape(text))
+    return text.lower().split()
 
 
 class SimpleTokenizer:

@@ -13,18 +13,22 @@ What makes it faster than the reference, without changing a single id:
   control character, ligature, wide form or curly quote, NFC does not touch
   ASCII, and the line-break fix only swaps one whitespace for another, which the
   whitespace collapse erases.
+* So does other one-segment NFC text without a possible entity, a character
+  some ftfy fixer acts on or a character ftfy's mojibake detector can match on
+  (CJK, emoji, most scripts): ftfy and html.unescape return it as it is.
 * Everything else goes through `_fix_text`, ftfy 6.3.1's `fix_text` restated:
   the same segments, the same steps in the same order, ftfy's own functions,
   but each step skipped when it provably returns its input, which a cheap check
-  shows: no '&' (entities), no character the fixer acts on (built from ftfy's
-  tables), no match of ftfy's mojibake detector (its pattern rebuilt so that the
-  regex engine skips to the few characters it can match on, `_fast_badness_pattern`).
-  Real mojibake still goes through ftfy's own repair step. For any other ftfy
-  version `fix_text` itself runs.
+  shows: no '&' (entities), no character the fixer acts on (from ftfy's own
+  tables and patterns), no match of ftfy's mojibake detector (its pattern rebuilt
+  so that the regex engine skips to the few characters it can match on,
+  `_fast_badness_pattern`). Real mojibake still goes through ftfy's own repair
+  step. With any other ftfy version `ftfy.fix_text` itself runs.
 * No match of the splitting pattern can contain a space, so the cleaned text can
-  be cut at spaces and each piece's ids cached: captions are built from a small
-  vocabulary of words, so most pieces are a dictionary hit.
-* BPE of a new word looks up only the pair ranks a join changes (`_merge`).
+  be cut at whitespace and each piece's ids cached: captions are built from a
+  small vocabulary of words, so most pieces are a dictionary hit.
+* BPE of a new word runs on vocabulary ids and looks up only the pair ranks a
+  join changes (`_bpe`).
 * Only the first `context_length - 2` ids of a text can reach the output, so
   encoding stops there.
 """
@@ -43,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import ftfy
 import numpy as np
 import regex
-from ftfy.badness import BADNESS_RE, is_bad
+from ftfy.badness import BADNESS_RE
 
 from .constants import CONTEXT_LENGTH
 
@@ -214,7 +218,7 @@ def _fast_badness_pattern() -> tuple[std_re.Pattern[str], set[int]] | None:
     BADNESS_RE does, and since it starts with one character set, the regex engine
     jumps straight to hint characters: CJK, emoji, plain ASCII cost next to nothing.
     Returns that pattern and all hint characters (text without one is not bad);
-    None (`is_bad` is then used as it is) if the pattern is not of that shape, the
+    None (BADNESS_RE itself is then used) if the pattern is not of that shape, the
     regex internals differ, or without the fast ftfy path.
     """
     if not _FAST_FTFY:
@@ -268,11 +272,13 @@ _MAYBE_CHANGED = (
 _FTFY_SEGMENT_LENGTH = 1_000_000
 
 
+# Finds a match exactly when ftfy's `is_bad` is true (that is `bool(BADNESS_RE.search(text))`).
+_bad_match = (_FAST_BADNESS or BADNESS_RE).search
+
+
 def _looks_bad(text: str) -> bool:
     """ftfy's `is_bad(text)` (see `_fast_badness_pattern`)."""
-    if _FAST_BADNESS is None:
-        return is_bad(text)
-    return _FAST_BADNESS.search(text) is not None
+    return _bad_match(text) is not None
 
 
 def _fix_encoding(text: str) -> str:
@@ -282,7 +288,7 @@ def _fix_encoding(text: str) -> str:
     the step runs only on text `_looks_bad` flags. The result is a fixed point:
     `_fix_encoding` returns it unchanged.
     """
-    while _looks_bad(text):
+    while _bad_match(text) is not None:
         fixed = _ENCODING_STEP(text, _ENCODING_CONFIG).text
         if fixed == text:
             break

@@ -1,7 +1,9 @@
 """Deterministic synthetic data shared by benchmarks and tests: caption corpora for the tokenizer,
 and tiny learnable RecordIO shards for the trainer.
 
-Nothing is downloaded: captions come from templates and word lists, web junk from
+Nothing is downloaded: captions come from templates and word lists; web captions are
+such captions damaged the ways scraped text is (entity-escaped, read in the wrong
+encoding, sprinkled with emoji and control characters, wrapped in tags); junk is
 hand-picked hostile fragments (entities, mojibake, controls, emoji, scripts) glued
 together at random, plus raw random code points. The same seed always gives the
 same corpus, so a failure can be replayed.

@@ -100,6 +100,23 @@ def test_matches_reference_on_repetitive_words(reference, text):
     _assert_same(reference, [text, text.upper()])
 
 
+def test_ascii_splitting_pattern_equals_the_unicode_one():
+    ours = SimpleTokenizer()
+    ascii_chars = [chr(c) for c in range(128)]
+    texts = [a + b for a in ascii_chars for b in ascii_chars]
+    texts += ["<start_of_text>x", "<END_of_text>", "it's", "IT'S", "we'll'd", "a1b22c", "http://x.org/a?b=1&c=2"]
+    texts += [t for t in junk_corpus(3000, seed=19) if t.isascii()]
+    for text in texts:
+        assert ours._ascii_pattern.findall(text) == ours._pattern.findall(text), repr(text)
+
+
+@settings(max_examples=500, derandomize=True, database=None, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=30))
+def test_ascii_splitting_pattern_on_any_ascii(text):
+    ours = tok_mod._default_tokenizer()
+    assert ours._ascii_pattern.findall(text) == ours._pattern.findall(text)
+
+
 def test_encode_and_decode_match_reference(reference):
     texts = caption_corpus(200, seed=7) + junk_corpus(400, seed=8) + web_caption_corpus(400, seed=18)
     ours = SimpleTokenizer()

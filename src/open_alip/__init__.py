@@ -1,4 +1,5 @@
-"""The RWKV-CLIP library: tokenizer, model, loss, configs, zero-shot helpers.
+"""The RWKV-CLIP library: tokenizer, model, loss, configs, zero-shot helpers, and open_clip's
+entry points (`create_model_and_transforms`, `get_tokenizer`, `list_models`).
 
 Names are resolved lazily so that `from src.open_alip import tokenize` does not build
 model code, and so a data-conversion worker imports only what it uses.
@@ -17,6 +18,11 @@ _EXPORTS = {
     "get_model_config": "model",
     "list_models": "model",
     "ClipLoss": "loss",
+    "create_model_and_transforms": "factory",
+    "get_tokenizer": "factory",
+    "load_pretrained": "pretrained",
+    "load_rwkv_clip": "clip_benchmark_loader",
+    "OpenAlipError": "errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,84 @@
+"""CLIP_benchmark's evaluation with RWKV-CLIP: the glue behind clip_benchmark_eval.py.
+
+CLIP_benchmark (the `clip-benchmark` package, not a dependency of this toolkit) has no plugin
+registry. Its `clip_benchmark.models` module keeps a dict `TYPE2FUNC` from a `--model_type` name to
+a loader `(model_name, pretrained, cache_dir, device) -> (model, transform, tokenizer)`, and a list
+`MODEL_TYPES` made from it; `load_clip` dispatches through the dict, and `clip_benchmark.cli` offers
+the list (the same object) as the choices of `--model_type` and parses `sys.argv` in `main()`.
+Adding our loader to both, in this process, before `main()` runs, is all registering takes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from src.errors import UserError
+from src.open_alip.clip_benchmark_loader import MODEL_TYPE, load_rwkv_clip
+from src.open_alip.errors import OpenAlipError
+
+DEFAULT_MODEL = "RWKV_CLIP_B32"
+
+
+class ClipBenchmarkError(UserError):
+    """CLIP_benchmark is missing, or the model it was asked to load is not usable; one line."""
+
+
+def load_for_clip_benchmark(model_name: str, pretrained: str, cache_dir: str | None = None, device: Any = "cpu"):
+    """`load_rwkv_clip` with the model library's errors turned into this CLI's one-line errors."""
+    try:
+        return load_rwkv_clip(model_name=model_name, pretrained=pretrained, cache_dir=cache_dir, device=device)
+    except OpenAlipError as exc:
+        raise ClipBenchmarkError(str(exc)) from None
+
+
+def register(models: ModuleType | Any) -> None:
+    """Make `--model_type rwkv_clip` known to CLIP_benchmark's `models` module (see the module doc)."""
+    models.TYPE2FUNC[MODEL_TYPE] = load_for_clip_benchmark
+    if MODEL_TYPE not in models.MODEL_TYPES:
+        models.MODEL_TYPES.append(MODEL_TYPE)
+
+
+def _given(argv: Sequence[str], *options: str) -> bool:
+    return any(a == o or a.startswith(o + "=") for a in argv for o in options)
+
+
+def prepare_argv(argv: Sequence[str]) -> list[str]:
+    """CLIP_benchmark's arguments with our defaults: `eval` gets `--model_type rwkv_clip` and
+    `--model RWKV_CLIP_B32` unless given; weights must be named (its default is an open_clip tag)."""
+    argv = list(argv)
+    if not argv or argv[0] != "eval":
+        return argv
+    if not _given(argv, "--pretrained", "--pretrained_model"):
+        raise ClipBenchmarkError(
+            "eval needs weights: add --pretrained W (a .pt/.safetensors file or hf-hub:ORG/REPO[/FILE])"
+        )
+    extra = []
+    if not _given(argv, "--model_type"):
+        extra += ["--model_type", MODEL_TYPE]
+    if not _given(argv, "--model", "--pretrained_model"):
+        extra += ["--model", DEFAULT_MODEL]
+    return [argv[0], *extra, *argv[1:]]
+
+
+def run_clip_benchmark(argv: Sequence[str]) -> int:
+    """Register the loader and run CLIP_benchmark's command line with `argv` (after prepare_argv)."""
+    argv = prepare_argv(argv)
+    try:
+        import clip_benchmark.cli as cli
+        import clip_benchmark.models as models
+    except ImportError as exc:
+        raise ClipBenchmarkError(
+            f"cannot import CLIP_benchmark ({exc}); install it with `pip install clip-benchmark` "
+            "(it is not a dependency of this toolkit)"
+        ) from None
+    register(models)
+    saved = sys.argv
+    sys.argv = ["clip_benchmark", *argv]  # its main() parses sys.argv and takes no arguments
+    try:
+        result = cli.main()
+    finally:
+        sys.argv = saved
+    return int(result or 0)

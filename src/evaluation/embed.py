@@ -1,0 +1,411 @@
+"""Embeddings of an image folder, an image list or a text file: the library behind embed.py.
+
+Inputs:
+- images: every image file under a folder (recursively, by sorted relative path; hidden files
+  left out), or a list: a .txt file with one path per line, or a CSV/TSV/JSONL manifest with an
+  image column. Relative paths in a list are relative to the list's folder and must stay inside
+  it. Images that are missing or cannot be decoded are skipped, counted and named in the index.
+- texts: a UTF-8 file, one text per line; blank lines are skipped.
+
+Output, for `--output OUT.npy`:
+- OUT.npy: float32 [N, D], each row L2-normalised (cosine similarity is a dot product);
+- OUT.index.json: `{"kind", "model", "weights", "count", "dim", "root", "items", "skipped"}`, where
+  items[i] names the input of row i (a path relative to `root`, or the text).
+Both are written under temporary names and renamed when complete; the old index is removed before
+the new embeddings take the name, so an interrupted run never leaves a matching-looking pair.
+Images are read with the evaluation's readers and preprocessing (src/evaluation/datasets.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from src.errors import UserError
+from src.evaluation.datasets import IMAGE_EXTENSIONS, ImageDataset, preprocess_batch
+from src.fsutil import atomic_path, atomic_write_json, remove_stale_temp_files, temp_path_for
+from src.open_alip.errors import OpenAlipError
+
+LIST_SUFFIXES = (".txt", ".lst")
+MANIFEST_SUFFIXES = (".csv", ".tsv", ".jsonl")
+IMAGE_COLUMNS = ("image", "filepath", "image_path", "path", "file", "filename")
+_COPY_ROWS = 1 << 14  # rows per step when compacting the output after skipped images
+
+
+class EmbedError(UserError):
+    """Bad input to embed.py (missing input, no weights, a model problem); one line."""
+
+
+@dataclass
+class ImageInputs:
+    root: Path  # what `labels` are relative to (the folder, or the list's folder)
+    sources: list[Path]
+    labels: list[str]  # how the index names each source
+    missing: list[tuple[str, str]] = field(default_factory=list)  # (label, why) of listed files that are absent
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+def _is_image_name(name: str) -> bool:
+    return name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
+
+
+def scan_image_folder(folder: Path) -> ImageInputs:
+    """Every image file under `folder`, by sorted relative path; hidden files and folders left out."""
+    found: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in filenames:
+            if _is_image_name(name):
+                path = Path(dirpath) / name
+                found.append((path.relative_to(folder).as_posix(), path))
+    found.sort(key=lambda item: item[0])
+    if not found:
+        raise EmbedError(
+            f"--images {folder}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in the folder or below it"
+        )
+    return ImageInputs(folder, [p for _, p in found], [label for label, _ in found])
+
+
+def _list_entries(path: Path, image_column: str | None) -> list[str]:
+    suffix = path.suffix.lower()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EmbedError(f"--images {path}: cannot read the list ({exc.__class__.__name__}: {exc})") from None
+    if suffix in LIST_SUFFIXES:
+        return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if suffix == ".jsonl":
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    raise EmbedError(f"--images {path}: line {n} is not JSON") from None
+                if not isinstance(row, dict):
+                    raise EmbedError(f"--images {path}: line {n} is not a JSON object")
+                rows.append(row)
+    else:
+        rows = list(csv.DictReader(text.splitlines(), delimiter="\t" if suffix == ".tsv" else ","))
+    if not rows:
+        raise EmbedError(f"--images {path}: the manifest has no rows")
+    columns = list(rows[0].keys())
+    column = image_column or next((c for c in IMAGE_COLUMNS if c in columns), None)
+    if column is None or column not in columns:
+        wanted = f"no column {image_column!r}" if image_column else "no image column"
+        raise EmbedError(f"--images {path}: {wanted} among {', '.join(map(str, columns))}; name it with --image-column")
+    return [str(row.get(column) or "").strip() for row in rows]
+
+
+def read_image_list(path: Path, image_column: str | None = None) -> ImageInputs:
+    """The images a .txt list or CSV/TSV/JSONL manifest names (see the module doc)."""
+    root = path.parent
+    root_resolved = root.resolve()
+    sources, labels, missing = [], [], []
+    for entry in _list_entries(path, image_column):
+        if not entry:
+            missing.append(("", "empty image path"))
+            continue
+        candidate = Path(entry)
+        if not candidate.is_absolute():
+            resolved = (root / candidate).resolve()
+            if resolved != root_resolved and root_resolved not in resolved.parents:
+                raise EmbedError(f"--images {path}: refusing image path {entry!r}, it leaves {root}")
+            candidate = root / candidate
+        if candidate.is_file():
+            sources.append(candidate)
+            labels.append(entry)
+        else:
+            missing.append((entry, "no such file"))
+    if not sources and not missing:
+        raise EmbedError(f"--images {path}: the list names no images")
+    return ImageInputs(root, sources, labels, missing)
+
+
+def read_images(path: Path, image_column: str | None = None) -> ImageInputs:
+    if path.is_dir():
+        return scan_image_folder(path)
+    if not path.is_file():
+        raise EmbedError(f"--images {path} does not exist; give a folder of images or a list of them")
+    if path.suffix.lower() not in LIST_SUFFIXES + MANIFEST_SUFFIXES:
+        raise EmbedError(
+            f"--images {path}: unknown list type {path.suffix!r}; use a folder, a .txt list (one path per line) "
+            "or a .csv/.tsv/.jsonl manifest"
+        )
+    return read_image_list(path, image_column)
+
+
+def read_texts(path: Path) -> tuple[list[str], int]:
+    """(texts, number of blank lines skipped) of a UTF-8 file with one text per line."""
+    if not path.is_file():
+        raise EmbedError(f"--texts {path} does not exist; give a UTF-8 file with one text per line")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise EmbedError(f"--texts {path}: not UTF-8 text (byte {exc.start}); convert it to UTF-8") from None
+    texts = [ln.strip() for ln in lines if ln.strip()]
+    if not texts:
+        raise EmbedError(f"--texts {path}: no text in the file")
+    return texts, len(lines) - len(texts)
+
+
+# ---------------------------------------------------------------------------------------------
+# model
+
+
+def load_model(
+    model_name: str,
+    weights: str | None,
+    device: torch.device,
+    random_init: bool = False,
+    cache_dir: Path | None = None,
+    wkv_impl: str | None = None,
+) -> torch.nn.Module:
+    """The model in float32 eval mode on `device` (the evaluation's precision); weights are required
+    unless `random_init`."""
+    from src.open_alip import create_model_and_transforms
+
+    if weights is None and not random_init:
+        raise EmbedError(
+            "no weights given: pass --model-weight (a .pt or .safetensors file, or hf-hub:ORG/REPO[/FILE]); "
+            "--random-init embeds with untrained weights (for testing only)"
+        )
+    if weights is not None and random_init:
+        raise EmbedError("--random-init and --model-weight exclude each other; give one")
+    try:
+        model, _, _ = create_model_and_transforms(
+            model_name, pretrained=weights, device=device, precision="fp32", cache_dir=cache_dir, wkv_impl=wkv_impl
+        )
+    except OpenAlipError as exc:  # the model library's errors are the user's to fix here
+        raise EmbedError(str(exc)) from None
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# embedding
+
+
+class _SkippingImages(ImageDataset):
+    """ImageDataset whose items are (image or None, index, error or None): a file that cannot be
+    decoded becomes a skipped row instead of ending the run."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor | None, int, str | None]:  # type: ignore[override]
+        try:
+            image, _ = super().__getitem__(index)
+        except Exception as exc:  # any decoder failure (OSError, DecompressionBombError, ...) means "unreadable"
+            text = " ".join(str(exc).split())[:300]
+            return None, index, text if isinstance(exc, UserError) else f"{type(exc).__name__}: {text}"
+        return image, index, None
+
+
+def _collate(items: list[tuple[torch.Tensor | None, int, str | None]]):
+    good = [(img, i) for img, i, err in items if err is None]
+    failed = [(i, err) for _, i, err in items if err is not None]
+    images: torch.Tensor | list[torch.Tensor] | None = None
+    if good:
+        tensors = [img for img, _ in good]
+        same = all(t.shape == tensors[0].shape for t in tensors) and tensors[0].dtype == torch.float32
+        images = torch.stack(tensors) if same else tensors  # CPU: preprocessed; CUDA: raw uint8, any size
+    return images, [i for _, i in good], failed
+
+
+def _loader(sources: Sequence[Path], input_size: int, batch_size: int, device: torch.device, workers: int):
+    # On CUDA, decode only (uint8) and preprocess on the GPU, as the evaluation does (datasets.make_loader).
+    on_device = device.type == "cuda"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = max(0, min(workers, cores))
+    dataset = _SkippingImages(list(sources), None, size=None if on_device else input_size)
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=_collate, pin_memory=on_device
+    )
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=desc.rstrip("s") if desc.endswith("s") else desc, dynamic_ncols=True)
+
+
+@torch.no_grad()
+def embed_images(
+    model: torch.nn.Module,
+    sources: Sequence[Path],
+    rows: np.ndarray,
+    device: torch.device,
+    batch_size: int = 64,
+    workers: int = 0,
+    progress: bool = False,
+) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    """Write image i's normalised embedding to rows[i]; returns (mask of rows written, [(i, why)] skipped)."""
+    input_size = model.config["input_size"]
+    written = np.zeros(len(sources), dtype=bool)
+    skipped: list[tuple[int, str]] = []
+    bar = _progress(len(sources), "images", progress)
+    for images, indices, failed in _loader(sources, input_size, batch_size, device, workers):
+        skipped.extend(failed)
+        if indices:
+            batch = preprocess_batch(images, input_size, device)
+            emb = F.normalize(model.encode_image(batch).float(), dim=-1).cpu().numpy()
+            rows[indices] = emb
+            written[indices] = True
+        if bar is not None:
+            bar.update(len(indices) + len(failed))
+            if skipped:
+                bar.set_postfix(skipped=len(skipped))
+    if bar is not None:
+        bar.close()
+    return written, skipped
+
+
+@torch.no_grad()
+def embed_texts(
+    model: torch.nn.Module,
+    texts: Sequence[str],
+    rows: np.ndarray,
+    device: torch.device,
+    batch_size: int = 256,
+    progress: bool = False,
+) -> None:
+    """Write text i's normalised embedding to rows[i]."""
+    from src.open_alip import tokenize
+
+    bar = _progress(len(texts), "texts", progress)
+    for start in range(0, len(texts), batch_size):
+        chunk = list(texts[start : start + batch_size])
+        tokens = tokenize(chunk, model.context_length).to(device)
+        rows[start : start + len(chunk)] = F.normalize(model.encode_text(tokens).float(), dim=-1).cpu().numpy()
+        if bar is not None:
+            bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole run
+
+
+def index_path_for(output: Path) -> Path:
+    """OUT.npy -> OUT.index.json"""
+    return output.with_name(output.name.removesuffix(".npy") + ".index.json")
+
+
+def _write_outputs(
+    output: Path,
+    n: int,
+    dim: int,
+    fill: Callable[[np.ndarray], np.ndarray],
+    make_index: Callable[[np.ndarray], dict[str, Any]],
+) -> dict[str, Any]:
+    """Fill a [n, dim] float32 array through `fill` (it returns the mask of the rows it wrote), keep
+    the written rows, write OUT.npy and then OUT.index.json = make_index(kept row numbers); returns
+    that index. The rows live in a memory-mapped temporary file, not in memory."""
+    full = temp_path_for(output.with_name(output.name + ".rows"))
+    try:
+        rows = np.lib.format.open_memmap(full, mode="w+", dtype=np.float32, shape=(n, dim))
+        kept = np.flatnonzero(fill(rows))
+        index_path = index_path_for(output)
+        with atomic_path(output) as tmp:
+            if len(kept) == n:
+                rows.flush()
+                del rows
+                os.replace(full, tmp)
+            else:  # drop the rows of skipped inputs
+                dense = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(kept), dim))
+                for a in range(0, len(kept), _COPY_ROWS):
+                    dense[a : a + _COPY_ROWS] = rows[kept[a : a + _COPY_ROWS]]
+                dense.flush()
+                del dense, rows
+            # An old index must not describe the new embeddings, even for a moment.
+            index_path.unlink(missing_ok=True)
+        index = make_index(kept)
+        atomic_write_json(index_path, index, ensure_ascii=False)
+        return index
+    finally:
+        full.unlink(missing_ok=True)
+
+
+def run_embed(
+    *,
+    model_name: str,
+    weights: str | None,
+    output: Path,
+    images: Path | None = None,
+    texts: Path | None = None,
+    image_column: str | None = None,
+    device: torch.device,
+    batch_size: int = 64,
+    workers: int = 4,
+    random_init: bool = False,
+    cache_dir: Path | None = None,
+    wkv_impl: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Embed `images` or `texts` into `output` and its index (module doc); returns the index
+    without its item list, plus "index": the index's path."""
+    if (images is None) == (texts is None):
+        raise EmbedError("give exactly one of --images and --texts")
+    if output.suffix.lower() != ".npy":
+        raise EmbedError(f"--output {output}: the embeddings are a numpy file; name it *.npy")
+    if batch_size < 1 or workers < 0:
+        raise EmbedError("--batch-size must be >= 1 and --workers >= 0")
+    if output.is_dir():
+        raise EmbedError(f"--output {output} is a folder; give a file name ending in .npy")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(output.parent, os.W_OK):
+        raise EmbedError(f"--output {output}: folder {output.parent} is not writable")
+    remove_stale_temp_files(output.parent, output.name + "*")
+
+    base: dict[str, Any] = {"model": model_name, "weights": weights, "dtype": "float32", "normalized": True}
+    if images is not None:
+        inputs = read_images(images, image_column)
+        if not inputs.sources:
+            raise EmbedError(f"--images {images}: none of the {len(inputs.missing)} listed images exists")
+        model = load_model(model_name, weights, device, random_init, cache_dir, wkv_impl)
+        dim, n, labels = model.image_embed_dim, len(inputs.sources), inputs.labels
+        skipped = [{"item": label, "error": why} for label, why in inputs.missing]
+
+        def fill(rows: np.ndarray) -> np.ndarray:
+            written, failed = embed_images(model, inputs.sources, rows, device, batch_size, workers, progress)
+            skipped.extend({"item": labels[i], "error": why} for i, why in sorted(failed))
+            if not written.any():
+                first = skipped[-1]
+                raise EmbedError(
+                    f"--images {images}: none of the {n} images could be read (e.g. {first['item']}: "
+                    f"{first['error']}); nothing written"
+                )
+            return written
+
+        def make_index(kept: np.ndarray) -> dict[str, Any]:
+            return {"kind": "images", **base, "count": len(kept), "dim": dim, "root": str(inputs.root.resolve()),
+                    "items": [labels[i] for i in kept], "skipped": skipped}
+    else:
+        text_list, blank = read_texts(texts)
+        model = load_model(model_name, weights, device, random_init, cache_dir, wkv_impl)
+        dim, n = model.text_embed_dim, len(text_list)
+
+        def fill(rows: np.ndarray) -> np.ndarray:
+            embed_texts(model, text_list, rows, device, batch_size, progress)
+            return np.ones(n, dtype=bool)
+
+        def make_index(kept: np.ndarray) -> dict[str, Any]:
+            return {"kind": "texts", **base, "count": len(kept), "dim": dim, "root": str(texts.resolve()),
+                    "items": text_list, "skipped": [], "blank_lines": blank}
+
+    index = _write_outputs(output, n, dim, fill, make_index)
+    summary = {k: v for k, v in index.items() if k != "items"}
+    summary["index"] = str(index_path_for(output))
+    return summary

@@ -603,7 +603,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--root", required=True, type=Path, help="folder to serve (its files become the repo's files)")
     p.add_argument("--repo-id", required=True, help="repo id to answer to, ORG/NAME (e.g. Kaichengalex/YFCC15M)")
-    p.add_argument("--repo-type", default="dataset", choices=["dataset", "model"], help="default: dataset")
+    p.add_argument("--repo-type", default="dataset", choices=["dataset", "model"],
+                   help="default: dataset; 'model' serves weights for hf-hub:ORG/REPO in embed.py and "
+                   "src.open_alip.create_model_and_transforms")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all; default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port (default 0: any free port, printed at start)")
     p.add_argument("--redirect-host", default=None,

@@ -20,7 +20,13 @@ from dataloaders.shards import load_shards
 from dataloaders.torch_loader import RecordDataset
 from src.evaluation.datasets import ImageDataset
 from src.open_alip import create_model_and_transforms, get_tokenizer, list_models, load_pretrained, tokenize
-from src.open_alip.errors import ModelConfigError, OpenAlipError, PretrainedError, WeightsMismatchError, WeightsNotFoundError
+from src.open_alip.errors import (
+    ModelConfigError,
+    OpenAlipError,
+    PretrainedError,
+    WeightsMismatchError,
+    WeightsNotFoundError,
+)
 from src.open_alip.transform import preprocess_pil
 from tests._loader_helpers import write_shard
 

@@ -158,6 +158,18 @@ def _hub_error(spec: str, endpoint: str, exc: Exception) -> PretrainedError:
     )
 
 
+def _hub_cache(cache_dir: str | os.PathLike | None) -> str | None:
+    """`cache_dir`, else the cache HF_HUB_CACHE or HF_HOME name now (huggingface_hub reads them once,
+    at import), else None: huggingface_hub's default."""
+    if cache_dir is not None:
+        return str(cache_dir)
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return str(Path(os.environ["HF_HOME"]) / "hub")
+    return None
+
+
 def _offline() -> bool:
     from huggingface_hub import constants
 
@@ -178,7 +190,7 @@ def download_from_hub(spec: str, cache_dir: str | os.PathLike | None = None) -> 
     # Read at call time (huggingface_hub reads HF_ENDPOINT once, at import).
     endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or None
     where = endpoint or hub.constants.ENDPOINT
-    cache = str(cache_dir) if cache_dir is not None else None
+    cache = _hub_cache(cache_dir)
     try:
         if _offline():
             return _from_cache(spec, repo_id, filename, cache)
@@ -197,7 +209,9 @@ def download_from_hub(spec: str, cache_dir: str | os.PathLike | None = None) -> 
         def fetch(force: bool) -> Path:
             return Path(
                 hub.hf_hub_download(
-                    repo_id, filename, repo_type="model", revision=info.sha, cache_dir=cache,
+                    # by branch, not info.sha: the cache then records main -> commit, which is what
+                    # an offline run (HF_HUB_OFFLINE=1) looks up; the hash check catches a moved branch
+                    repo_id, filename, repo_type="model", cache_dir=cache,
                     endpoint=endpoint, force_download=force,
                 )
             )

@@ -1,0 +1,174 @@
+"""Weights through `hf-hub:` from the project's own hub server, with the real huggingface_hub client:
+the server run as a private model hub (`python -m src.hub_server --repo-type model`), the hub
+cache, offline use, sha256 checks against a corrupting server, and the one-line errors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from src.hub_server import serve_in_background
+from src.open_alip import create_model_and_transforms
+from src.open_alip.errors import ChecksumError, HubError, PretrainedError, WeightsNotFoundError
+from src.open_alip.pretrained import download_from_hub, file_sha256
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TINY = "RWKV_CLIP_tiny"
+REPO = "testorg/rwkv-clip-tiny"
+TOKEN = "hf_private_hub_token"
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    torch.manual_seed(11)
+    model, _, _ = create_model_and_transforms(TINY)
+    return model
+
+
+@pytest.fixture(scope="module")
+def repo_dir(tmp_path_factory, tiny_model) -> Path:
+    root = tmp_path_factory.mktemp("model_repo")
+    save_file({k: v.contiguous() for k, v in tiny_model.state_dict().items()}, root / "model.safetensors")
+    (root / "README.md").write_text("# RWKV-CLIP tiny (test weights)\n")
+    (root / "open_clip_config.json").write_text("{}\n")
+    return root
+
+
+@pytest.fixture
+def hub_env(monkeypatch, tmp_path):
+    """A clean huggingface_hub environment: cache under tmp_path, no token, online."""
+    for name in list(os.environ):
+        if name.startswith(("HF_", "HUGGING_FACE")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    return tmp_path / "hf_home" / "hub"
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def _one_line(exc_info) -> str:
+    text = str(exc_info.value)
+    assert text and "\n" not in text
+    return text
+
+
+def test_private_model_hub_from_the_cli(repo_dir, tiny_model, hub_env, monkeypatch, tmp_path):
+    port_file = tmp_path / "endpoint.txt"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "src.hub_server", "--root", str(repo_dir), "--repo-id", REPO, "--repo-type", "model",
+         "--port-file", str(port_file)],
+        cwd=REPO_ROOT, env={**os.environ, "HUB_SERVER_TOKEN": TOKEN}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        for _ in range(600):
+            if port_file.exists() or server.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert port_file.exists(), server.stderr.read() if server.poll() is not None else "server did not start"
+        monkeypatch.setenv("HF_ENDPOINT", port_file.read_text().strip())
+
+        with pytest.raises(HubError) as e:  # a private hub: no token, no weights
+            create_model_and_transforms(TINY, pretrained=f"hf-hub:{REPO}")
+        assert "(HTTP 401); set HF_TOKEN" in _one_line(e)
+        monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+        with pytest.raises(HubError, match=r"refused access \(HTTP 403\)"):
+            download_from_hub(f"hf-hub:{REPO}")
+
+        monkeypatch.setenv("HF_TOKEN", TOKEN)
+        model, _, preprocess_val = create_model_and_transforms(TINY, pretrained=f"hf-hub:{REPO}")
+        assert _same_weights(model, tiny_model) and preprocess_val.size == 32
+        path = download_from_hub(f"hf-hub:{REPO}/model.safetensors")
+        # in the hub cache (HF_HOME), stored under its sha256
+        assert hub_env in path.resolve().parents or hub_env.resolve() in path.resolve().parents
+        assert path.resolve().name == file_sha256(repo_dir / "model.safetensors")
+
+        with pytest.raises(HubError) as e:
+            download_from_hub("hf-hub:testorg/no-such-repo")
+        assert "no such model repo" in _one_line(e) and "HTTP 404" in str(e.value)
+        with pytest.raises(WeightsNotFoundError) as e:
+            download_from_hub(f"hf-hub:{REPO}/weights/missing.pt")
+        assert "no file 'weights/missing.pt'" in _one_line(e) and "model.safetensors" in str(e.value)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+    # The server is gone: offline, the cache answers; online, the client says it cannot reach the hub.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, _, _ = create_model_and_transforms(TINY, pretrained=f"hf-hub:{REPO}")
+    assert _same_weights(model, tiny_model)
+    with pytest.raises(HubError, match="HF_HUB_OFFLINE is set and the file is not in the hub cache"):
+        download_from_hub(f"hf-hub:{REPO}/README.md")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    with pytest.raises(HubError) as e:
+        download_from_hub(f"hf-hub:{REPO}")
+    assert "cannot reach http://127.0.0.1:" in _one_line(e)
+
+
+def test_downloads_are_checked_against_the_hubs_sha256(repo_dir, tiny_model, hub_env, monkeypatch, tmp_path):
+    cache = tmp_path / "explicit_cache"
+    with serve_in_background(repo_dir, REPO, repo_type="model") as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        server.faults.corrupt = {"model.safetensors"}  # the server flips the first byte of the body
+        with pytest.raises(ChecksumError) as e:
+            download_from_hub(f"hf-hub:{REPO}", cache_dir=cache)
+        assert "removed it from the cache" in _one_line(e)
+        assert not [p for p in cache.rglob("*") if p.is_file() and p.stat().st_size > 1_000_000]
+        assert sum("/cdn/" in r.path for r in server.requests) == 2  # one retry, then the error
+
+        server.faults.corrupt = set()
+        model, _, _ = create_model_and_transforms(TINY, pretrained=f"hf-hub:{REPO}", cache_dir=cache)
+        assert _same_weights(model, tiny_model)
+        downloads = sum("/cdn/" in r.path for r in server.requests)
+        download_from_hub(f"hf-hub:{REPO}", cache_dir=cache)  # from the cache: no new body transfer
+        assert sum("/cdn/" in r.path for r in server.requests) == downloads
+        assert not (hub_env).exists()  # cache_dir replaced the default cache
+
+
+def test_which_file_a_bare_repo_means(tmp_path, hub_env, monkeypatch):
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "a.pt").write_bytes(b"1")
+    (root / "b.bin").write_bytes(b"2")
+    with serve_in_background(root, REPO, repo_type="model") as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        with pytest.raises(PretrainedError) as e:
+            download_from_hub(f"hf-hub:{REPO}")
+        assert f"several weights files (a.pt, b.bin); name one as hf-hub:{REPO}/FILE" in _one_line(e)
+        (root / "model.safetensors").write_bytes(b"3")
+    with serve_in_background(root, REPO, repo_type="model") as server:  # a lone .safetensors wins
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        assert download_from_hub(f"hf-hub:{REPO}").read_bytes() == b"3"
+        # a small (non-LFS) file is checked against its git blob id
+        (root / "notes.txt").write_text("x")
+    with serve_in_background(root, REPO, repo_type="model") as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        assert download_from_hub(f"hf-hub:{REPO}/notes.txt").read_text() == "x"
+    for name in ("a.pt", "b.bin", "model.safetensors"):
+        (root / name).unlink()
+    with serve_in_background(root, REPO, repo_type="model") as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        with pytest.raises(WeightsNotFoundError, match="the repo has no weights file"):
+            download_from_hub(f"hf-hub:{REPO}")
+
+
+def test_unreachable_hub_fails_fast_and_in_one_line(hub_env, monkeypatch):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    with pytest.raises(HubError) as e:
+        download_from_hub(f"hf-hub:{REPO}")
+    assert f"cannot reach http://127.0.0.1:{port}" in _one_line(e) and "HF_HUB_OFFLINE=1" in str(e.value)

@@ -88,6 +88,9 @@ def test_precision_and_device():
         create_model_and_transforms(TINY, precision="fp8")
     with pytest.raises(OpenAlipError, match="device 'gpu0' is not a torch device"):
         create_model_and_transforms(TINY, device="gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(OpenAlipError, match="sees no CUDA GPU"):
+            create_model_and_transforms(TINY, device="cuda:0")
 
 
 def test_preprocess_val_is_the_evaluation_preprocessing(tmp_path, tiny):

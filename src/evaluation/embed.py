@@ -19,6 +19,7 @@ Images are read with the evaluation's readers and preprocessing (src/evaluation/
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -98,7 +99,7 @@ def _list_entries(path: Path, image_column: str | None) -> list[str]:
                     raise EmbedError(f"--images {path}: line {n} is not a JSON object")
                 rows.append(row)
     else:
-        rows = list(csv.DictReader(text.splitlines(), delimiter="\t" if suffix == ".tsv" else ","))
+        rows = list(csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if suffix == ".tsv" else ","))
     if not rows:
         raise EmbedError(f"--images {path}: the manifest has no rows")
     columns = list(rows[0].keys())
@@ -367,7 +368,8 @@ def run_embed(
     output.parent.mkdir(parents=True, exist_ok=True)
     if not os.access(output.parent, os.W_OK):
         raise EmbedError(f"--output {output}: folder {output.parent} is not writable")
-    remove_stale_temp_files(output.parent, output.name + "*")
+    for name in (output.name + "*", index_path_for(output).name):  # left by a killed run
+        remove_stale_temp_files(output.parent, name)
 
     base: dict[str, Any] = {"model": model_name, "weights": weights, "dtype": "float32", "normalized": True}
     if images is not None:

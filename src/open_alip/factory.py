@@ -111,9 +111,12 @@ def _device(device: str | torch.device | None) -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        target = torch.device(device)
     except (RuntimeError, TypeError):
         raise OpenAlipError(f"device {device!r} is not a torch device; use cpu, cuda, cuda:N or auto") from None
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise OpenAlipError(f"device {device!r}: torch {torch.__version__} sees no CUDA GPU; use cpu or auto")
+    return target
 
 
 def _dtype(precision: str | None) -> torch.dtype:

@@ -130,17 +130,19 @@ def _hub_error(spec: str, endpoint: str, exc: Exception) -> PretrainedError:
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     code = f"HTTP {status}" if status else type(exc).__name__
-    if isinstance(exc, hub_errors.GatedRepoError) or status in (401, 403):
-        return HubError(
-            f"{spec}: {endpoint} refused access ({code}); set HF_TOKEN to a token that can read this repo"
-        )
+    refused = f"{spec}: {endpoint} refused access ({code}); set HF_TOKEN to a token that can read this repo"
+    if isinstance(exc, hub_errors.GatedRepoError):
+        return HubError(refused)
     if isinstance(exc, hub_errors.RevisionNotFoundError):
         return HubError(f"{spec}: revision not found at {endpoint} ({code})")
     if isinstance(exc, hub_errors.RepositoryNotFoundError):
+        # huggingface.co answers 401 for a private repo and for a missing one alike
         return HubError(
             f"{spec}: no such model repo at {endpoint} ({code}); check ORG/REPO (and HF_ENDPOINT), "
             "or set HF_TOKEN if it is private"
         )
+    if status in (401, 403):
+        return HubError(refused)
     if isinstance(exc, hub_errors.LocalEntryNotFoundError):  # before EntryNotFoundError, its base
         return HubError(
             f"{spec}: cannot download from {endpoint} and the file is not in the hub cache; "
@@ -236,6 +238,8 @@ def download_from_hub(spec: str, cache_dir: str | os.PathLike | None = None) -> 
     except Exception as exc:
         if _is_transport_error(exc):
             raise _hub_error(spec, where, exc) from None
+        if isinstance(exc, OSError):  # the cache folder: permissions, a full disk
+            raise PretrainedError(f"{spec}: cannot store the file in the hub cache ({_one_line(exc, 200)})") from None
         raise
 
 
@@ -243,7 +247,9 @@ def _is_transport_error(exc: Exception) -> bool:
     """A failure to talk to the hub at all. huggingface_hub's HTTP client (an httpx) raises its own
     connection errors, which are not OSErrors; match them by their package instead of importing it."""
     package = type(exc).__module__.split(".")[0]
-    return isinstance(exc, OSError) or package.startswith(("httpx", "httpcore", "h11", "requests", "urllib3"))
+    return isinstance(exc, (ConnectionError, TimeoutError)) or package.startswith(
+        ("httpx", "httpcore", "h11", "requests", "urllib3")
+    )
 
 
 def _from_cache(spec: str, repo_id: str, filename: str | None, cache: str | None) -> Path:

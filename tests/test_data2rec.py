@@ -6,23 +6,26 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from benchmarks.oracles import mxnet_python, run_oracle
-from src.convert import ConvertOptions, SourceOptions, convert, find_shards, verify
+from src.convert import MAX_CAPTIONS, ConvertOptions, TooManySkipped, convert, find_shards, verify
 from src.open_alip import tokenize_np
 from tests._data2rec_helpers import (
+    alive,
     bad_images,
+    descendants,
     jpeg,
     odd_images,
     read_records,
     tokens_for,
+    wait_for,
     write_hub_parquet,
     write_tar,
 )
@@ -36,7 +39,10 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def quiet(**kw) -> ConvertOptions:
+    """In-process, no progress bar, and no mass-skip exit: these inputs hold bad rows on purpose
+    (test_mass_skips_* check that exit)."""
     kw.setdefault("workers", 1)
+    kw.setdefault("max_skip_fraction", None)
     return ConvertOptions(progress=False, **kw)
 
 
@@ -70,7 +76,7 @@ def test_parquet_passes_bytes_and_tokens_through(hub, tmp_path):
     d, files, good = hub
     report = convert([d], tmp_path / "yfcc", quiet(shard_size=5))
     assert [s["rec"] for s in report["shards"]] == [f"yfcc-0000{i}.rec" for i in range(3)]
-    assert report["captions_per_record"] == 3
+    assert report["records_by_caption_count"] == {"3": 12}
     assert report["skipped_by_reason"] == {"bad_tokens": 2, "broken_row": 2, "truncated_image": 2}
     assert report["written"] == 12 and report["seen"] == 18 and report["converted"] == 0
     records = read_records(find_shards(tmp_path / "yfcc"))
@@ -143,7 +149,7 @@ def test_folder_with_odd_and_bad_images(tmp_path):
     report = convert([root], tmp_path / "out" / "f", quiet())
     reasons = {reason: 1 for reason in {r for _, r in bad_images().values()}}
     assert report["skipped_by_reason"] == {**reasons, "missing_caption": 1, "empty_caption": 1}
-    assert report["written"] == len(expected) and report["captions_per_record"] == 1
+    assert report["written"] == len(expected) and report["records_by_caption_count"] == {"1": len(expected)}
     records = read_records(find_shards(tmp_path / "out" / "f"))
     stems = sorted(expected)  # the listing order: img/... then side.jpg
     assert len(records) == len(stems)
@@ -152,24 +158,66 @@ def test_folder_with_odd_and_bad_images(tmp_path):
     dali_decode_all(tmp_path / "out" / "f.rec", [r[2] for r in records])
 
 
-def test_manifest_with_two_caption_columns(tmp_path):
+def test_manifest_caption_columns_keep_the_non_empty_captions(tmp_path):
     (tmp_path / "images").mkdir()
-    lines = ["path\tcaption\tsynthetic"]
-    for i in range(5):
+    cells = [  # caption, synthetic, generated: empty cells cost that caption only
+        ("a dog", "a brown dog", "a dog on grass"),
+        ("a cat", "", "a cat asleep"),
+        ("", "", "only the third"),
+        ("", " ", ""),  # nothing left: skipped
+        ("a boat", "a red boat", "a boat at sea"),
+    ]
+    lines = ["path\tcaption\tsynthetic\tgenerated"]
+    for i, row in enumerate(cells):
         (tmp_path / "images" / f"{i}.jpg").write_bytes(jpeg(seed=i))
-        lines.append(f"images/{i}.jpg\tcaption {i}\tsynthetic caption {i}")
-    lines.append("images/missing.jpg\tgone\tgone")
-    lines.append("images/3.jpg\t\tno first caption")
+        lines.append("\t".join([f"images/{i}.jpg", *row]))
+    lines.append("images/missing.jpg\tgone\tgone\tgone")
     (tmp_path / "m.tsv").write_text("\n".join(lines) + "\n")
     code = run_cli(str(tmp_path / "m.tsv"), "--output", str(tmp_path / "cc"), "--caption-columns",
-                   "caption,synthetic", "--no-progress", "--workers", "1")
+                   "caption,synthetic,generated", "--no-progress", "--workers", "1", "--max-skip-fraction", "0.4")
     assert code.returncode == 0, code.stderr
     assert "missing_image: 1" in code.stdout and "empty_caption: 1" in code.stdout
+    assert "1 caption: 1 record, 2 captions: 1 record, 3 captions: 2 records" in code.stdout
     records = read_records([tmp_path / "cc.rec"])
-    assert [r[0] for r in records] == list(range(5))
+    assert [r[0] for r in records] == [0, 1, 2, 4]
     for i, _, label, payload in records:
         assert payload == jpeg(seed=i)
-        np.testing.assert_array_equal(label, caption_tokens(f"caption {i}", f"synthetic caption {i}"))
+        np.testing.assert_array_equal(label, caption_tokens(*(c for c in cells[i] if c.strip())))
+    ok = run_cli("--verify", str(tmp_path / "cc"), "--no-progress")
+    assert ok.returncode == 0, ok.stderr
+    assert "4 records (1 caption(s): 1, 2 caption(s): 1, 3 caption(s): 2): OK" in ok.stdout
+
+
+def test_folder_with_several_caption_files_per_image(tmp_path):
+    root = tmp_path / "data"
+    (root / "img").mkdir(parents=True)
+    (root / "captions").mkdir()
+    captions = {  # file name -> text; STEM.txt, STEM.1.txt, ... are one image's captions
+        "0.txt": "zero", "0.1.txt": "zero again", "0.2.txt": "zero thrice",
+        "1.txt": "one",
+        "2.txt": "  ", "2.1.txt": "two, the first file is empty",
+        "3.1.txt": "three, numbered only", "3.3.txt": "after a gap: not read",
+    }
+    for name, text in captions.items():
+        (root / "captions" / name).write_text(text)
+    for i in range(4):
+        (root / "img" / f"{i}.jpg").write_bytes(jpeg(seed=i))
+    # b.1.jpg is an image of its own, so b.1.txt is its caption, not b's second.
+    for stem, text in (("b", "bee"), ("b.1", "bee one")):
+        (root / f"{stem}.jpg").write_bytes(jpeg(seed=len(stem)))
+        (root / f"{stem}.txt").write_text(text)
+    (root / ".hfd" / "incomplete").mkdir(parents=True)  # hidden: never an input
+    (root / ".hfd" / "incomplete" / "x.jpg").write_bytes(b"partial")
+    report = convert([root], tmp_path / "f", quiet())
+    assert report["skipped"] == 0
+    assert report["records_by_caption_count"] == {"1": 5, "3": 1}
+    want = [["bee one"], ["bee"], ["zero", "zero again", "zero thrice"], ["one"],
+            ["two, the first file is empty"], ["three, numbered only"]]  # sorted: b.1.jpg, b.jpg, img/...
+    records = read_records([tmp_path / "f.rec"])
+    assert len(records) == len(want)
+    for (_, _, label, _), texts in zip(records, want):
+        np.testing.assert_array_equal(label, caption_tokens(*texts))
+    assert verify(tmp_path / "f")["records_by_caption_count"] == {"1": 5, "3": 1}
 
 
 def test_webdataset_tars(tmp_path):
@@ -233,9 +281,9 @@ print(json.dumps(out))
         assert digest == hashlib.sha256(payload).hexdigest()
 
 
-def test_kill_and_resume_gives_the_uninterrupted_result(tmp_path):
-    """SIGKILL a real run mid-shard (a FIFO image makes a worker block at a known item), resume it."""
-    n, blocked = 80, 70
+def _blocked_run(tmp_path: Path, n: int = 80, blocked: int = 70) -> tuple[Path, Path, list[str]]:
+    """A reference input and a copy whose image `blocked` is a FIFO: a worker opening it blocks,
+    so a run can be caught mid-shard. Returns (ref dir, run dir, CLI args after the input)."""
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
     for d in (ref_dir, run_dir):
         (d / "img").mkdir(parents=True)
@@ -246,39 +294,57 @@ def test_kill_and_resume_gives_the_uninterrupted_result(tmp_path):
                 os.mkfifo(d / "img" / f"{i}.jpg")
             else:
                 (d / "img" / f"{i}.jpg").write_bytes(jpeg(seed=i) if i % 9 else b"broken")
-    # Shards of 5: the 56 good images before the blocked chunk (items 64..) fill 11 shards and
-    # leave one record in the 12th, so the kill lands mid-shard.
-    args = ["--shard-size", "5", "--workers", "2", "--no-progress"]
+    # 9 of 80 images are broken (11%): accepted here, the mass-skip tests check the limit.
+    return ref_dir, run_dir, ["--shard-size", "5", "--workers", "2", "--no-progress", "--max-skip-fraction", "0.2"]
+
+
+def _start_until_mid_shard(cmd: list[str], out: Path, shards: int) -> subprocess.Popen:
+    """Start `cmd` and wait until `shards` shards are final and the next one is being written."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    state, tmp = out / "x.state.json", out / f"x-{shards:05d}.rec.tmp"
+
+    def caught() -> bool:
+        return proc.poll() is not None or (
+            state.exists() and len(json.loads(state.read_text())["shards"]) >= shards and tmp.exists())
+
+    wait_for(caught, limit=120)
+    assert proc.poll() is None, proc.communicate()[1]
+    assert len(json.loads(state.read_text())["shards"]) == shards and tmp.exists()
+    return proc
+
+
+def test_second_writer_refused_kill_9_leaves_nothing_and_resume_takes_the_lock_over(tmp_path):
+    """Two real runs into one --output; SIGKILL of the main process only (as the OOM killer does)."""
+    ref_dir, run_dir, args = _blocked_run(tmp_path)
     ref = run_cli(str(ref_dir / "list.csv"), "--output", str(ref_dir / "out" / "x"), *args)
     assert ref.returncode == 0, ref.stderr
-
     cmd = [*CLI, str(run_dir / "list.csv"), "--output", str(run_dir / "out" / "x"), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    state = run_dir / "out" / "x.state.json"
+    # 56 good images before the blocked chunk (items 64..) fill 11 shards of 5 and start the 12th.
+    proc = _start_until_mid_shard(cmd, run_dir / "out", 11)
     try:
-        deadline = time.monotonic() + 120  # a bound on waiting, not a timing assertion
-        while time.monotonic() < deadline and proc.poll() is None:
-            tmp = run_dir / "out" / "x-00011.rec.tmp"
-            if state.exists() and len(json.loads(state.read_text())["shards"]) >= 11 and tmp.exists():
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        assert len(json.loads(state.read_text())["shards"]) == 11
-        assert (run_dir / "out" / "x-00011.rec.tmp").exists()
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        other = run_cli(str(ref_dir / "list.csv"), "--output", str(run_dir / "out" / "x"), *args)
+        _one_line_error(other, f"pid {proc.pid} on host {socket.gethostname()}", "being written", "--output")
+        helpers = descendants(proc.pid)  # forkserver, 2 workers, resource tracker
+        assert len(helpers) >= 3, helpers
+        os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    (run_dir / "img" / f"{blocked}.jpg").unlink()
-    (run_dir / "img" / f"{blocked}.jpg").write_bytes(jpeg(seed=blocked))
+        assert wait_for(lambda: not alive(helpers), limit=30), f"left running: {alive(helpers)}"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever the test failed to stop
+        proc.communicate()
+    assert (run_dir / "out" / "x.lock").exists()  # the killed run's, stale now
+    (run_dir / "img" / "70.jpg").unlink()
+    (run_dir / "img" / "70.jpg").write_bytes(jpeg(seed=70))
 
     resumed = run_cli(*cmd[2:])
     assert resumed.returncode == 0, resumed.stderr
+    assert f"pid {proc.pid}" in resumed.stderr and "taking it over" in resumed.stderr
     ref_files = sorted(p.name for p in (ref_dir / "out").iterdir() if p.suffix in (".rec", ".idx"))
     run_files = sorted(p.name for p in (run_dir / "out").iterdir() if p.suffix in (".rec", ".idx"))
     assert run_files == ref_files and len(ref_files) == 2 * 15  # 71 good images -> 15 shards
     for name in ref_files:
         assert (run_dir / "out" / name).read_bytes() == (ref_dir / "out" / name).read_bytes(), name
-    assert not list((run_dir / "out").glob("*.tmp"))
+    assert not list((run_dir / "out").glob("*.tmp")) and not (run_dir / "out" / "x.lock").exists()
     rep = [json.loads((d / "out" / "x.report.json").read_text()) for d in (ref_dir, run_dir)]
     assert rep[0]["skipped_by_reason"] == rep[1]["skipped_by_reason"] == {"not_an_image": 9}
     # A second rerun finds the run complete and changes nothing.
@@ -286,11 +352,44 @@ def test_kill_and_resume_gives_the_uninterrupted_result(tmp_path):
     assert again.returncode == 0 and "already complete" in again.stdout
 
 
+def test_sigterm_stops_cleanly_verify_says_unfinished_and_resume_finishes(tmp_path):
+    ref_dir, run_dir, args = _blocked_run(tmp_path)
+    cmd = [*CLI, str(run_dir / "list.csv"), "--output", str(run_dir / "out" / "x"), *args]
+    proc = _start_until_mid_shard(cmd, run_dir / "out", 11)
+    try:
+        helpers = descendants(proc.pid)
+        os.kill(proc.pid, signal.SIGTERM)  # the main process only, as a scheduler's time limit does
+        _, err = proc.communicate(timeout=60)
+        assert wait_for(lambda: not alive(helpers), limit=30), f"left running: {alive(helpers)}"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert proc.returncode == 143, err
+    assert "interrupted by SIGTERM" in err and "rerun the same command to resume" in err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    out = run_dir / "out"
+    assert not list(out.glob("*.tmp")) and not (out / "x.lock").exists()
+    assert len(find_shards(out / "x")) == 11
+
+    pending = run_cli("--verify", str(out / "x"), "--no-progress")
+    assert pending.returncode == 1 and "UNFINISHED" in pending.stdout
+    assert "conversion unfinished" in pending.stderr and "11 finished shard(s)" in pending.stderr
+    assert "rerun the same data2rec command" in pending.stderr
+
+    (run_dir / "img" / "70.jpg").unlink()
+    (run_dir / "img" / "70.jpg").write_bytes(jpeg(seed=70))
+    resumed = run_cli(*cmd[2:])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "taking it over" not in resumed.stderr  # a clean stop leaves no lock behind
+    done = run_cli("--verify", str(out / "x"), "--no-progress")
+    assert done.returncode == 0 and "15 shards, 71 records" in done.stdout and ": OK" in done.stdout
+
+
 def test_verify_catches_damaged_shards(hub, tmp_path):
     d, _, _ = hub
     convert([d], tmp_path / "v", quiet(shard_size=6))
     ok = run_cli("--verify", str(tmp_path / "v"), "--decode", "--no-progress")
-    assert ok.returncode == 0 and "2 shards, 12 records: OK" in ok.stdout
+    assert ok.returncode == 0 and "2 shards, 12 records (3 caption(s): 12): OK" in ok.stdout
     rec = tmp_path / "v-00001.rec"
     data = bytearray(rec.read_bytes())
     rec.write_bytes(bytes(data[: len(data) - 50]))
@@ -310,35 +409,103 @@ def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
 
 def test_cli_fatal_errors_are_one_line(hub, tmp_path):
     d, files, _ = hub
-    _one_line_error(run_cli("--output", str(tmp_path / "x")), "no INPUT")
+    accept = ("--no-progress", "--max-skip-fraction", "1")  # the hub fixture's bad rows are on purpose
+    _one_line_error(run_cli("--output", str(tmp_path / "x"), cwd=tmp_path), "no INPUT", "./YFCC15M")
     _one_line_error(run_cli(str(tmp_path / "missing.parquet"), "--output", str(tmp_path / "x")), "missing.parquet")
     (tmp_path / "afile").write_text("")
     _one_line_error(run_cli(str(files[0]), "--output", str(tmp_path / "afile" / "x")), "not writable")
     _one_line_error(run_cli(str(files[0]), "--output", str(tmp_path / "x"), "--machine-id", "3",
                             "--num-machines", "2"), "--machine-id")
-    first = run_cli(str(files[0]), "--output", str(tmp_path / "x"), "--no-progress")
+    _one_line_error(run_cli(str(files[0]), "--output", str(tmp_path / "x"), "--workers", "1000"),
+                    "--workers 1000", "per usable core")
+    # ids are uint64: the largest offset is refused once it cannot hold every row's id
+    _one_line_error(run_cli(str(files[0]), "--output", str(tmp_path / "x"), "--id-offset", str(2**64 - 1)),
+                    "--id-offset", "2^64-1", f"at most {2**64 - 9}")
+    _one_line_error(run_cli(str(files[0]), "--output", str(tmp_path / "x"), "--id-offset", str(2**64)),
+                    "--id-offset", "2^64-1")
+    first = run_cli(str(files[0]), "--output", str(tmp_path / "x"), *accept)
     assert first.returncode == 0, first.stderr
-    _one_line_error(run_cli(str(files[1]), "--output", str(tmp_path / "x"), "--no-progress"), "--overwrite")
-    over = run_cli(str(files[1]), "--output", str(tmp_path / "x"), "--no-progress", "--overwrite")
+    _one_line_error(run_cli(str(files[1]), "--output", str(tmp_path / "x"), *accept), "--overwrite")
+    over = run_cli(str(files[1]), "--output", str(tmp_path / "x"), "--overwrite", *accept)
     assert over.returncode == 0 and read_records([tmp_path / "x.rec"])[0][0] == 0
     (tmp_path / "x.state.json").unlink()
     _one_line_error(run_cli(str(files[1]), "--output", str(tmp_path / "x")), "already exists")
+    # the same input twice, or a folder and a file in it, would convert the same rows twice
+    _one_line_error(run_cli(str(files[0]), str(files[0]), "--output", str(tmp_path / "y")), "given twice")
+    _one_line_error(run_cli(str(d), str(files[1]), "--output", str(tmp_path / "y")), "is inside", "only one")
+    assert not list(tmp_path.glob("y*"))
+
+
+def test_help_documents_the_exit_statuses_and_the_decoders():
+    text = " ".join(run_cli("--help").stdout.split())
+    for needle in ("Exit status", "4 more than --max-skip-fraction", "143", "--max-captions",
+                   "quick (default): + a decode by PIL", "DALI's CPU decoder itself"):
+        assert needle in text, needle
 
 
 def test_all_bad_input_writes_nothing_and_fails(tmp_path):
     write_hub_parquet(tmp_path / "bad.parquet", [(b"", tokens_for(1, 0)), (b"<html>", tokens_for(1, 1))])
     proc = run_cli(str(tmp_path / "bad.parquet"), "--output", str(tmp_path / "o"), "--no-progress")
-    assert proc.returncode == 1 and "no record was written" in proc.stderr
+    assert proc.returncode == 4 and "2 of 2 rows (100%) skipped" in proc.stderr
     assert "empty_image: 1" in proc.stdout and "not_an_image: 1" in proc.stdout
     assert not find_shards(tmp_path / "o")
+    accepted = run_cli(str(tmp_path / "bad.parquet"), "--output", str(tmp_path / "o"), "--no-progress",
+                       "--max-skip-fraction", "1")
+    assert accepted.returncode == 1 and "no record was written" in accepted.stderr
 
 
-def test_mixed_caption_counts_keep_the_first(tmp_path):
-    rows = [(jpeg(seed=i), tokens_for(1 if i != 2 else 2, i)) for i in range(4)]
-    write_hub_parquet(tmp_path / "k.parquet", rows)
-    report = convert([tmp_path / "k.parquet"], tmp_path / "k", quiet(source=SourceOptions()))
-    assert report["captions_per_record"] == 1
-    assert report["skipped_by_reason"] == {"caption_count_mismatch": 1}
+def _mass_skip_parquet(path: Path, good: int, bad: int) -> None:
+    junk = [b"", b"<html>403</html>", bad_images()["truncated.jpg"][0]]
+    rows = [(jpeg(16, 16, seed=i), tokens_for(1, i)) for i in range(good)]
+    rows += [(junk[i % 3], tokens_for(1, i)) for i in range(bad)]
+    write_hub_parquet(path, rows)
+
+
+def test_mass_skips_exit_4_after_writing_every_valid_row(tmp_path):
+    _mass_skip_parquet(tmp_path / "a.parquet", good=4, bad=6)
+    proc = run_cli(str(tmp_path / "a.parquet"), "--output", str(tmp_path / "o"), "--no-progress")
+    assert proc.returncode == 4, proc.stderr
+    last = proc.stderr.strip().splitlines()
+    assert "6 of 10 rows (60%) skipped, more than --max-skip-fraction 0.05 (5%) allows" in last[0]
+    assert "Traceback" not in proc.stderr
+    reasons = [line for line in last if "(e.g. " in line]
+    assert len(reasons) == 3 and all("a.parquet:row" in line for line in reasons)
+    assert "--max-skip-fraction 0.60" in last[-1] and "o.report.json" in last[-1]
+    assert len(read_records([tmp_path / "o.rec"])) == 4
+    assert json.loads((tmp_path / "o.report.json").read_text())["skipped"] == 6
+    # Accepting the skips needs no new conversion: the finished run is judged again.
+    ok = run_cli(str(tmp_path / "a.parquet"), "--output", str(tmp_path / "o"), "--no-progress",
+                 "--max-skip-fraction", "0.60")
+    assert ok.returncode == 0 and "already complete" in ok.stdout, ok.stderr
+
+
+def test_mass_skips_are_judged_per_machine_part(tmp_path):
+    _mass_skip_parquet(tmp_path / "0.parquet", good=20, bad=0)
+    _mass_skip_parquet(tmp_path / "1.parquet", good=18, bad=2)  # 10% of this part; 5% of the whole
+    inputs = [tmp_path / "0.parquet", tmp_path / "1.parquet"]
+    opts = {"workers": 1, "progress": False, "num_machines": 2}
+    assert convert(inputs, tmp_path / "o", ConvertOptions(machine_id=0, **opts))["written"] == 20
+    with pytest.raises(TooManySkipped, match="2 of 20 rows \\(10%\\) skipped") as info:
+        convert(inputs, tmp_path / "o", ConvertOptions(machine_id=1, **opts))
+    assert info.value.exit_code == 4 and info.value.report["written"] == 18
+    assert len(read_records(find_shards(tmp_path / "o-m001"))) == 18
+
+
+def test_parquet_rows_keep_every_caption_count(tmp_path):
+    counts = [1, 2, 3, 1, 5, 3, MAX_CAPTIONS + 1]
+    rows = [(jpeg(16, 16, seed=i), tokens_for(k, i)) for i, k in enumerate(counts)]
+    write_hub_parquet(tmp_path / "k.parquet", rows, row_group_size=3)
+    report = convert([tmp_path / "k.parquet"], tmp_path / "k", quiet(shard_size=4))
+    assert report["records_by_caption_count"] == {"1": 2, "2": 1, "3": 2, "5": 1}
+    assert report["skipped_by_reason"] == {"too_many_captions": 1}
+    assert f"more than --max-captions {MAX_CAPTIONS}" in report["examples"]["too_many_captions"][0]["detail"]
+    records = read_records(find_shards(tmp_path / "k"))
+    assert [r[0] for r in records] == list(range(6))
+    for i, _, label, payload in records:
+        assert payload == rows[i][0]
+        np.testing.assert_array_equal(label, rows[i][1])  # every block, exactly as it came
+    checked = verify(tmp_path / "k", decode=True)
+    assert checked["ok"] and checked["records_by_caption_count"] == report["records_by_caption_count"]
 
 
 def test_resume_refuses_changed_inputs_and_missing_shards(tmp_path):
@@ -356,3 +523,69 @@ def test_resume_refuses_changed_inputs_and_missing_shards(tmp_path):
     (tmp_path / "o-00001.rec").unlink()
     with pytest.raises(OutputError, match="is gone"):
         convert([path], tmp_path / "o", quiet(shard_size=2))
+
+
+def test_no_arguments_convert_yfcc15m_inside_it_as_the_guide_says(tmp_path):
+    missing = run_cli(cwd=tmp_path)
+    _one_line_error(missing, "no INPUT given", "./YFCC15M", "download_YFCC15M.sh")
+    data = tmp_path / "YFCC15M" / "data"
+    data.mkdir(parents=True)
+    write_hub_parquet(data / "train-00000-of-00001.parquet", [(jpeg(16, 16, i), tokens_for(2, i)) for i in range(5)])
+    partial = tmp_path / "YFCC15M" / ".hfd" / "incomplete" / "data"  # hfd.sh's unfinished download
+    partial.mkdir(parents=True)
+    (partial / "train-00001-of-00001.parquet").write_bytes(b"PAR1 half a file")
+    first = run_cli("--no-progress", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("no input given: converting ./YFCC15M -> YFCC15M/datarec.rec")
+    out = tmp_path / "YFCC15M"
+    assert (out / "datarec.rec").is_file() and (out / "datarec.idx").is_file()
+    assert len(read_records([out / "datarec.rec"])) == 5
+    # Its own .rec/.idx/report/state inside the input folder are never read back as input.
+    again = run_cli("--no-progress", cwd=tmp_path)
+    assert again.returncode == 0 and "already complete" in again.stdout, again.stderr
+
+
+def test_no_arguments_with_the_guides_img_and_captions_layout(tmp_path):
+    root = tmp_path / "YFCC15M"
+    (root / "img").mkdir(parents=True)
+    (root / "captions").mkdir()
+    for i in range(3):
+        (root / "img" / f"00000000{i}.jpg").write_bytes(jpeg(seed=i))
+        (root / "captions" / f"00000000{i}.txt").write_text(f"guide picture {i}")
+    proc = run_cli("--no-progress", "--workers", "1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    records = read_records([root / "datarec.rec"])
+    for i, (_, _, label, _) in enumerate(records):
+        np.testing.assert_array_equal(label, caption_tokens(f"guide picture {i}"))
+    assert len(records) == 3
+
+
+def _limit_file_size(limit: int):
+    def apply() -> None:  # in the child: writes past `limit` bytes fail as on a full disk
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_disk_full_is_one_clean_line_and_resumes(tmp_path):
+    # The first shard's images are small, the later ones' big: the disk "fills up" in shard 1.
+    rows = [(jpeg(16, 16, i) if i < 20 else jpeg(64, 64, i), tokens_for(1, i)) for i in range(60)]
+    write_hub_parquet(tmp_path / "a.parquet", rows)
+    args = [*CLI, str(tmp_path / "a.parquet"), "--output", str(tmp_path / "o"), "--no-progress",
+            "--workers", "1", "--shard-size", "20"]
+    full = subprocess.run(args, capture_output=True, text=True, preexec_fn=_limit_file_size(30_000), timeout=300)
+    assert full.returncode == 2, full.stderr
+    _one_line_error(full, f"writing {tmp_path}", "rerun the same command to resume")
+    assert "Exception ignored" not in full.stderr
+    assert not list(tmp_path.glob("o*.tmp")), "the unfinished shard must not keep the disk full"
+    assert len(find_shards(tmp_path / "o")) >= 1  # the shards finished before the disk filled up stay
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert len(read_records(find_shards(tmp_path / "o"))) == 60
+    # A summary that cannot be written (stdout on the full disk) costs a warning, not a traceback.
+    with open("/dev/full", "w") as devfull:
+        quietly = subprocess.run(args, stdout=devfull, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert quietly.returncode == 0 and "Traceback" not in quietly.stderr
+    assert "Exception ignored" not in quietly.stderr and "cannot write to standard output" in quietly.stderr

@@ -4,6 +4,7 @@
 import io
 import json
 import os
+import tarfile
 import tracemalloc
 
 import numpy as np
@@ -84,6 +85,50 @@ def test_corrupt_scan_data_is_caught_by_decoding_levels():
     assert out == bytes(data)
 
 
+def bogus_marker_jpeg() -> bytes:
+    """A JPEG with a marker that means nothing (FF 99) in the middle of its entropy-coded scan."""
+    data = jpeg(64, 48, 9)
+    sos = data.find(b"\xff\xda")
+    scan = sos + 2 + int.from_bytes(data[sos + 2 : sos + 4], "big")
+    mid = scan + (len(data) - scan) // 2
+    return data[:mid] + b"\xff\x99" + data[mid:]
+
+
+def test_a_bogus_marker_in_the_scan_is_rejected_as_pil_rejects_it():
+    import cv2
+
+    data = bogus_marker_jpeg()
+    # OpenCV only warns and returns an image: the gate used to pass it, and the torch loader then died.
+    assert cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) is not None
+    with pytest.raises(OSError):
+        _open(data)
+    for level in ("quick", "full"):
+        with pytest.raises(ImageRejected) as info:
+            prepare_image(data, ImageOptions(validate=level))
+        assert info.value.reason == "undecodable_image" and "PIL" in info.value.detail
+    assert prepare_image(data, ImageOptions(validate="off")) == (data, False)
+
+
+def test_full_validation_runs_dalis_own_decoder():
+    from src.convert.dali_check import DaliDecodeCheck, dali_available
+    from src.convert.items import Item
+    from src.convert.worker import WorkerConfig, init_worker, process_chunk
+
+    if not dali_available():
+        pytest.skip("DALI is not installed")
+    # PIL is stricter than DALI on every real fault we know, so the decoder is shown one PIL never
+    # sees: bytes that are no JPEG, among good ones, in a batch and one by one.
+    good = [jpeg(16, 16, i) for i in range(3)]
+    check = DaliDecodeCheck(batch_size=2)
+    assert check.failures(good) == {}
+    bad = check.failures([good[0], good[1], b"\xff\xd8\xff\xe0 no image here \xff\xd9", good[2]])
+    assert list(bad) == [2] and bad[2]
+    init_worker(WorkerConfig(ImageOptions(validate="full")))
+    results = process_chunk([Item(i, f"row {i}", image=g, tokens=tokens_for(1, i)) for i, g in enumerate(good)])
+    assert [r.reason for r in results] == [None, None, None]
+    init_worker(WorkerConfig())
+
+
 def test_resize_short_only_shrinks_and_quality_reencodes():
     data = jpeg(64, 48, 1)
     out, converted = prepare_image(data, ImageOptions(resize_short=24))
@@ -128,12 +173,15 @@ def test_pack_record_matches_recordio_pack():
 # ---------------------------------------------------------------- captions
 
 
-def test_captions_are_clip_tokens_and_empty_ones_are_rejected():
+def test_captions_are_clip_tokens_and_only_empty_rows_are_rejected():
     caps = ["a photo of Zürich at night 東京 🐱", "second caption"]
     tokens = tokenize_captions(caps)
     assert tokens.dtype == np.float32 and tokens.shape == (154,)
     np.testing.assert_array_equal(tokens.reshape(2, 77), tokenize_np(caps).astype(np.float32))
-    for bad, reason in [([], "empty_caption"), (["ok", "  "], "empty_caption"), (["\x00\x01\x02"], "caption_tokenizes_to_nothing")]:
+    # An empty caption, or one that cleans to nothing, costs that caption, not the row.
+    kept = tokenize_captions(["", "ok", "  ", "\x00\x01\x02"])
+    np.testing.assert_array_equal(kept, tokenize_np(["ok"]).astype(np.float32).reshape(-1))
+    for bad, reason in [([], "empty_caption"), (["", "  "], "empty_caption"), (["\x00\x01\x02"], "caption_tokenizes_to_nothing")]:
         with pytest.raises(CaptionRejected) as info:
             tokenize_captions(bad)
         assert info.value.reason == reason
@@ -142,7 +190,9 @@ def test_captions_are_clip_tokens_and_empty_ones_are_rejected():
 def test_dataset_tokens_must_be_whole_blocks_of_ids():
     good = tokens_for(3, 0)
     np.testing.assert_array_equal(check_tokens(good), good)
-    for bad in (good[:100], np.zeros(0), good + 0.5, np.full(77, 60000.0), np.full(77, np.nan)):
+    with_empty_block = np.concatenate([good, np.zeros(77, np.float32)])  # kept as it came
+    np.testing.assert_array_equal(check_tokens(with_empty_block), with_empty_block)
+    for bad in (good[:100], np.zeros(0), good + 0.5, np.full(77, 60000.0), np.full(77, np.nan), np.zeros(154)):
         with pytest.raises(CaptionRejected):
             check_tokens(bad)
 
@@ -299,3 +349,96 @@ def test_an_unexpected_exception_skips_only_that_item():
     results = process_chunk([good, odd])
     assert results[0].reason is None and results[0].captions == 1
     assert results[1].reason == "processing_error" and "AttributeError" in results[1].detail
+
+
+def test_a_tar_is_read_to_its_last_complete_member(tmp_path):
+    members = []
+    for k in range(5):
+        members += [(f"{k:03d}.jpg", jpeg(8, 8, k)), (f"{k:03d}.txt", f"sample {k}".encode())]
+    write_tar(tmp_path / "whole.tar", members)
+    data = (tmp_path / "whole.tar").read_bytes()
+    with tarfile.open(tmp_path / "whole.tar") as tar:
+        last = tar.getmembers()[-1]
+        end = last.offset_data + -(-last.size // 512) * 512  # the last member's padded end
+        cut_header = last.offset + 100  # inside the header of 004.txt
+    # A writer stopped before the end-of-archive blocks: every sample is there, nothing is broken.
+    (tmp_path / "noeof.tar").write_bytes(data[:end])
+    items = _items(make_source([tmp_path / "noeof.tar"]))
+    assert [i.captions for i in items] == [[f"sample {k}"] for k in range(5)]
+    assert [i.error for i in items] == [None] * 5
+    # Cut inside the header of sample 4's caption: samples 0-3 whole, 4 without caption, then the cut.
+    (tmp_path / "cut.tar").write_bytes(data[:cut_header])
+    source = make_source([tmp_path / "cut.tar"])
+    items = _items(source)
+    assert [i.error for i in items] == [None] * 4 + ["missing_caption", "broken_input"]
+    assert source.count(source.units()[0]) == len(items)
+
+
+def test_inputs_given_twice_or_nested_are_refused(tmp_path):
+    (tmp_path / "d").mkdir()
+    write_hub_parquet(tmp_path / "d" / "a.parquet", [(jpeg(), tokens_for(1, 0))])
+    with pytest.raises(InputError, match="given twice"):
+        make_source([tmp_path / "d" / "a.parquet", tmp_path / "d" / ".." / "d" / "a.parquet"])
+    with pytest.raises(InputError, match="is inside"):
+        make_source([tmp_path / "d", tmp_path / "d" / "a.parquet"])
+    with pytest.raises(InputError, match="is inside"):
+        make_source([tmp_path / "d" / "a.parquet", tmp_path / "d"])
+
+
+def test_a_runs_own_output_files_are_never_inputs(tmp_path):
+    from src.convert import is_output_file
+
+    lines = [json.dumps({"image": "a.jpg", "caption": "x"})]
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    for name in ("out.report.json", "out.state.json", "out-m001.state.json"):
+        (tmp_path / name).write_text("{}\n")
+    (tmp_path / "other.json").write_text(lines[0] + "\n")  # a manifest, whatever its name
+    assert is_output_file(tmp_path / "out.report.json", out) and is_output_file(tmp_path / "out-00003.rec", out)
+    assert not is_output_file(tmp_path / "other.json", out) and not is_output_file(tmp_path / "outer.json", out)
+    source = make_source([tmp_path], "manifest", exclude=lambda p: is_output_file(p, out))
+    assert [os.path.basename(u.path) for u in source.units()] == ["m.jsonl", "other.json"]
+    with pytest.raises(InputError, match="output file of this run"):
+        make_source([tmp_path / "out.report.json"], "manifest", exclude=lambda p: is_output_file(p, out))
+
+
+def test_manifest_saved_by_excel_with_a_byte_order_mark(tmp_path):
+    text = "image,caption,alt\r\na.jpg,first,\r\nb.jpg,,\r\n"
+    (tmp_path / "excel.csv").write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    opts = SourceOptions(caption_columns=("caption", "alt"))
+    items = _items(make_source([tmp_path / "excel.csv"], options=opts))
+    assert [i.image_path for i in items] == [str(tmp_path / "a.jpg"), str(tmp_path / "b.jpg")]
+    assert items[0].captions == ["first", ""]  # the worker keeps the non-empty ones
+    lines = [json.dumps({"image": "a.jpg", "caption": None, "alt": "second only"}),
+             json.dumps({"image": "a.jpg"})]
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    items = _items(make_source([tmp_path / "m.jsonl"], options=opts))
+    assert items[0].captions == ["second only"] and items[1].error == "missing_caption"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_shard_aborted_on_a_full_disk_leaves_no_file_and_no_noise(tmp_path):
+    import errno
+    import gc
+    import sys
+
+    from src.convert.writer import ShardWriter
+
+    rec, idx = tmp_path / "s.rec", tmp_path / "s.idx"
+    for tmp in (tmp_path / "s.rec.tmp", tmp_path / "s.idx.tmp"):
+        tmp.symlink_to("/dev/full")  # a real device whose writes fail with ENOSPC, as on a full disk
+    writer = ShardWriter(rec, idx)
+    unraisable = []
+    previous, sys.unraisablehook = sys.unraisablehook, unraisable.append  # "Exception ignored in ..."
+    try:
+        with pytest.raises(OSError) as info:
+            for i in range(4000):
+                writer.write(i, bytes(1000))
+        assert info.value.errno == errno.ENOSPC
+        writer.abort()  # must neither raise again nor keep a half-closed file for exit time
+        del writer
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+    assert not unraisable, unraisable
+    assert not list(tmp_path.iterdir())

@@ -6,21 +6,46 @@ state beside the output. `convert()` runs it; `verify()` re-reads finished shard
 """
 
 from .images import VALIDATE_LEVELS, ImageOptions
-from .pipeline import ConvertOptions, OutputError, convert, output_prefix, shard_paths
+from .items import MAX_CAPTIONS
+from .lock import OutputLocked
+from .pipeline import (
+    DEFAULT_MAX_SKIP_FRACTION,
+    MAX_ID,
+    MAX_WORKERS_PER_CORE,
+    ConvertOptions,
+    OutputError,
+    TooManySkipped,
+    check_skips,
+    convert,
+    is_output_file,
+    output_prefix,
+    shard_paths,
+)
+from .processes import Terminated, sigterm_as_interrupt
 from .sources import SOURCES, InputError, SourceOptions
 from .verify import find_shards, verify
 
 __all__ = [
+    "DEFAULT_MAX_SKIP_FRACTION",
+    "MAX_CAPTIONS",
+    "MAX_ID",
+    "MAX_WORKERS_PER_CORE",
     "SOURCES",
     "VALIDATE_LEVELS",
     "ConvertOptions",
     "ImageOptions",
     "InputError",
     "OutputError",
+    "OutputLocked",
     "SourceOptions",
+    "Terminated",
+    "TooManySkipped",
+    "check_skips",
     "convert",
     "find_shards",
+    "is_output_file",
     "output_prefix",
     "shard_paths",
+    "sigterm_as_interrupt",
     "verify",
 ]

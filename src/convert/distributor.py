@@ -79,29 +79,50 @@ def ordered_map(
             yield chunk, process_chunk(chunk)
         return
     # forkserver: workers start from a clean process, not a fork of a parent that may
-    # hold threads (pyarrow, DALI) in the middle of something.
+    # hold threads (pyarrow, DALI) in the middle of something. Started here, from the main
+    # thread, because the forkserver dies when the thread that started it ends (see processes.py).
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["src.convert.worker"])
+    ctx.set_forkserver_preload(["src.convert.forkserver_guard", "src.convert.worker"])
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
     window = workers * window_per_worker
     pending: deque[tuple[list[Item], Future]] = deque()
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker, initargs=(config,)) as pool:
-        try:
-            init_worker(config)
-            for chunk in chunks:
-                if is_light(chunk, config):
-                    done: Future = Future()
-                    done.set_result(process_chunk(chunk))
-                    pending.append((chunk, done))
-                else:
-                    pending.append((chunk, pool.submit(process_chunk, chunk)))
-                if len(pending) >= window:
-                    chunk, fut = pending.popleft()
-                    yield chunk, fut.result()
-            while pending:
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker, initargs=(config, True))
+    try:
+        init_worker(config)
+        for chunk in chunks:
+            if is_light(chunk, config):
+                done: Future = Future()
+                done.set_result(process_chunk(chunk))
+                pending.append((chunk, done))
+            else:
+                pending.append((chunk, pool.submit(process_chunk, chunk)))
+            if len(pending) >= window:
                 chunk, fut = pending.popleft()
                 yield chunk, fut.result()
-        except BrokenProcessPool as exc:
-            raise WorkerCrashed(f"a worker process died ({exc}); rerun the same command to resume") from None
-        finally:
-            for _, fut in pending:
-                fut.cancel()
+        while pending:
+            chunk, fut = pending.popleft()
+            yield chunk, fut.result()
+    except BrokenProcessPool as exc:
+        _stop(pool)
+        raise WorkerCrashed(f"a worker process died ({exc}); rerun the same command to resume") from None
+    except BaseException:  # Ctrl-C, SIGTERM, an error downstream: workers may be mid-chunk or blocked
+        _stop(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """End the pool now: waiting for running chunks could take forever (a worker blocked
+    reading a hung network file), and their results are not wanted."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # where CPython keeps them
+    for proc in processes:
+        if proc.is_alive():
+            proc.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in processes:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)

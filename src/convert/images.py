@@ -1,17 +1,23 @@
-"""Image validation and transformation: make every stored payload something DALI decodes.
+"""Image validation and transformation: make every stored payload something the loaders decode.
 
 DALI's CPU decoder aborts the whole pipeline on one truncated JPEG, an empty payload
-or non-image bytes, so this is the gate. Levels (`validate`):
+or non-image bytes, and PIL (the PyTorch loader's decoder) refuses JPEGs that OpenCV
+and DALI only warn about (a bogus marker inside the scan), so this is the gate.
+Levels (`validate`), and what each one guarantees about a stored image:
 
 * ``off``:   free byte checks only: non-empty, a known image signature, a JPEG ends
-             with its EOI marker, and the header parses (size, colour mode).
-* ``quick``: ``off`` + a reduced-size (1/8 DCT scale) decode; catches corrupt
-             headers and entropy data at a fraction of a full decode. The default.
-* ``full``:  ``off`` + a full strict decode.
+             with its EOI marker, and the header parses (size, colour mode). No decode:
+             a record may still fail to decode when training.
+* ``quick``: ``off`` + a PIL decode at 1/8 scale (the DCT-domain shortcut). The entropy-
+             coded data is read in full at any scale, so PIL, the PyTorch loader's
+             decoder, decodes every stored JPEG; DALI's CPU decoder (libjpeg-turbo) is
+             more lenient than PIL on every fault we know. The default.
+* ``full``:  ``off`` + a full PIL decode + a decode by DALI's CPU decoder itself (when
+             DALI is installed; see dali_check.py).
 
 JPEGs in RGB or grayscale pass through byte for byte unless a resize or quality is
 asked for; everything else (PNG, WebP, GIF, BMP, TIFF, CMYK, 16-bit, alpha) is
-decoded and re-encoded as RGB JPEG, alpha composited on white.
+decoded by PIL and re-encoded as a plain RGB JPEG, alpha composited on white.
 """
 
 from __future__ import annotations
@@ -142,16 +148,17 @@ def _encode_jpeg(rgb: np.ndarray, quality: int) -> bytes:
 
 
 def _decode_check(data: bytes, level: str) -> None:
-    """Decode a JPEG that will pass through; quick decodes gray at 1/8 scale (DCT-domain)."""
-    import cv2
-
-    flag = cv2.IMREAD_REDUCED_GRAYSCALE_8 if level == "quick" else cv2.IMREAD_UNCHANGED
+    """Decode a JPEG that will pass through, with PIL as the PyTorch loader does;
+    quick decodes gray at 1/8 scale (the DCT-domain shortcut, same entropy decoding)."""
     try:
-        decoded = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
-    except cv2.error as exc:
-        raise ImageRejected(UNDECODABLE, f"JPEG does not decode ({level} check): {exc}") from None
-    if decoded is None:
-        raise ImageRejected(UNDECODABLE, f"JPEG does not decode ({level} check)")
+        with Image.open(io.BytesIO(data), formats=("JPEG",)) as img:
+            if level == "quick":
+                img.draft("L", (1, 1))  # the smallest scale libjpeg offers: 1/8
+            img.load()
+    except Exception as exc:  # PIL raises OSError, SyntaxError or ValueError for bad data
+        text = str(exc)
+        reason = TRUNCATED if "truncated" in text.lower() else UNDECODABLE
+        raise ImageRejected(reason, f"JPEG does not decode in PIL ({level} check): {text}") from None
 
 
 def prepare_image(data: bytes, opts: ImageOptions) -> tuple[bytes, bool]:

@@ -18,11 +18,16 @@ MISSING_CAPTION = "missing_caption"
 EMPTY_CAPTION = "empty_caption"
 EMPTY_TOKENS = "caption_tokenizes_to_nothing"
 BAD_TOKENS = "bad_tokens"
-CAPTION_COUNT = "caption_count_mismatch"
+TOO_MANY_CAPTIONS = "too_many_captions"
 UNSAFE_PATH = "unsafe_path"
 BROKEN_ROW = "broken_row"
 BROKEN_INPUT = "broken_input"
 PROCESSING_ERROR = "processing_error"  # an unforeseen exception on one item: counted, not fatal
+
+# A record stores K captions of 77 tokens, K differing between records. Past this many the row
+# is almost surely not captions (a wrong column); a loader pads every label of a batch to the
+# batch's largest K, so one such row would also cost memory in every batch it lands in.
+MAX_CAPTIONS = 32
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -21,16 +22,44 @@ from src.errors import UserError
 
 from .distributor import chunked, ordered_map, prefetch
 from .images import ImageOptions
-from .items import CAPTION_COUNT, Item, Unit
-from .report import Report
+from .items import MAX_CAPTIONS, Item, Unit
+from .lock import OutputLock
+from .report import Report, percent
 from .sources import InputError, Source, SourceOptions, make_source
 from .state import load_state, new_state, write_json_atomic
 from .worker import WorkerConfig
 from .writer import TMP_SUFFIX, ShardWriter, pack_record
 
+MAX_ID = 2**64 - 1  # record ids are uint64 (docs/formats.md, section 1)
+MAX_WORKERS_PER_CORE = 4  # past this, more workers only add memory and start-up time
+DEFAULT_MAX_SKIP_FRACTION = 0.05
+
 
 class OutputError(UserError):
     """The output cannot be written, or holds another run's files."""
+
+
+class TooManySkipped(UserError):
+    """More rows were skipped than --max-skip-fraction allows: a wrong column, a wrong
+    format or a broken download must not look like success. Raised after every valid row
+    and the report were written; `report` is the final report."""
+
+    exit_code = 4
+
+    def __init__(self, report: dict, limit: float) -> None:
+        skipped, seen = report["skipped"], report["seen"]
+        super().__init__(
+            f"{skipped} of {seen} rows ({percent(skipped, seen)}) skipped, more than "
+            f"--max-skip-fraction {limit:g} ({percent(round(limit * 10000), 10000)}) allows"
+        )
+        self.report = report
+        self.limit = limit
+
+
+def check_skips(report: dict, limit: float | None) -> None:
+    """Raise TooManySkipped if `report` skipped more than `limit` (a fraction) of its rows."""
+    if limit is not None and report["seen"] and report["skipped"] > limit * report["seen"]:
+        raise TooManySkipped(report, limit)
 
 
 @dataclass
@@ -44,6 +73,8 @@ class ConvertOptions:
     machine_id: int = 0
     id_offset: int = 0
     workers: int = 0  # 0: every core
+    max_captions: int = MAX_CAPTIONS  # rows with more captions are skipped
+    max_skip_fraction: float | None = DEFAULT_MAX_SKIP_FRACTION  # None: any share of skips is fine
     resume: bool = True
     overwrite: bool = False
     chunk: int = 32
@@ -69,6 +100,22 @@ def output_prefix(output: str | Path, num_machines: int = 1, machine_id: int = 0
     return out
 
 
+def is_output_file(path: Path, output: str | Path) -> bool:
+    """True for a file a run with --output `output` writes (any machine's part): shards,
+    their indexes, the report, the resume state, the lock and their temporaries."""
+    base = output_prefix(output)
+    if not path.name.startswith(base.name):
+        return False
+    rest = path.name[len(base.name):]
+    if not re.fullmatch(r"(-m\d{3})?(-\d{5})?\.(rec|idx)(\.tmp)?|(-m\d{3})?\.(report\.json|state\.json|lock)"
+                        r"|(-m\d{3})?\.probe\.tmp", rest):
+        return False
+    try:
+        return path.parent.resolve() == base.parent.resolve()
+    except OSError:
+        return False
+
+
 def shard_paths(prefix: Path, shard: int | None) -> tuple[Path, Path]:
     stem = prefix.name if shard is None else f"{prefix.name}-{shard:05d}"
     return prefix.with_name(stem + ".rec"), prefix.with_name(stem + ".idx")
@@ -86,6 +133,7 @@ def _fingerprint(source: Source, units: list[Unit], opts: ConvertOptions) -> dic
         "num_machines": opts.num_machines,
         "machine_id": opts.machine_id,
         "id_offset": opts.id_offset,
+        "max_captions": opts.max_captions,
     }))
 
 
@@ -128,25 +176,58 @@ def _progress(total: int, initial: int, enabled: bool):
     )
 
 
+def check_options(opts: ConvertOptions) -> None:
+    """Refuse option values no run can use, before anything is read or written."""
+    cores = available_cores()
+    checks = [
+        (opts.num_machines >= 1, f"--num-machines {opts.num_machines} must be >= 1"),
+        (0 <= opts.machine_id < opts.num_machines,
+         f"--machine-id {opts.machine_id} must be between 0 and {opts.num_machines - 1}"),
+        (opts.shard_size >= 0, f"--shard-size {opts.shard_size} must be >= 0"),
+        (0 <= opts.id_offset <= MAX_ID, f"--id-offset {opts.id_offset} must be between 0 and 2^64-1 = {MAX_ID}"),
+        (0 <= opts.workers <= MAX_WORKERS_PER_CORE * cores,
+         f"--workers {opts.workers} must be between 0 (all cores) and {MAX_WORKERS_PER_CORE * cores} "
+         f"({MAX_WORKERS_PER_CORE} per usable core; this machine lets us use {cores})"),
+        (opts.max_captions >= 1, f"--max-captions {opts.max_captions} must be >= 1"),
+        (opts.max_skip_fraction is None or 0 <= opts.max_skip_fraction <= 1,
+         f"--max-skip-fraction {opts.max_skip_fraction} must be between 0 and 1"),
+    ]
+    problem = next((msg for ok, msg in checks if not ok), None)
+    if problem:
+        raise InputError(problem)
+
+
 def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions | None = None) -> dict:
     """Convert `inputs` into RecordIO shards at `output`; returns the final report.
 
-    Raises InputError / OutputError for problems that stop a run before it starts. With
-    workers > 1 the caller's main module is imported by the worker processes, so scripts
-    must call this under `if __name__ == "__main__":`.
+    Raises InputError / OutputError / OutputLocked for problems that stop a run before it
+    starts, and TooManySkipped (after writing every valid row and the report) when more
+    than `opts.max_skip_fraction` of the rows were skipped. With workers > 1 the caller's
+    main module is imported by the worker processes, so scripts must call this under
+    `if __name__ == "__main__":`.
     """
     opts = opts or ConvertOptions()
-    if opts.num_machines < 1 or not 0 <= opts.machine_id < opts.num_machines:
-        raise InputError(f"--machine-id {opts.machine_id} must be in [0, {opts.num_machines}) ")
-    if opts.shard_size < 0:
-        raise InputError(f"--shard-size {opts.shard_size} must be >= 0")
+    check_options(opts)
     started = time.monotonic()
-    source = make_source([Path(p) for p in inputs], opts.kind, opts.source)
+    prefix = output_prefix(output, opts.num_machines, opts.machine_id)
+    source = make_source([Path(p) for p in inputs], opts.kind, opts.source,
+                         exclude=lambda path: is_output_file(path, output))
     units = source.units()
     if not units:
         raise InputError("the inputs hold nothing to convert")
-    prefix = output_prefix(output, opts.num_machines, opts.machine_id)
     _check_writable(prefix)
+    with OutputLock(prefix) as lock:
+        if lock.took_over:
+            from .lock import describe
+
+            print(f"data2rec: {lock.path} was left by {describe(lock.took_over)}, which is no longer running; "
+                  "taking it over", file=sys.stderr)
+        final = _convert_locked(source, units, prefix, opts, started)
+    check_skips(final, opts.max_skip_fraction)
+    return final
+
+
+def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: ConvertOptions, started: float) -> dict:
     state_path = prefix.with_name(prefix.name + ".state.json")
     report_path = prefix.with_name(prefix.name + ".report.json")
     fingerprint = _fingerprint(source, units, opts)
@@ -163,12 +244,17 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
                 f"{_existing_outputs(prefix)[0]} already exists and no matching resume state was found; "
                 "pass --overwrite to replace it or choose another --output"
             )
-        _remove_outputs(prefix)
         from tqdm import tqdm
 
         slow = source.kind in ("manifest", "webdataset")  # counting reads them; parquet has metadata
         counts = [source.count(u) for u in tqdm(
             units, desc="counting items", unit="file", disable=not (opts.progress and slow), file=sys.stderr)]
+        if counts and opts.id_offset + sum(counts) - 1 > MAX_ID:
+            raise InputError(
+                f"--id-offset {opts.id_offset} plus the {sum(counts)} input rows passes the largest record id "
+                f"2^64-1; use an --id-offset of at most {MAX_ID - sum(counts) + 1}"
+            )
+        _remove_outputs(prefix)
         state = new_state(fingerprint, counts)
         write_json_atomic(state_path, state)
     else:
@@ -204,7 +290,7 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
 
     done_before = sum(counts[u.index] for u in mine[:next_slot]) + next_pos
     my_total = sum(counts[u.index] for u in mine)
-    config = WorkerConfig(opts.image, opts.context_length)
+    config = WorkerConfig(opts.image, opts.context_length, opts.max_captions)
     workers = opts.workers or available_cores()
     sharded = opts.shard_size > 0
     writer: ShardWriter | None = None
@@ -213,13 +299,6 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
         for chunk, results in ordered_map(prefetch(chunked(items(), opts.chunk)), config, workers):
             for item, r in zip(chunk, results):
                 bar.update(1)
-                if r.reason is None:
-                    k = state["captions_per_record"]
-                    if k is None:
-                        state["captions_per_record"] = k = r.captions
-                    if r.captions != k:
-                        r.reason = CAPTION_COUNT
-                        r.detail = f"{r.captions} captions, the run's records have {k}"
                 report.add(r)
                 if r.reason is not None:
                     continue
@@ -257,7 +336,6 @@ def _final(state: dict, report: dict, prefix: Path, started: float) -> dict:
     return {
         "output": str(prefix),
         "complete": state["complete"],
-        "captions_per_record": state["captions_per_record"],
         "units": state.get("units"),
         **report,
         "shards": state["shards"],

@@ -33,7 +33,6 @@ def new_state(fingerprint: dict, counts: list[int]) -> dict:
         "version": STATE_VERSION,
         "fingerprint": fingerprint,
         "counts": counts,  # items per unit of the full input, the basis of sample ids
-        "captions_per_record": None,
         "shards": [],  # summaries of completed shards, in order
         "next": [0, 0],  # (slot in this machine's unit list, item position) where the next shard starts
         "report": None,  # counts up to the end of the last completed shard

@@ -2,38 +2,70 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
-from .captions import CONTEXT_LENGTH, CaptionRejected, check_tokens, tokenize_captions
+from .captions import CONTEXT_LENGTH, CaptionRejected, check_tokens, non_empty, tokenize_captions
 from .images import ImageOptions, ImageRejected, prepare_image
-from .items import MISSING_CAPTION, MISSING_IMAGE, PROCESSING_ERROR, UNREADABLE, Item, Result
+from .items import (
+    EMPTY_CAPTION,
+    MAX_CAPTIONS,
+    MISSING_CAPTION,
+    MISSING_IMAGE,
+    PROCESSING_ERROR,
+    TOO_MANY_CAPTIONS,
+    UNDECODABLE,
+    UNREADABLE,
+    Item,
+    Result,
+)
+from .processes import die_with_parent
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
     image: ImageOptions = ImageOptions()
     context_length: int = CONTEXT_LENGTH
+    max_captions: int = MAX_CAPTIONS
 
 
 _config = WorkerConfig()
+_dali = None  # the DALI decode check of --validate full, built on first use in each process
 
 
-def init_worker(config: WorkerConfig) -> None:
-    """Process-pool initializer: one thread per process, the pool is the parallelism."""
+def init_worker(config: WorkerConfig, subprocess: bool = False) -> None:
+    """Process-pool initializer: one thread per process, the pool is the parallelism.
+
+    In a worker process: die with the parent (a killed run leaves nothing behind), and
+    leave Ctrl-C to the parent, which stops the pool itself (no traceback per worker).
+    """
     global _config
     _config = config
+    if subprocess:
+        die_with_parent()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     import cv2
 
     cv2.setNumThreads(1)
 
 
-def _read_caption_file(candidates: list[str]) -> list[str] | None:
+def _read_captions(candidates: list[str], numbered: bool, most: int) -> list[str] | None:
+    """The captions of the first candidate `STEM.txt` that exists, with `STEM.1.txt`,
+    `STEM.2.txt`, ... beside it (numbered from 1, until one is missing) when `numbered`;
+    at most `most` + 1 of them, enough to tell that a row has too many."""
     for path in candidates:
-        try:
-            with open(path, encoding="utf-8-sig", errors="replace") as f:
-                return [" ".join(f.read().split())]
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            continue
+        base = path[: -len(".txt")]
+        names = [path, *(f"{base}.{n}.txt" for n in range(1, most + 1))] if numbered else [path]
+        captions: list[str] = []
+        for n, name in enumerate(names):
+            try:
+                with open(name, encoding="utf-8-sig", errors="replace") as f:
+                    captions.append(" ".join(f.read().split()))
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                if n > 0:  # the numbered ones end at the first gap
+                    break
+        if captions:
+            return captions
     return None
 
 
@@ -47,16 +79,21 @@ def process_item(item: Item, config: WorkerConfig) -> Result:
     ctx = config.context_length
     captions = item.captions
     if item.tokens is None and captions is None:
-        captions = _read_caption_file(item.extra.get("caption_files", []))
+        captions = _read_captions(item.extra.get("caption_files", []), item.extra.get("numbered", False),
+                                  config.max_captions)
         if captions is None:
             return _skip(item, MISSING_CAPTION, "no caption .txt found")
     try:
+        tokens = None
         if item.tokens is not None:
             tokens = check_tokens(item.tokens, ctx)
-        elif not captions or not all(c.strip() for c in captions):
-            tokens = tokenize_captions(captions or [], ctx)  # raises the empty-caption reason
         else:
-            tokens = None  # tokenised after the image passed: the cheaper check goes first
+            captions = non_empty(captions or [])
+            if not captions:  # the cheap check first, before the image is read
+                return _skip(item, EMPTY_CAPTION, "every caption is empty")
+        k = tokens.size // ctx if tokens is not None else len(captions or [])
+        if k > config.max_captions:
+            return _skip(item, TOO_MANY_CAPTIONS, f"{k} captions, more than --max-captions {config.max_captions}")
         data = item.image
         if data is None:
             try:
@@ -93,5 +130,24 @@ def _process_safely(item: Item) -> Result:
         return _skip(item, PROCESSING_ERROR, f"{type(exc).__name__}: {exc}")
 
 
+def _dali_full_check(items: list[Item], results: list[Result]) -> None:
+    """--validate full: what PIL passed must also pass DALI's CPU decoder."""
+    global _dali
+    from .dali_check import DaliDecodeCheck, dali_available
+
+    if not dali_available():
+        return
+    if _dali is None:
+        _dali = DaliDecodeCheck()
+    kept = [(i, r.payload if r.payload is not None else items[i].image) for i, r in enumerate(results)
+            if r.reason is None]
+    for j, message in _dali.failures([p or b"" for _, p in kept]).items():
+        r = results[kept[j][0]]
+        r.reason, r.detail, r.tokens, r.payload = UNDECODABLE, f"DALI's CPU decoder: {message}", None, None
+
+
 def process_chunk(items: list[Item]) -> list[Result]:
-    return [_process_safely(item) for item in items]
+    results = [_process_safely(item) for item in items]
+    if _config.image.validate == "full":
+        _dali_full_check(items, results)
+    return results

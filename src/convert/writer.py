@@ -77,6 +77,15 @@ class ShardWriter:
         }
 
     def abort(self) -> None:
-        self._io.close()
+        """Drop the unfinished shard. Closing flushes what is buffered, which fails again on a
+        full disk: that error is moot (the files are deleted next) and must not stop the clean-up
+        or leave a half-closed file to complain at exit ("Exception ignored ... OSError")."""
+        fidx = self._io.fidx  # MXIndexedRecordIO.close skips it when closing the .rec fails
+        for close in (self._io.close, fidx.close if fidx is not None else None):
+            try:
+                if close is not None:
+                    close()
+            except OSError:
+                pass
         for tmp in (self.tmp_idx, self.tmp_rec):
             tmp.unlink(missing_ok=True)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from .base import IMAGE_EXTS, InputError, Source, SourceOptions
+from .base import IMAGE_EXTS, InputError, Source, SourceOptions, is_hidden
 from .folder import FolderSource
 from .manifest import MANIFEST_EXTS, ManifestSource
 from .parquet import ParquetSource
@@ -30,7 +31,7 @@ def _kind_of(path: Path) -> str:
     if path.is_dir():
         # Look at the first level, then one below: enough to tell a hub download from an image tree.
         for pattern in ("*", "*/*"):
-            names = [p.name.lower() for p in path.glob(pattern) if p.is_file()]
+            names = [p.name.lower() for p in path.glob(pattern) if p.is_file() and not is_hidden(p, path)]
             if any(n.endswith(".parquet") for n in names):
                 return "parquet"
             if any(n.endswith(TAR_EXTS) for n in names):
@@ -52,13 +53,40 @@ def detect_kind(paths: list[Path]) -> str:
     return next(iter(kinds.values()))
 
 
-def make_source(paths: list[Path], kind: str = "auto", options: SourceOptions | None = None) -> Source:
+def check_distinct(paths: list[Path]) -> None:
+    """Refuse an input given twice, or one inside another (a folder and a file in it):
+    either would convert the same pairs twice, under different ids."""
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        real = path.resolve()
+        if real in seen:
+            raise InputError(f"{path} is given twice (also as {seen[real]}); give each input once")
+        for other, given in seen.items():
+            if other in real.parents:
+                raise InputError(f"{path} is inside {given}, which is also an input; give only one of them")
+            if real in other.parents:
+                raise InputError(f"{given} is inside {path}, which is also an input; give only one of them")
+        seen[real] = path
+
+
+def make_source(
+    paths: list[Path], kind: str = "auto", options: SourceOptions | None = None,
+    exclude: Callable[[Path], bool] | None = None,
+) -> Source:
+    """The reader for `paths`; files for which `exclude` is true (this run's own output files
+    sitting among the inputs) are never read."""
     options = options or SourceOptions()
+    for p in paths:
+        if not p.exists():
+            raise InputError(f"{p}: no such file or folder; check the input path")
+        if exclude is not None and p.is_file() and exclude(p):
+            raise InputError(f"{p} is an output file of this run, not an input; give the files or folders to convert")
+    check_distinct(paths)
     if kind == "auto":
         kind = detect_kind(paths)
     if kind not in SOURCES:
         raise InputError(f"unknown input format {kind!r}; use one of: auto, {', '.join(SOURCES)}")
-    for p in paths:
-        if not p.exists():
-            raise InputError(f"{p}: no such file or folder; check the input path")
-    return SOURCES[kind](paths, options)
+    source = SOURCES[kind](paths, options)
+    if exclude is not None:
+        source.exclude = exclude
+    return source

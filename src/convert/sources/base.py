@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -38,6 +38,8 @@ class Source(ABC):
     def __init__(self, paths: list[Path], options: SourceOptions) -> None:
         self.paths = paths
         self.options = options
+        # Files never to read as input: the run's own outputs when they sit among the inputs.
+        self.exclude: Callable[[Path], bool] = lambda path: False
 
     @abstractmethod
     def units(self) -> list[Unit]:
@@ -59,12 +61,20 @@ class Source(ABC):
             return "missing"
 
 
-def expand(paths: list[Path], suffixes: tuple[str, ...]) -> list[Path]:
-    """Files given directly, plus matching files found (recursively, sorted) in given folders."""
+def is_hidden(path: Path, root: Path) -> bool:
+    """True for anything under a dot-folder (or a dot-file) below `root`: `.hfd/incomplete/`
+    holds hfd.sh's partial downloads, `.git/` and `.cache/` hold no inputs either."""
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+def expand(paths: list[Path], suffixes: tuple[str, ...], exclude: Callable[[Path], bool] = lambda p: False) -> list[Path]:
+    """Files given directly, plus matching files found (recursively, sorted) in given folders,
+    leaving out hidden folders and `exclude`d files."""
     out: list[Path] = []
     for path in paths:
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(suffixes))
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(suffixes)
+                           and not is_hidden(p, path) and not exclude(p))
             if not found:
                 raise InputError(f"{path}: folder holds no {'/'.join(suffixes)} files")
             out.extend(found)

@@ -1,6 +1,11 @@
 """A folder of images, each with a caption `.txt`: beside it (`a.jpg` + `a.txt`) or in a
 parallel tree (`img/0001.jpg` + `captions/0001.txt`, the seed guide's layout).
 
+Several captions per image are several files: `0001.txt`, `0001.1.txt`, `0001.2.txt`, ...
+(numbered from 1, read until the first missing number). Where an image `0001.1.jpg`
+exists too, `0001.1.txt` is that image's caption, not a second one of `0001.jpg`.
+Hidden folders (`.hfd/`, `.git/`) and hidden files are not read.
+
 The folder listing is sorted, so item order (and thus sample ids) depends only on the
 file names, and it is cut into units of `folder_chunk` images so that several machines
 can split one big folder.
@@ -24,7 +29,7 @@ def list_images(root: Path) -> list[str]:
     """Relative POSIX paths of every image file under `root`, sorted."""
     found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         rel = os.path.relpath(dirpath, root)
         for name in filenames:
             if name.lower().endswith(IMAGE_EXTS) and not name.startswith("."):
@@ -57,6 +62,7 @@ class FolderSource(Source):
     def __init__(self, paths: list[Path], options) -> None:
         super().__init__(paths, options)
         self._listing: dict[str, list[str]] = {}
+        self._stems: dict[str, set[str]] = {}
 
     def _list(self, root: str) -> list[str]:
         if root not in self._listing:
@@ -88,10 +94,14 @@ class FolderSource(Source):
     def items(self, unit: Unit, start: int = 0) -> Iterator[Item]:
         root = Path(unit.path)
         listing = self._list(unit.path)
+        if unit.path not in self._stems:
+            self._stems[unit.path] = {rel.rsplit(".", 1)[0] for rel in listing}
+        stems = self._stems[unit.path]
         for pos in range(start, self.count(unit)):
             index = unit.start + pos
             rel = listing[index]
+            numbered = rel.rsplit(".", 1)[0] + ".1" not in stems
             yield Item(
                 pos, str(root / rel), image_path=str(root / rel), row=index,
-                extra={"caption_files": caption_candidates(root, rel, self.options.caption_dir)},
+                extra={"caption_files": caption_candidates(root, rel, self.options.caption_dir), "numbered": numbered},
             )

@@ -1,7 +1,8 @@
 """CSV / TSV / JSONL manifests: an image-path column and one or more caption columns.
 
-Several caption columns (or a JSONL list of strings) give K captions per record, K
-fixed by the column list. Relative image paths are resolved against `--image-root`
+Several caption columns (or a JSONL list of strings) give up to K captions per record:
+an empty or missing cell costs that caption only, a row keeps the ones that say
+something. A UTF-8 byte-order mark (Excel's "CSV UTF-8") is dropped. Relative image paths are resolved against `--image-root`
 (default: the manifest's folder) and may not escape it; absolute paths are taken as
 written, since the user wrote them.
 """
@@ -27,7 +28,7 @@ csv.field_size_limit(1 << 28)
 def _rows(path: Path) -> Iterator[tuple[int, dict | None, str]]:
     """(row number, row dict or None if unparsable, error text), streaming."""
     name = path.name.lower()
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+    with open(path, newline="", encoding="utf-8-sig", errors="replace") as f:
         if name.endswith((".jsonl", ".json")):
             row = 0
             for line in f:
@@ -67,7 +68,7 @@ class ManifestSource(Source):
         self._columns: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     def units(self) -> list[Unit]:
-        units = [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, MANIFEST_EXTS))]
+        units = [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, MANIFEST_EXTS, self.exclude))]
         for unit in units:  # wrong column names are found now, not after counting every row
             self.columns(Path(unit.path))
         return units
@@ -124,14 +125,18 @@ class ManifestSource(Source):
             if full != root and root not in full.parents:
                 return Item(row, ref, row=row, error=UNSAFE_PATH, detail=f"{image} escapes {root}")
         captions: list[str] = []
+        missing = []
         for col in caption_cols:
             cap = value.get(col)
             if isinstance(cap, list):
                 captions.extend(c if isinstance(c, str) else "" for c in cap)
             elif isinstance(cap, str):
                 captions.append(cap)
-            elif cap is None:
-                return Item(row, f"{ref} ({full})", row=row, error=MISSING_CAPTION, detail=f"no {col!r}")
+            elif cap is None:  # a JSON null or absent key: like an empty cell
+                missing.append(col)
             else:
                 captions.append(str(cap))
+        if len(missing) == len(caption_cols):
+            return Item(row, f"{ref} ({full})", row=row, error=MISSING_CAPTION,
+                        detail=f"no {', '.join(map(repr, missing))}")
         return Item(row, f"{ref} ({full})", image_path=str(full), captions=captions, row=row)

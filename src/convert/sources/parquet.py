@@ -53,7 +53,7 @@ class ParquetSource(Source):
     kind = "parquet"
 
     def units(self) -> list[Unit]:
-        return [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, (".parquet",)))]
+        return [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, (".parquet",), self.exclude))]
 
     def count(self, unit: Unit) -> int:
         try:

@@ -2,8 +2,10 @@
 
 Members of one sample are consecutive and share the key (the member name up to the
 first dot of its base name). A caption missing from `.txt` is taken from the json's
-"caption" field when present. A tar that breaks part-way yields what came before and
-one `broken_input` item.
+"caption" field when present. A tar is read to its last complete member: one without
+its end-of-archive blocks (a writer stopped before closing it) loses nothing, and one
+cut inside a member or a header yields every sample before the cut and one
+`broken_input` item for the rest.
 """
 
 from __future__ import annotations
@@ -35,27 +37,34 @@ def _groups(tar: tarfile.TarFile, size: int | None) -> Iterator[tuple[str, list[
     for info in tar:
         if not info.isfile():
             continue
-        # tarfile reads a cut-off last member as short data without complaint.
-        if size is not None and info.offset_data + info.size > size:
-            raise tarfile.ReadError(f"member {info.name} is cut off at byte {size} (truncated tar)")
         k, _ = _split(info.name)
         if k != key and members:
             yield key, members  # type: ignore[misc]
             members = []
         key = k
+        # tarfile reads a cut-off last member as short data without complaint. The samples
+        # before it are whole; the one it belongs to is not, and is dropped with the cut.
+        if size is not None and info.offset_data + info.size > size:
+            raise tarfile.ReadError(f"member {info.name} is cut off at byte {size} (truncated tar)")
         members.append(info)
-    # A tar cut inside a header also reads as a clean end; a whole one ends in two zero blocks.
-    if size is not None and size - tar.offset < 2 * tarfile.BLOCKSIZE:
-        raise tarfile.ReadError(f"no end-of-archive blocks after byte {tar.offset} (truncated tar)")
+    # The last sample is as whole as its members are: yielded even if more was cut off after it.
     if members:
         yield key, members  # type: ignore[misc]
+    # tarfile also ends quietly at a header cut short. What follows the last member must be
+    # nothing (no end-of-archive blocks: every member is there) or zeros.
+    if size is not None and size > tar.offset:
+        with open(tar.name, "rb") as f:  # type: ignore[arg-type]
+            f.seek(tar.offset)
+            tail = f.read(2 * tarfile.BLOCKSIZE)
+        if tail.strip(b"\0"):
+            raise tarfile.ReadError(f"a member header is cut off after byte {tar.offset} (truncated tar)")
 
 
 class WebDatasetSource(Source):
     kind = "webdataset"
 
     def units(self) -> list[Unit]:
-        return [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, TAR_EXTS))]
+        return [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, TAR_EXTS, self.exclude))]
 
     def count(self, unit: Unit) -> int:
         n = 0

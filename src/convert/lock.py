@@ -1,0 +1,123 @@
+"""One writer per output: `OUT.lock`, held with flock(2) for the whole run.
+
+The kernel drops the lock when its holder dies, however it dies, so a lock file whose
+lock is free is stale by construction and is taken over. The file also names its holder
+(pid, host, start time) so that the run refused can say who is in the way.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from src.errors import UserError
+
+
+class OutputLocked(UserError):
+    """Another run is writing the same output."""
+
+
+def lock_path(prefix: Path) -> Path:
+    return prefix.with_name(prefix.name + ".lock")
+
+
+def read_holder(path: Path) -> dict:
+    try:
+        holder = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def describe(holder: dict) -> str:
+    if not holder:
+        return "another data2rec run"
+    started = holder.get("started")
+    when = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" if started else ""
+    return f"data2rec run pid {holder.get('pid', '?')} on host {holder.get('host', '?')}{when}"
+
+
+def held_by(path: Path) -> dict | None:
+    """The holder of the lock at `path` if a live run holds it, else None (no lock, or stale)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return read_holder(path)
+        return None
+    finally:
+        os.close(fd)
+    return None
+
+
+class OutputLock:
+    """`with OutputLock(prefix):` holds OUT.lock or raises OutputLocked naming the holder."""
+
+    def __init__(self, prefix: Path) -> None:
+        self.path = lock_path(prefix)
+        self.output = prefix
+        self._fd: int | None = None
+        self.took_over: dict | None = None  # the holder of a stale lock this run replaced
+
+    def acquire(self) -> None:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise OutputLocked(
+                        f"{self.output} is being written by {describe(read_holder(self.path))}; wait for it to "
+                        f"finish or stop it (rerun this command afterwards to resume it), or choose another --output"
+                    ) from None
+                if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    print(f"data2rec: warning: {self.path.parent} does not support file locks; make sure "
+                          "no other run writes to the same --output", file=sys.stderr)
+                    self._fd = None
+                    return
+                raise
+            # The file may have been unlinked by a finishing holder between our open and flock:
+            # then we locked an orphan inode and must start over on the current file.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            break
+        previous = read_holder(self.path)
+        if previous:
+            self.took_over = previous
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3),
+                  "command": " ".join(sys.argv)[:500]}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)  # unlinked while still held: no one can lock it meanwhile
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> OutputLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

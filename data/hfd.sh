@@ -143,9 +143,23 @@ fi
 # ---------------------------------------------------------------------------------------
 # Private scratch space (0700, outside the download folder) and clean-up
 # ---------------------------------------------------------------------------------------
-PRIV=$(umask 077 && mktemp -d "${TMPDIR:-/tmp}/hfd.XXXXXXXX") || die "cannot create a temporary folder in ${TMPDIR:-/tmp}"
+SCRATCH_ROOT=${TMPDIR:-/tmp}
+# A run killed with SIGKILL runs no trap; its watchdog (below) cleans up, unless it was killed
+# too (the whole process group). Then the next run removes the folder: ours (owned by us, with
+# an owner file) and its owner gone. A folder whose owner still runs is another download's.
+for old in "$SCRATCH_ROOT"/hfd.*; do
+  [[ -d $old && -O $old && -f $old/owner ]] || continue
+  owner=$(head -c 32 -- "$old/owner" 2>/dev/null || true)
+  if [[ $owner =~ ^[0-9]+$ ]] && ! kill -0 "$owner" 2>/dev/null; then rm -rf -- "$old"; fi
+done
+PRIV=$(umask 077 && mktemp -d "$SCRATCH_ROOT/hfd.XXXXXXXX") || die "cannot create a temporary folder in $SCRATCH_ROOT"
+printf '%s\n' "$$" >"$PRIV/owner"
 CHILD=""
-cleanup() { rm -rf -- "$PRIV"; }
+WATCHDOG=""
+cleanup() {
+  if [[ -n $WATCHDOG ]]; then kill "$WATCHDOG" 2>/dev/null || true; fi
+  rm -rf -- "$PRIV"
+}
 on_signal() {
   if [[ -n $CHILD ]]; then
     kill -TERM "$CHILD" 2>/dev/null || true
@@ -157,14 +171,30 @@ on_signal() {
 trap cleanup EXIT
 trap on_signal INT TERM HUP
 
+# The watchdog: a kill -9 of this script (the OOM killer, a scheduler) would leave aria2c or
+# wget downloading and the token in PRIV. Once this script is gone it stops the downloader
+# (SIGTERM: aria2c saves its resume state) and deletes PRIV. Stopped by cleanup on a normal exit.
+watchdog() {
+  trap - EXIT INT TERM HUP
+  local parent=$1 child
+  while kill -0 "$parent" 2>/dev/null; do sleep 1; done
+  child=$(cat -- "$PRIV/child" 2>/dev/null || true)
+  if [[ $child =~ ^[0-9]+$ ]]; then kill -TERM "$child" 2>/dev/null || true; fi
+  rm -rf -- "$PRIV"
+}
+watchdog "$$" </dev/null >/dev/null 2>&1 &
+WATCHDOG=$!
+
 # A child in the background + wait, so that a signal to this script reaches the
 # downloader too (and it can save its resume state) instead of orphaning it.
 run_child() {
   "$@" &
   CHILD=$!
+  printf '%s\n' "$CHILD" >"$PRIV/child" # for the watchdog
   local rc=0
   wait "$CHILD" || rc=$?
   CHILD=""
+  rm -f -- "$PRIV/child"
   return "$rc"
 }
 

@@ -18,17 +18,15 @@ from benchmarks.oracles import mxnet_python, run_oracle
 from src.convert import MAX_CAPTIONS, ConvertOptions, TooManySkipped, convert, find_shards, verify
 from src.open_alip import tokenize_np
 from tests._data2rec_helpers import (
-    alive,
     bad_images,
-    descendants,
     jpeg,
     odd_images,
     read_records,
     tokens_for,
-    wait_for,
     write_hub_parquet,
     write_tar,
 )
+from tests._processes import alive, descendants, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, str(REPO / "data2rec.py")]

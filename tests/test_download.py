@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from src.hub_server import Faults, serve_in_background
+from tests._processes import alive, command_name, descendants, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HFD = REPO_ROOT / "data" / "hfd.sh"
@@ -145,6 +146,43 @@ def test_resume_after_kill_mid_file(repo_dir: Path, tmp_path: Path, tool: str):
         assert any(x.status == 206 and re.match(r"bytes=[1-9]", x.range or "") for x in resumed)
         assert not any((x.range or "").startswith("bytes=0-") for x in resumed)
     assert sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if p.is_file() and ".hfd" not in p.parts) == [SHARD0]
+    assert not any((tmp_path / "tmpdir").iterdir())
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_kill_9_leaves_no_downloader_and_no_token_behind(repo_dir: Path, tmp_path: Path, tool: str):
+    """SIGKILL of the script alone (the OOM killer's way): no trap runs, the watchdog cleans up."""
+    token = "hf_" + secrets.token_hex(16)
+    faults = Faults(throttle_bps=150_000)
+    out_dir = tmp_path / "out"
+    args = partial_args(tool, out_dir)
+    with serve_in_background(repo_dir, REPO, token=token, faults=faults) as server:
+        env = {**make_env(tmp_path, server.endpoint), "HF_TOKEN": token}
+        # What a killed process group leaves (the watchdog died too): the next run removes it.
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        stale = tmp_path / "tmpdir" / "hfd.stale000"
+        stale.mkdir(mode=0o700)
+        (stale / "owner").write_text(f"{gone.pid}\n")
+        (stale / "curl_auth").write_text(f"Authorization: Bearer {token}\n")
+        proc = subprocess.Popen(["bash", str(HFD), *args], env=env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_until(lambda: any(r.sent >= 150_000 for r in served(server, 0, "/cdn/")))
+            assert not stale.exists()
+            downloader = {pid: start for pid, start in descendants(proc.pid).items() if command_name(pid) == tool}
+            assert downloader, descendants(proc.pid)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            assert wait_for(lambda: not alive(downloader), limit=30), f"{tool} still running"
+            assert wait_for(lambda: not any((tmp_path / "tmpdir").iterdir()), limit=30)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        faults.throttle_bps = None
+        r = run_hfd(args, env)  # and the download resumes
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert (out_dir / SHARD0).read_bytes() == (repo_dir / SHARD0).read_bytes()
     assert not any((tmp_path / "tmpdir").iterdir())
 
 

@@ -213,11 +213,12 @@ def _mass_skip(exc: TooManySkipped) -> int:
 
     report = exc.report
     rec = Path(report["output"]).name
+    written = (f"every valid row is written ({report['written']} records in {rec}*.rec)" if report["written"]
+               else "no row was valid, so no record was written")
     _err(f"error: {exc}",
          "  top reasons:", *Report.from_dict(report).reason_lines(3),
-         f"  every valid row is written ({report['written']} records in {rec}*.rec) and the report is "
-         f"{report['output']}.report.json; check the input kind, columns and files. If these skips are "
-         f"expected, rerun the same command with --max-skip-fraction "
+         f"  {written} and the report is {report['output']}.report.json; check the input kind, columns and "
+         f"files. If these skips are expected, rerun the same command with --max-skip-fraction "
          f"{min(1.0, report['skipped'] / report['seen'] + 0.005):.2f} (nothing is converted again)")
     return exc.exit_code
 

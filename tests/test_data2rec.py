@@ -322,6 +322,8 @@ def test_second_writer_refused_kill_9_leaves_nothing_and_resume_takes_the_lock_o
     try:
         other = run_cli(str(ref_dir / "list.csv"), "--output", str(run_dir / "out" / "x"), *args)
         _one_line_error(other, f"pid {proc.pid} on host {socket.gethostname()}", "being written", "--output")
+        busy = run_cli("--verify", str(run_dir / "out" / "x"), "--no-progress")
+        assert busy.returncode == 1 and f"still being written by data2rec run pid {proc.pid}" in busy.stderr
         helpers = descendants(proc.pid)  # forkserver, 2 workers, resource tracker
         assert len(helpers) >= 3, helpers
         os.kill(proc.pid, signal.SIGKILL)

@@ -1,4 +1,5 @@
-"""Miniature copies of the paper's evaluation datasets, in the on-disk layouts torchvision reads.
+"""Miniature copies of the paper's evaluation datasets, in the on-disk layouts torchvision reads,
+and a micro model cheap enough to embed ImageNet's 1000 class names on a busy CPU.
 
 Every writer takes the torchvision root and returns what a reader must find: the expected image
 paths (in the order the dataset lists them) and labels. Images are tiny (8x8); where a layout
@@ -13,10 +14,24 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
 from scipy.io import savemat
 
+from src.open_alip.model import create_model, get_model_config
 from src.recordio import IRHeader, MXIndexedRecordIO, pack
+
+MICRO = {"n_layer": 1, "image_depth": 1, "n_embd": 32, "image_embed_dims": 32, "dim_att": 32, "dim_ffn": 64,
+         "head_size": 16, "image_num_heads": 2}
+
+
+def micro_model(seed: int = 0):
+    """RWKV_CLIP_tiny made smaller still (one layer per tower, width 32), random weights, eval mode;
+    the reference WKV is the fastest at these sizes."""
+    torch.manual_seed(seed)
+    model = create_model(get_model_config("RWKV_CLIP_tiny", **MICRO)).eval()
+    model.set_wkv_impl("reference")
+    return model
 
 
 def tiny_jpeg(colour: tuple[int, int, int] = (200, 40, 40), size: tuple[int, int] = (8, 8)) -> bytes:

@@ -16,7 +16,8 @@ from src.evaluation.run import DatasetSpec, as_spec, evaluate_classification, lo
 from src.evaluation.sharding import Shard
 from src.open_alip.model import unwrap_model
 
-DEFAULT_WORKERS = 4
+DEFAULT_WORKERS = 4  # train.py's own default when neither --workers nor the config sets one
+DEFAULT_BATCH = 64
 
 
 def zero_shot_epoch_hook(
@@ -46,8 +47,9 @@ def zero_shot_epoch_hook(
         shard = Shard(rank, getattr(env, "world_size", 1)) if distributed else Shard()
         device = getattr(env, "device", None) or next(unwrap_model(model).parameters()).device
         input_size = int(unwrap_model(model).config["input_size"])
-        batch = batch_size or getattr(args, "batch_size", None) or 64
-        loaders = workers if workers is not None else getattr(args, "workers", None) or DEFAULT_WORKERS
+        batch = batch_size or getattr(args, "batch_size", None) or DEFAULT_BATCH
+        loaders = workers if workers is not None else getattr(args, "workers", None)
+        loaders = DEFAULT_WORKERS if loaders is None else loaders
         result = evaluate_classification(model, spec, input_size, device, batch, loaders, protocol=protocol,
                                          shard=shard)
         if rank != 0:

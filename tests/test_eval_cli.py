@@ -173,3 +173,33 @@ def test_albef_json_with_the_caption_prefix(micro, tmp_path, capsys):
     rc, _, stderr = _main(retrieval_cli, _common(micro, "--random-init", "--datasets", f"coco={path}", "--output-dir",
                                                  str(tmp_path / "r")), capsys)
     assert rc == 2 and "image val2014/COCO_2.jpg not found" in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_classification_script_runs_the_datasets_found(micro, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHON": sys.executable, "MODEL_NAME": str(micro["config"]), "MODEL_WEIGHT": str(micro["weights"]),
+           "DATA_ROOT": str(micro["data"]), "OUTPUT_DIR": str(tmp_path), "DEVICE": "cpu", "WORKERS": "0"}
+    proc = subprocess.run(["bash", "shell/test_zero_shot_classificaiton.sh", "--wkv-impl", "reference", "--no-progress"],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "datasets: cifar10=" in proc.stdout and "pets=" in proc.stdout and "flowers=" in proc.stdout
+    assert "food101=" not in proc.stdout  # not under DATA_ROOT: left out
+    header = next(line for line in proc.stdout.splitlines() if line.lstrip().startswith("Model |"))
+    assert [c.strip() for c in header.split("|")] == PAPER_COLUMNS
+    scores = [json.loads((tmp_path / "eval" / f"classification_{n}.json").read_text())["score"]
+              for n in ("cifar10", "pets", "flowers")]
+    assert (tmp_path / "eval" / "zero_shot_imagenet.txt").read_text() == ",".join(map(repr, scores)) + "\n"
+    assert json.loads((tmp_path / "eval" / "classification_pets.json").read_text())["protocol"] == "original"
+
+
+def test_bare_names_under_data_root(micro, tmp_path):
+    from src.evaluation.run import parse_dataset_list
+
+    (tmp_path / "scenes").mkdir()
+    specs = parse_dataset_list(["cifar10,pets"], micro["data"])
+    assert [(s.name, s.path) for s in specs] == [("cifar10", micro["data"]), ("pets", micro["data"])]
+    assert parse_dataset_list(["scenes"], tmp_path)[0].path == tmp_path / "scenes"

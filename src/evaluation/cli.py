@@ -37,7 +37,8 @@ def build_parser(
                         "--model-weight is an error")
     p.add_argument("--datasets", "--dataset", dest="datasets", nargs="+", default=None,
                    help="NAME=PATH items (space- or comma-separated); see below")
-    p.add_argument("--data-root", type=Path, default=None, help="folder for bare NAME items (PATH = ROOT/NAME)")
+    p.add_argument("--data-root", type=Path, default=None,
+                   help="folder for bare NAME items: torchvision's root for the paper's datasets, else ROOT/NAME")
     add_dataset_options(p)
     p.add_argument("--protocol", choices=("original", "standard"), default="standard", help=PROTOCOL_HELP)
     p.add_argument("--output-dir", "--output", dest="output", type=Path, default=Path("eval_results"),

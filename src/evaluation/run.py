@@ -546,13 +546,14 @@ def check_output_dir(folder: Path | str) -> Path:
 
 
 def parse_dataset_list(values: Sequence[str], data_root: Path | None = None) -> list[DatasetSpec]:
-    """`--datasets` items: ``NAME=PATH``, ``PATH``, or a bare ``NAME`` looked up under `data_root`;
-    commas separate several datasets in one item (the original scripts' style)."""
+    """`--datasets` items: ``NAME=PATH``, ``PATH``, or a bare ``NAME`` looked up under `data_root`
+    (the paper's datasets: `data_root` is torchvision's root; others: `data_root`/NAME); commas
+    separate several datasets in one item (the original scripts' style)."""
     specs = []
     for value in values:
         for item in filter(None, (v.strip() for v in value.split(","))):
             if "=" not in item and data_root is not None and not Path(item).exists():
-                item = f"{item}={data_root / item}"
+                item = f"{item}={data_root if find_paper_dataset(item) else data_root / item}"
             spec = DatasetSpec.parse(item)
             if not spec.path.exists():
                 raise EvalDataError(f"dataset {spec.name}: {spec.path} does not exist; give NAME=PATH")

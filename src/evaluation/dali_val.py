@@ -28,8 +28,9 @@ def _build_pipeline(input_size: int, batch_size: int, workers: int, device: torc
     from nvidia.dali import Pipeline, fn, types
 
     gpu = device.type == "cuda"
+    device_id = (device.index if device.index is not None else torch.cuda.current_device()) if gpu else None
     # Synchronous: each run() decodes exactly the batch fed before it (reading files is ours).
-    pipe = Pipeline(batch_size=batch_size, num_threads=max(1, workers), device_id=(device.index or 0) if gpu else None,
+    pipe = Pipeline(batch_size=batch_size, num_threads=max(1, workers), device_id=device_id,
                     exec_async=False, exec_pipelined=False)
     with pipe:
         encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)

@@ -477,7 +477,10 @@ def write_result(result: dict, output_dir: Path | str) -> Path:
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in result["dataset"]).strip("._")
     path = output_dir / f"{result['task']}_{safe or 'dataset'}.json"
     public = {k: v for k, v in result.items() if k not in ("data", "predictions")}
-    return atomic_write_json(path, public)
+    try:
+        return atomic_write_json(path, public)
+    except OSError as exc:
+        raise EvalDataError(f"cannot write {path} ({exc.strerror or exc}); free space or pass another --output-dir") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -104,7 +104,8 @@ def test_labels_classify_a_folder(micro, tmp_path, capsys):
     "extra,needle",
     [
         ([], "no --model-weight given; pass the checkpoint"),
-        (["--random-init", "--wkv-impl", "bogus"], "--wkv-impl 'bogus': choose one of auto"),
+        (["--random-init", "--wkv-impl", "bogus"], "--wkv-impl bogus: unknown wkv implementation 'bogus'; choose one of auto"),
+        (["--random-init", "--wkv-impl", "fla_chunk"], "--wkv-impl fla_chunk: wkv implementation 'fla_chunk' cannot run on cpu"),
         (["--random-init", "--output-dir", "{file}/results"], "--output-dir {file}/results: cannot write there"),
         (["--random-init", "--csv", "{file}/x.txt"], "cannot write there"),
     ],

@@ -487,27 +487,15 @@ def write_result(result: dict, output_dir: Path | str) -> Path:
 # helpers shared by the evaluation CLIs
 
 
-def wkv_impl_choices() -> tuple[str, ...]:
-    """"auto" and the model library's WKV implementations (src/open_alip/wkv.py)."""
-    from src.open_alip import wkv
-
-    return tuple(getattr(wkv, "WKV_IMPL_CHOICES", ("auto", *wkv.IMPLEMENTATIONS)))
-
-
 def resolve_wkv_impl(name: str, device: torch.device) -> str:
-    """The implementation `name` means on `device`; "auto" is the library's choice, or "chunked"
-    where the library has no resolver."""
+    """The WKV implementation `name` (--wkv-impl: "auto" or one of the library's) means on `device`,
+    checked before any work: an unknown name, or one that cannot run there, is the user's to fix."""
     from src.open_alip import wkv
 
-    if name not in wkv_impl_choices():
-        raise EvalDataError(f"--wkv-impl {name!r}: choose one of {', '.join(wkv_impl_choices())}")
-    resolver = getattr(wkv, "resolve_wkv_impl", None)
-    if resolver is not None:
-        try:
-            return resolver(name, device)
-        except ValueError as exc:  # an implementation that cannot run here (e.g. a GPU-only one)
-            raise EvalDataError(f"--wkv-impl {name}: {exc}") from None
-    return "chunked" if name == "auto" else name
+    try:
+        return wkv.resolve_wkv_impl(name, device)
+    except ValueError as exc:
+        raise EvalDataError(f"--wkv-impl {name}: {exc}") from None
 
 
 def load_eval_model(
@@ -523,11 +511,10 @@ def load_eval_model(
         raise EvalDataError(f"checkpoint {checkpoint} does not exist; pass the .pt file with --model-weight")
     impl = resolve_wkv_impl(wkv_impl, torch.device(device))
     try:
-        model = create_model(str(config), pretrained=str(checkpoint) if checkpoint else None)
+        model = create_model(str(config), pretrained=str(checkpoint) if checkpoint else None, wkv_impl=impl)
     except (CheckpointMismatchError, FileNotFoundError, ValueError) as exc:
         # create_model's errors are the library's; here they are the user's to fix.
         raise EvalDataError(str(exc)) from exc
-    model.set_wkv_impl(impl)
     return model.to(device=device, dtype=torch.float32).eval()
 
 

@@ -16,6 +16,7 @@ from src.evaluation.protocol import original_padding_rows
 from src.evaluation.run import DatasetSpec, evaluate_classification
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
 from src.open_alip.zero_shot import prediction_metrics, top_predictions
+from src.recordio import read_record_at, unpack
 from tests._eval_layouts import micro_model, write_imagenet_rec
 
 SIZE = 32  # RWKV_CLIP_tiny's input size
@@ -51,6 +52,21 @@ def test_dali_preprocessing_equals_the_originals_pipeline(tmp_path):
         assert torch.equal(x, ex) and torch.equal(y, ey)
     assert torch.cat([y for _, y in ours]).tolist() == labels
     assert resize_shorter(224) == 256
+    # the val folder (1000 synset folders) goes through the same pipeline, labels from the folders
+    val = tmp_path / "val"
+    for i in range(1000):
+        (val / f"n{i:08d}").mkdir(parents=True)
+    with open(rec, "rb") as f:
+        for i, image in enumerate(data.images):
+            _, payload = unpack(read_record_at(f, image.offset, str(rec)))
+            (val / f"n{labels[i]:08d}" / f"ILSVRC2012_val_{i:08d}.JPEG").write_bytes(payload)
+    folder, _ = read_paper_dataset(find_paper_dataset("imagenet"), val)
+    assert sorted(folder.labels) == sorted(labels)
+    from_files = torch.cat([x for x, _ in dali_val_batches(folder.images, folder.labels, SIZE, 4, "cpu", 1)])
+    by_label = {y: x for (x, y) in zip(torch.cat([x for x, _ in ours]), labels) if labels.count(y) == 1}
+    for x, y in zip(from_files, folder.labels):
+        if y in by_label:
+            assert torch.equal(x, by_label[y])
 
 
 @pytest.mark.parametrize("count,ranks,batch", [(37, 3, 5), (50, 4, 6), (12, 1, 4)])

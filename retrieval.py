@@ -1,7 +1,7 @@
 """Zero-shot image<->text retrieval with an RWKV-CLIP checkpoint (R@1/5/10 both ways).
 
-    python retrieval.py --model-name RWKV_CLIP_B32 --model-weight RWKV-CLIP-B32-YFCC15M.pt \
-        --datasets coco=data/coco/dataset_coco.json flickr30k=data/flickr30k --output-dir results
+    python retrieval.py --model-name RWKV_CLIP_B32 --model-weight RWKV-CLIP-B32-YFCC15M.pt --protocol original \
+        --datasets coco=data/coco/coco_test.json flickr30k=data/flickr30k/flickr30k_test.json --output-dir results
 """
 
 from __future__ import annotations
@@ -14,37 +14,42 @@ from src.evaluation import cli as eval_cli
 
 EPILOG = """\
 dataset forms (NAME=PATH):
+  NAME=coco_test.json          ALBEF/BLIP test file [{"image": "val2014/x.jpg", "caption": [...]}, ...]
+                               (what the original reads); images at IMAGE_ROOT/<image>, or at
+                               IMAGE_ROOT/<image without its first folder>; every caption is kept
   NAME=dataset_coco.json       Karpathy split file; images at IMAGE_ROOT/<filepath>/<filename>
-                               (COCO: val2014/...), IMAGE_ROOT defaults to the JSON's folder
+                               (COCO: val2014/...); the first five captions of each test image
   NAME=DIR                     a folder holding one dataset_*.json (e.g. dataset_flickr30k.json);
                                Flickr30k images may sit in DIR/ or DIR/flickr30k-images/
   NAME=FILE.csv|.tsv|.jsonl    manifest: an image column and caption columns (caption*, text*),
                                or a JSONL list of captions per image
-The Karpathy test split is used with the first five captions of each image (the standard protocol).
+IMAGE_ROOT is --image-root, by default the JSON's folder. Ranks are positions in the sorted
+similarities (as the original and CLIP_benchmark); equal scores keep the dataset's order.
 Results: one JSON per dataset in --output-dir (retrieval_NAME.json) and a printed table.
 """
 
 
 def _add_dataset_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-root", type=Path, default=None,
-                   help="image folder for Karpathy JSON files (default: the JSON's folder)")
-    p.add_argument("--captions-per-image", type=int, default=5,
-                   help="captions kept per image from Karpathy files (default 5; 0 keeps all)")
+                   help="image folder for ALBEF/BLIP and Karpathy JSON files (default: the JSON's folder)")
+    p.add_argument("--captions-per-image", type=int, default=None,
+                   help="captions kept per image (default: all for ALBEF/BLIP files, as the original; "
+                        "5 for Karpathy files)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     return eval_cli.build_parser(
         "retrieval.py",
-        "Zero-shot retrieval: image->text and text->image Recall@1/5/10 on Flickr30k/MSCOCO "
-        "Karpathy test splits or your own image-caption manifest.",
+        "Zero-shot retrieval: image->text and text->image Recall@1/5/10 on the Flickr30k/MSCOCO "
+        "test splits (ALBEF/BLIP or Karpathy JSON) or your own image-caption manifest.",
         EPILOG,
         _add_dataset_options,
     )
 
 
 def _usage_error(args: argparse.Namespace) -> str | None:
-    if args.batch_size < 1 or args.workers < 0 or args.captions_per_image < 0:
-        return "--batch-size must be >= 1, --workers and --captions-per-image >= 0"
+    if args.batch_size < 1 or args.workers < 0 or (args.captions_per_image is not None and args.captions_per_image < 1):
+        return "--batch-size and --captions-per-image must be >= 1, --workers >= 0"
     return None
 
 
@@ -58,7 +63,7 @@ def _evaluate(args: argparse.Namespace, model, spec, input_size: int, device) ->
 
     return evaluate_retrieval(
         model, spec, input_size, device, args.batch_size, args.workers,
-        progress=not args.no_progress, captions_per_image=args.captions_per_image or None,
+        progress=not args.no_progress, captions_per_image=args.captions_per_image, protocol=args.protocol,
     )
 
 

@@ -1,27 +1,35 @@
 """Zero-shot image classification with an RWKV-CLIP checkpoint.
 
     python zero_shot.py --model-name RWKV_CLIP_B32 --model-weight RWKV-CLIP-B32-YFCC15M.pt \
-        --datasets cifar10=data/cifar-10-batches-py imagenet=data/imagenet/val --output-dir results
+        --datasets cifar10=/data food101=/data imagenet=/data/imagenet/val.rec --protocol original
+    python zero_shot.py --list-datasets
+    python zero_shot.py --model-weight W --images photos/ --labels "cat,dog,car"
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from src.evaluation import cli as eval_cli
 
 EPILOG = """\
 dataset forms (NAME=PATH; the kind follows from the name or the path):
-  cifar10=DIR / cifar100=DIR   CIFAR python pickles (cifar-10-batches-py, cifar-100-python)
-  imagenet=DIR                 ImageNet val: 1000 synset folders, or flat + LOC_val_solution.csv
+  the paper's 11 datasets by name (see --list-datasets), read in torchvision's layouts with the
+  original's test splits, class names and templates; PATH is torchvision's root (the folder that
+  holds food-101/, dtd/, ...) or the dataset's own folder:
+    cifar10 cifar100 food101 pets flowers sun397 stanford_car dtd caltech101 aircraft imagenet
+  imagenet=PATH                val.rec (+ val.idx) as the original reads it, a folder holding val.rec,
+                               or the val folder (1000 synset folders, or flat + LOC_val_solution.csv)
   NAME=DIR                     ImageFolder tree DIR/<class>/<image>; class names from --classnames
                                or the folder names (the bundled list for NAME only when the
                                folders are class indices 0..N-1 or 1..N)
   NAME=FILE.csv|.tsv|.jsonl    manifest with an image column and a label column (index or name)
-bundled class names/templates: imagenet1k (1000 classes, CLIP's 80 templates), cifar10, cifar100,
-  food101, flowers, pets, caltech101; templates only: sun397, stanford_car, aircraft, dtd.
-Results: one JSON per dataset in --output-dir (classification_NAME.json) and a printed table.
+Results: one JSON per dataset in --output-dir (classification_NAME.json), a printed table and, when
+any of the paper's datasets ran, its row of the paper's table (headline metric: mean per-class
+recall for pets, flowers, caltech101, aircraft; top-1 otherwise).
+Own labels: --images DIR_OR_FILES --labels "cat,dog,car" prints each image's top label.
 """
 
 
@@ -30,6 +38,15 @@ def _add_dataset_options(p: argparse.ArgumentParser) -> None:
                    help="class-name file per dataset (.txt one per line or 'folder name' lines, or .json)")
     p.add_argument("--templates", nargs="*", default=None, metavar="NAME=FILE",
                    help="prompt templates per dataset (.txt one per line or .json list), each with '{}'")
+    p.add_argument("--list-datasets", action="store_true",
+                   help="print the paper's datasets (classes, templates, test images, metric, layout) and exit")
+    p.add_argument("--csv", type=Path, default=None, metavar="FILE",
+                   help="append the original's result line (the scores, comma-separated, in --datasets order)")
+    p.add_argument("--images", nargs="+", type=Path, default=None, metavar="PATH",
+                   help="image files or folders to classify against --labels (instead of --datasets)")
+    p.add_argument("--labels", default=None, help="comma-separated labels for --images, e.g. 'cat,dog,car'")
+    p.add_argument("--label-templates", type=Path, default=None, metavar="FILE",
+                   help="templates for --labels (default: CLIP's 80 ImageNet templates)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,20 +73,81 @@ def _configure(args: argparse.Namespace, specs: list) -> None:
     for spec in specs:
         spec.classnames = classnames.get(spec.name)
         spec.templates = templates.get(spec.name)
+    if args.csv is not None:
+        from src.evaluation.run import check_output_dir
+
+        check_output_dir(args.csv.parent)
 
 
 def _evaluate(args: argparse.Namespace, model, spec, input_size: int, device) -> dict:
     from src.evaluation.run import evaluate_classification
 
     return evaluate_classification(
-        model, spec, input_size, device, args.batch_size, args.workers, progress=not args.no_progress
+        model, spec, input_size, device, args.batch_size, args.workers, progress=not args.no_progress,
+        protocol=args.protocol,
     )
+
+
+def _summary(result: dict) -> str:
+    return f"{result['metric']} {result['score']:.2f}%"
+
+
+def _finish(args: argparse.Namespace, results) -> None:
+    from src.evaluation.report import append_csv_line, format_paper_table, paper_scores
+
+    if paper_scores(results):
+        print(f"\nThe paper's table ({args.protocol} protocol):")
+        print(format_paper_table(results, label=Path(str(args.checkpoint or "random init")).stem))
+    if args.csv is not None:
+        print(f"[zero_shot] result line appended to {append_csv_line(args.csv, results)}")
+
+
+def list_datasets() -> int:
+    from src.evaluation.paper_datasets import describe
+
+    rows = describe()
+    header = ["name", "classes", "templates", "test images", "metric", "layout under ROOT"]
+    table = [[r["name"], str(r["classes"]), str(r["templates"]), f"{r['test_images']:,}", r["metric"], r["layout"]]
+             for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(header, *table)]
+    for line in [header, ["-" * w for w in widths], *table]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+    return 0
+
+
+def classify_labels(args: argparse.Namespace) -> int:
+    """--images with --labels: print each image's top label and write labels.tsv to --output-dir."""
+    from src.errors import UserError, report
+    from src.evaluation.run import EvalDataError, classify_images, list_images, read_templates
+    from src.fsutil import atomic_write_text
+
+    try:
+        if args.datasets:
+            raise EvalDataError("--images/--labels and --datasets exclude each other; run them separately")
+        if not args.images or not args.labels:
+            raise EvalDataError("--images and --labels go together, e.g. --images photos/ --labels 'cat,dog,car'")
+        labels = [label.strip() for label in args.labels.split(",")]
+        templates = read_templates(args.label_templates) if args.label_templates else None
+        images = list_images(args.images)
+        device, model = eval_cli.prepare(args, _usage_error)
+        rows = classify_images(model, images, labels, model.config["input_size"], device, templates,
+                               args.batch_size, args.workers)
+        lines = [f"{r['image']}\t{r['label']}\t{r['probability']:.4f}" for r in rows]
+        path = atomic_write_text(args.output / "labels.tsv", "image\tlabel\tprobability\n" + "\n".join(lines) + "\n")
+    except UserError as exc:
+        return report("zero_shot.py", exc)
+    print("\n".join(lines))
+    print(f"[zero_shot] {len(rows)} images -> {path}", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return eval_cli.run(args, "zero_shot.py", _usage_error, _configure, _evaluate,
-                        lambda result: f"top1 {result['metrics']['top1']:.2f}%")
+    if args.list_datasets:
+        return list_datasets()
+    if args.images or args.labels:
+        return classify_labels(args)
+    return eval_cli.run(args, "zero_shot.py", _usage_error, _configure, _evaluate, _summary, _finish)
 
 
 if __name__ == "__main__":

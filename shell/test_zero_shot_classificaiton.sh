@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Zero-shot classification of an RWKV-CLIP checkpoint (the original repo's script name, sic).
-# Edit the settings below or override them from the environment, e.g.
-#   MODEL_WEIGHT=RWKV-CLIP-B32-YFCC15M.pt DATA_ROOT=/data bash shell/test_zero_shot_classificaiton.sh
-# Each dataset is NAME=PATH (or a bare NAME found under DATA_ROOT); see `python zero_shot.py --help`.
+# Zero-shot classification of an RWKV-CLIP checkpoint on the paper's 11 datasets, with the
+# original protocol (the original repo's script name, sic). It evaluates every dataset whose path
+# is set, ends with the paper's table row and appends the original's result line to
+# $OUTPUT_DIR/eval/zero_shot_imagenet.txt. Edit the settings below or set them in the environment:
+#   MODEL_WEIGHT=RWKV-CLIP-B32-YFCC15M.pt DATA_ROOT=/data IMAGENET=/data/imagenet/val.rec \
+#       bash shell/test_zero_shot_classificaiton.sh [extra zero_shot.py flags]
+# DATA_ROOT is torchvision's root (the folder holding cifar-10-batches-py/, food-101/, dtd/, ...);
+# a dataset's own variable (CIFAR10=..., DTD=...) overrides it. `python zero_shot.py --list-datasets`
+# shows each dataset's layout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,26 +15,57 @@ cd "$(dirname "$0")/.."
 model_name=${MODEL_NAME:-RWKV_CLIP_B32}          # shipped config name or a JSON config file
 model_weight=${MODEL_WEIGHT:-MODEL_WEIGHT_PATH}  # checkpoint .pt
 batch_size=${BATCH_SIZE:-120}
+protocol=${PROTOCOL:-original}                   # original (the paper's numbers) or standard
 
 ######################### Eval Settings #########################
 output_dir=${OUTPUT_DIR:-OUTPUT_PATH}/eval
-data_root=${DATA_ROOT:-data/eval}
-zero_shot_dataset=${DATASETS:-cifar10,cifar100,imagenet}
+data_root=${DATA_ROOT:-}
 device=${DEVICE:-auto}
+workers=${WORKERS:-8}
 PYTHON=${PYTHON:-.venv/bin/python}
 
 if [ ! -f "$model_weight" ]; then
     echo "error: checkpoint '$model_weight' not found; set MODEL_WEIGHT=path/to/checkpoint.pt" >&2
     exit 2
 fi
-mkdir -p "$output_dir"
+
+# The paper's column order. Each entry: NAME VARIABLE FOLDER-UNDER-DATA_ROOT.
+datasets=()
+while read -r name var folder; do
+    path=${!var:-}
+    if [ -z "$path" ] && [ -n "$data_root" ] && [ -e "$data_root/$folder" ]; then
+        path=$data_root
+    fi
+    [ -n "$path" ] && datasets+=("$name=$path")
+done <<'TABLE'
+cifar10 CIFAR10 cifar-10-batches-py
+cifar100 CIFAR100 cifar-100-python
+food101 FOOD101 food-101
+pets PETS oxford-iiit-pet
+flowers FLOWERS flowers-102
+sun397 SUN397 SUN397
+stanford_car STANFORD_CAR stanford_cars
+dtd DTD dtd
+caltech101 CALTECH101 caltech101
+aircraft AIRCRAFT fgvc-aircraft-2013b
+imagenet IMAGENET val.rec
+TABLE
+
+if [ ${#datasets[@]} -eq 0 ]; then
+    echo "error: no dataset found; set DATA_ROOT=torchvision/root and/or CIFAR10=..., IMAGENET=..." >&2
+    exit 2
+fi
 
 echo "######################## Zero-shot Classification Start ########################"
+echo "datasets: ${datasets[*]}"
 "$PYTHON" zero_shot.py \
     --model-name "$model_name" \
     --model-weight "$model_weight" \
+    --protocol "$protocol" \
     --batch-size "$batch_size" \
-    --data-root "$data_root" \
-    --datasets "$zero_shot_dataset" \
+    --workers "$workers" \
+    --datasets "${datasets[@]}" \
     --output-dir "$output_dir" \
-    --device "$device"
+    --csv "$output_dir/zero_shot_imagenet.txt" \
+    --device "$device" \
+    "$@"

@@ -165,7 +165,7 @@ def test_retrieval_cli_matches_library(trained, tmp_path, capsys):
         ("zero_shot.py", ["--datasets", "x=/no/such/folder"], "/no/such/folder does not exist"),
         ("zero_shot.py", ["--datasets", "{tree}", "--model-weight", "/no/ckpt.pt"], "checkpoint /no/ckpt.pt"),
         ("zero_shot.py", ["--datasets", "{tree}", "--templates", "scenes"], "expected NAME=FILE"),
-        ("retrieval.py", ["--datasets", "x={tree}"], "dataset_*.json"),
+        ("retrieval.py", ["--datasets", "x={tree}", "--random-init"], "dataset_*.json"),
         ("retrieval.py", ["--datasets", "{tree}", "--batch-size", "0"], "--batch-size"),
     ],
 )
@@ -203,21 +203,20 @@ def test_cifar_spec_uses_bundled_names_and_templates(tmp_path):
     bundled_names, bundled_templates = load_metadata("cifar10")
     assert data.classnames == bundled_names and templates == bundled_templates and len(templates) == 18
     assert data.labels == [0, 9, 3]
-    with pytest.raises(EvalDataError, match="does not exist"):
-        load_classification_data(f"cifar100={root}")  # no cifar-100 'meta' file there
+    with pytest.raises(EvalDataError, match="has no cifar-100-python/test"):
+        load_classification_data(f"cifar100={root}")  # a CIFAR-10 folder
 
 
 def test_epoch_hook(trained):
     model = create_model(str(CONFIG))
-    load = zero_shot_epoch_hook(f"scenes={trained['tree']}", frequency=2, batch_size=8)
-    env = SimpleNamespace(is_master=True, device=torch.device("cpu"))
+    load = zero_shot_epoch_hook(f"scenes={trained['tree']}", frequency=2, batch_size=8, workers=0)
+    env = SimpleNamespace(rank=0, world_size=1, distributed=False, device=torch.device("cpu"))
     assert load(model, 1, None, env) == {}
     model.train()
     metrics = load(model, 2, None, env)
     assert set(metrics) == {"zeroshot_top1", "zeroshot_top5", "zeroshot_mean_per_class_recall"}
     assert 0.0 <= metrics["zeroshot_top1"] <= 100.0
     assert model.training  # evaluation restored the training mode
-    assert load(model, 2, None, SimpleNamespace(is_master=False, device=torch.device("cpu"))) == {}
     with pytest.raises(EvalDataError):
         zero_shot_epoch_hook(f"scenes={trained['root'] / 'missing'}")
 

@@ -1,4 +1,5 @@
-"""Zero-shot metrics against hand-computed examples, result files and the bundled metadata."""
+"""Zero-shot metrics against hand-computed examples and brute force, the original protocol's
+integer logits, result files and the bundled metadata."""
 
 
 import json
@@ -10,7 +11,15 @@ from src.evaluation.run import (
     format_table,
     write_result,
 )
-from src.open_alip.zero_shot import classification_metrics, list_metadata, load_metadata, retrieval_metrics
+from src.open_alip.zero_shot import (
+    class_logits,
+    classification_metrics,
+    list_metadata,
+    load_metadata,
+    prediction_metrics,
+    retrieval_metrics,
+    top_predictions,
+)
 
 
 def test_classification_metrics_by_hand():
@@ -91,3 +100,87 @@ def test_write_result_and_table(tmp_path):
     lines = table.splitlines()
     assert lines[0].split() == ["dataset", "top1", "top5", "mean_recall", "chance_top1"]
     assert lines[2].split()[1:] == ["55.50", "90.00", "-", "10.00"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the original protocol's integer logits, one test per metric, and retrieval ranks by position
+
+
+def _unit(angle_deg: float) -> torch.Tensor:
+    import math
+
+    a = math.radians(angle_deg)
+    return torch.tensor([math.cos(a), math.sin(a)])
+
+
+def test_integer_logits_truncate_toward_zero():
+    image = _unit(0.0)[None]
+    classes = torch.stack([_unit(a) for a in (74.985, 75.5, 90.4, 180.0)], dim=1)  # cos: .2589, .2504, -.007, -1
+    float_logits = class_logits(image, classes)
+    int_logits = class_logits(image, classes, integer=True)
+    assert int_logits.dtype == torch.int64
+    assert -1 < float_logits[0, 2] < 0 and float_logits[0, 3] == pytest.approx(-100)
+    assert int_logits.tolist() == [[25, 25, 0, -100]]  # toward zero: -0.7 -> 0, not -1
+    assert float_logits[0, 0] > float_logits[0, 1]  # class 0 wins with floats, ties with integers
+
+
+def test_top1_of_tied_integer_logits_is_cpus_topk():
+    # The original ranks its int64 logits with CPU topk(1, 1, True, True); keep that op for ties.
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randint(-2, 3, (64, 10), generator=g)
+    top1, top5 = top_predictions(logits)
+    assert torch.equal(top1, logits.topk(1, 1, True, True).indices[:, 0])
+    assert torch.equal(top5, logits.topk(5, 1, True, True).indices)
+    targets = torch.randint(0, 10, (64,), generator=g)
+    m = prediction_metrics(top1, top5, targets, 10)
+    assert m["top1"] == pytest.approx(100 * (top1 == targets).float().mean().item())
+
+
+def test_top5_metric():
+    top1 = torch.tensor([0, 1, 2])
+    top5 = torch.tensor([[0, 1, 2, 3, 4], [1, 0, 2, 3, 4], [2, 9, 8, 7, 6]])
+    assert prediction_metrics(top1, top5, torch.tensor([4, 5, 2]), 10)["top5"] == pytest.approx(100 * 2 / 3)
+
+
+def test_mean_per_class_metric_weighs_classes_not_images():
+    # class 0: 9 images all right; class 1: 1 image wrong -> top-1 90%, mean per class 50%
+    targets = torch.tensor([0] * 9 + [1])
+    top1 = torch.zeros(10, dtype=torch.long)
+    m = prediction_metrics(top1, top1[:, None], targets, 3)  # class 2 has no image: left out
+    assert m["top1"] == pytest.approx(90.0) and m["mean_per_class_recall"] == pytest.approx(50.0)
+
+
+def _stable_ranks(image_emb, text_emb, owner):
+    """Brute force: argsort each query's scores (stable, descending) and find the positions."""
+    sim = image_emb @ text_emb.t()
+    i2t = []
+    for i in range(sim.shape[0]):
+        order = torch.sort(sim[i], descending=True, stable=True).indices.tolist()
+        i2t.append(min(order.index(j) for j in range(len(owner)) if owner[j] == i))
+    t2i = []
+    for j in range(sim.shape[1]):
+        order = torch.sort(sim[:, j], descending=True, stable=True).indices.tolist()
+        t2i.append(order.index(owner[j]))
+    return torch.tensor(i2t), torch.tensor(t2i)
+
+
+def test_retrieval_ranks_are_positions_with_ties_in_dataset_order():
+    # Coarse embeddings make many exact ties; compare with a stable argsort, K by K.
+    g = torch.Generator().manual_seed(3)
+    images = torch.randint(-1, 2, (9, 3), generator=g).float()
+    texts = torch.randint(-1, 2, (27, 3), generator=g).float()
+    owner = torch.arange(9).repeat_interleave(3)[torch.randperm(27, generator=g)]
+    i2t, t2i = _stable_ranks(images, texts, owner.tolist())
+    m = retrieval_metrics(images, texts, owner, ks=(1, 2, 5), chunk=4)
+    for k in (1, 2, 5):
+        assert m[f"image_to_text_R@{k}"] == pytest.approx(100 * (i2t < k).float().mean().item())
+        assert m[f"text_to_image_R@{k}"] == pytest.approx(100 * (t2i < k).float().mean().item())
+
+
+def test_identical_captions_do_not_all_rank_first():
+    # 12 images whose captions are the same text: a query can have only one caption at position 0.
+    images = torch.nn.functional.normalize(torch.randn(12, 4, generator=torch.Generator().manual_seed(0)), dim=1)
+    texts = torch.nn.functional.normalize(torch.ones(12, 4), dim=1)
+    m = retrieval_metrics(images, texts, torch.arange(12), ks=(1, 12))
+    assert m["image_to_text_R@1"] == pytest.approx(100 / 12)  # only image 0's caption comes first
+    assert m["image_to_text_R@12"] == 100.0

@@ -7,9 +7,15 @@ Torch and the model code are imported only once a run starts, so that `--help` a
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+PROTOCOL_HELP = (
+    "original: the paper's numbers (integer-truncated logits, the original's ImageNet DALI resize and "
+    "counted padding rows, 'a photo of ' before captions); standard: float logits, open_clip's "
+    "transform, captions as written, comparable with CLIP_benchmark (default: %(default)s)"
+)
 
 
 def build_parser(
@@ -24,18 +30,49 @@ def build_parser(
     p.add_argument("--model-name", "--config", dest="config", default="RWKV_CLIP_B32",
                    help="model config: a shipped name (RWKV_CLIP_B32, RWKV_CLIP_B16, ...) or a JSON file")
     p.add_argument("--model-weight", "--pretrained", dest="checkpoint", type=Path, default=None,
-                   help="checkpoint .pt (the released weights or one written by train.py)")
-    p.add_argument("--datasets", "--dataset", dest="datasets", nargs="+", required=True,
+                   help="checkpoint .pt (the released weights or one written by train.py); required unless "
+                        "--random-init")
+    p.add_argument("--random-init", action="store_true",
+                   help="evaluate randomly initialised weights (a baseline); without it a missing "
+                        "--model-weight is an error")
+    p.add_argument("--datasets", "--dataset", dest="datasets", nargs="+", default=None,
                    help="NAME=PATH items (space- or comma-separated); see below")
-    p.add_argument("--data-root", type=Path, default=None, help="folder for bare NAME items (PATH = ROOT/NAME)")
+    p.add_argument("--data-root", type=Path, default=None,
+                   help="folder for bare NAME items: torchvision's root for the paper's datasets, else ROOT/NAME")
     add_dataset_options(p)
+    p.add_argument("--protocol", choices=("original", "standard"), default="standard", help=PROTOCOL_HELP)
     p.add_argument("--output-dir", "--output", dest="output", type=Path, default=Path("eval_results"),
-                   help="folder for the per-dataset JSON results (default: eval_results)")
+                   help="folder for the per-dataset JSON results, checked writable before anything runs "
+                        "(default: eval_results)")
     p.add_argument("--batch-size", type=int, default=128, help="images per forward pass (default 128)")
     p.add_argument("--workers", type=int, default=4, help="image decoding processes (default 4)")
     p.add_argument("--device", default="auto", help="auto (GPU if present), cpu, cuda or cuda:N")
+    p.add_argument("--wkv-impl", default="auto", metavar="IMPL",
+                   help="WKV implementation: auto (fla's kernels on a GPU when fla-core imports, else chunked), "
+                        "fla, fla_chunk, chunked or reference (src/open_alip/wkv.py)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
+
+
+def prepare(args: argparse.Namespace, usage_error: Callable[[argparse.Namespace], str | None]):
+    """Checks that need no model (option ranges, weights given, output folder writable), then the
+    device and the model: returns (device, model). Raises UserError."""
+    from src.devices import resolve_device
+    from src.evaluation.run import EvalDataError, check_output_dir, load_eval_model
+
+    message = usage_error(args)
+    if message:
+        raise EvalDataError(message)
+    if args.checkpoint is None and not args.random_init:
+        raise EvalDataError(
+            "no --model-weight given; pass the checkpoint to evaluate (or --random-init to evaluate "
+            "untrained weights on purpose)"
+        )
+    if args.checkpoint is not None and args.random_init:
+        raise EvalDataError("--random-init and --model-weight exclude each other; keep one")
+    check_output_dir(args.output)
+    device = resolve_device(args.device)
+    return device, load_eval_model(args.config, args.checkpoint, device, args.wkv_impl)
 
 
 def run(
@@ -45,33 +82,24 @@ def run(
     configure: Callable[[argparse.Namespace, list], None],
     evaluate: Callable[[argparse.Namespace, Any, Any, int, Any], dict],
     summary: Callable[[dict], str],
+    finish: Callable[[argparse.Namespace, Sequence[dict]], None] | None = None,
 ) -> int:
     """Evaluate every dataset in args.datasets, write one JSON each and print the table.
 
     `usage_error` returns the message for option values out of range (checked before any dataset is
     read), `configure` fills the CLI's own fields of the parsed specs, `evaluate(args, model, spec,
-    input_size, device)` returns the library's result dict and `summary` its one-line headline.
+    input_size, device)` returns the library's result dict, `summary` its one-line headline and
+    `finish(args, results)` prints or writes what the CLI adds at the end.
     A bad input ends the run with one `PROG: error: ...` line and exit status 2, not a traceback.
     """
-    from src.devices import resolve_device
     from src.errors import UserError, report
-    from src.evaluation.run import (
-        EvalDataError,
-        format_table,
-        load_eval_model,
-        parse_dataset_list,
-        write_result,
-    )
+    from src.evaluation.run import format_table, parse_dataset_list, write_result
 
     tag = f"[{prog.removesuffix('.py')}]"
     try:
-        message = usage_error(args)
-        if message:
-            raise EvalDataError(message)
-        specs = parse_dataset_list(args.datasets, args.data_root)
+        specs = parse_dataset_list(args.datasets or [], args.data_root)
         configure(args, specs)
-        device = resolve_device(args.device)
-        model = load_eval_model(args.config, args.checkpoint, device)
+        device, model = prepare(args, usage_error)
         input_size = model.config["input_size"]
         results = []
         for spec in specs:
@@ -82,7 +110,9 @@ def run(
             path = write_result(result, args.output)
             print(f"{tag} {spec.name}: {summary(result)} -> {path}", flush=True)
             results.append(result)
+        print(format_table(results))
+        if finish is not None:
+            finish(args, results)
     except UserError as exc:
         return report(prog, exc)
-    print(format_table(results))
     return 0

@@ -5,9 +5,14 @@ so that evaluation code does not care which on-disk layout it came from:
 
 - `read_image_folder`    ImageFolder tree (one sub-folder per class) + optional class-name file
 - `read_imagenet_val`    ImageNet validation folder (synset sub-folders, or flat + LOC_val_solution.csv)
+- `read_imagenet_rec`    ImageNet validation as the original's `val.rec` + `val.idx` (im2rec records)
 - `read_cifar`           CIFAR-10 / CIFAR-100 python pickle batches
 - `read_karpathy`        Karpathy-split JSON (dataset_coco.json, dataset_flickr30k.json) + image folder
+- `read_caption_json`    ALBEF/BLIP retrieval test JSON (coco_test.json, flickr30k_test.json) + image folder
 - `read_manifest`        CSV/TSV/JSONL manifest (image column + label column, or caption columns)
+
+The paper's other classification datasets, in torchvision's layouts, are read by
+src/evaluation/paper_datasets.py on top of these types.
 
 Preprocessing is the model library's evaluation transform (src/open_alip/transform.py): exact
 PIL on CPU, or decoded uint8 tensors transformed on the GPU (`make_loader` picks by device).
@@ -16,6 +21,7 @@ PIL on CPU, or decoded uint8 tensors transformed on the GPU (`make_loader` picks
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import pickle
@@ -28,13 +34,26 @@ import numpy as np
 import torch
 from PIL import Image
 
+from src import recordio
 from src.errors import UserError
 from src.open_alip.transform import preprocess_pil, preprocess_tensor
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 
-# An image is either a file on disk or an in-memory HWC uint8 array (CIFAR).
-ImageSource = Union[Path, np.ndarray]
+
+@dataclass(frozen=True)
+class RecordImage:
+    """An image stored as one record of a `.rec` file (im2rec's layout: IRHeader + JPEG bytes);
+    its class label is the record's header label, read together with the image."""
+
+    rec: Path
+    offset: int
+
+
+# An image is a file on disk, a record of a .rec file, or an in-memory HWC uint8 array (CIFAR).
+ImageSource = Union[Path, RecordImage, np.ndarray]
+# A label of -1 for a RecordImage means "the label stored in the record".
+LABEL_IN_RECORD = -1
 
 
 class EvalDataError(UserError):
@@ -218,6 +237,23 @@ def read_imagenet_val(
     return ClassificationData(name, images, labels, list(classnames))
 
 
+def read_imagenet_rec(path: Path | str, classnames: Sequence[str], name: str = "imagenet") -> ClassificationData:
+    """ImageNet validation as the original evaluates it: `val.rec` + `val.idx` (im2rec records, class
+    index in the header label, sorted-synset order). `path` is the .rec file or the folder holding
+    val.rec. The labels are read with the images (`LABEL_IN_RECORD`), so listing costs no extra pass."""
+    path = Path(path)
+    rec = path / "val.rec" if path.is_dir() else path
+    idx = rec.with_suffix(".idx")
+    for needed in (rec, idx):
+        if not needed.is_file():
+            raise EvalDataError(f"imagenet: {needed} is missing; the original reads val.rec with its val.idx beside it")
+    offsets = [offset for _, offset in recordio.read_index(idx)]
+    if not offsets:
+        raise EvalDataError(f"imagenet: {idx} lists no records")
+    images: list[ImageSource] = [RecordImage(rec, offset) for offset in offsets]
+    return ClassificationData(name, images, [LABEL_IN_RECORD] * len(images), list(classnames))
+
+
 def _unpickle(path: Path) -> dict:
     if not path.is_file():
         raise EvalDataError(f"CIFAR file {path} does not exist; pass the extracted cifar-*-python folder")
@@ -311,6 +347,53 @@ def read_karpathy(
     if not images:
         raise EvalDataError(f"{json_path}: no images in split {split!r}")
     return RetrievalData(name or json_path.stem.removeprefix("dataset_"), images, captions, caption_image)
+
+
+def read_caption_json(
+    json_path: Path | str,
+    image_root: Path | str | None = None,
+    captions_per_image: int | None = None,
+    name: str | None = None,
+) -> RetrievalData:
+    """ALBEF/BLIP retrieval JSON: ``[{"image": "val2014/x.jpg", "caption": ["...", ...]}, ...]``.
+
+    Each image is looked up as `image_root`/<image> (default root: the JSON's folder), then as
+    `image_root`/<image without its first folder>, the original's rule for a root that holds the
+    images themselves (``.../val2014/``). Every caption is kept unless `captions_per_image` is set
+    (the original keeps all: 25,010 for COCO's 5,000 images).
+    """
+    json_path = Path(json_path)
+    if not json_path.is_file():
+        raise EvalDataError(f"retrieval file {json_path} does not exist")
+    root = Path(image_root) if image_root is not None else json_path.parent
+    try:
+        entries = json.loads(json_path.read_text(encoding="utf-8"))
+        pairs = [(e["image"], e["caption"]) for e in entries]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise EvalDataError(f"{json_path}: not an ALBEF/BLIP retrieval file ({exc!r})") from None
+    images: list[ImageSource] = []
+    captions: list[str] = []
+    caption_image: list[int] = []
+    for relative, texts in pairs:
+        path = _inside(root, str(relative), str(json_path))
+        if not path.is_file():
+            _, sep, rest = str(relative).partition("/")
+            alt = _inside(root, rest, str(json_path)) if sep and rest else None
+            if alt is None or not alt.is_file():
+                raise EvalDataError(
+                    f"{json_path}: image {relative} not found under {root} (nor without its first folder); "
+                    "pass --image-root"
+                )
+            path = alt
+        texts = [texts] if isinstance(texts, str) else [str(t) for t in texts]
+        if captions_per_image:
+            texts = texts[:captions_per_image]
+        if not texts:
+            raise EvalDataError(f"{json_path}: image {relative} has no captions; every image needs one")
+        images.append(path)
+        captions.extend(t.strip() for t in texts)
+        caption_image.extend([len(images) - 1] * len(texts))
+    return RetrievalData(name or json_path.stem, images, captions, caption_image)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,14 +516,39 @@ def read_manifest_retrieval(
 # preprocessing
 
 
-def load_rgb(source: ImageSource) -> Image.Image:
-    if isinstance(source, np.ndarray):
-        return Image.fromarray(source, "RGB")
+def read_encoded(source: Path | RecordImage) -> tuple[bytes, int | None]:
+    """The encoded image bytes of a file or record, and the record's header label (None for a file)."""
+    if isinstance(source, RecordImage):
+        with open(source.rec, "rb") as f:
+            header, payload = recordio.unpack(recordio.read_record_at(f, source.offset, str(source.rec)))
+        label = header.label
+        # im2rec stores the class as a float; a label array (flag > 0) holds it first, as DALI reads it.
+        return payload, int(label if np.ndim(label) == 0 else label[0])
     try:
-        with Image.open(source) as img:
-            return img.convert("RGB")
+        return Path(source).read_bytes(), None
+    except OSError as exc:
+        raise EvalDataError(f"cannot read image {source}: {exc.strerror}") from None
+
+
+def load_image(source: ImageSource) -> tuple[Image.Image, int | None]:
+    """An RGB PIL image, and the label stored with it (records only)."""
+    if isinstance(source, np.ndarray):
+        return Image.fromarray(source, "RGB"), None
+    label = None
+    try:
+        if isinstance(source, RecordImage):
+            payload, label = read_encoded(source)
+            opened = Image.open(io.BytesIO(payload))
+        else:
+            opened = Image.open(source)
+        with opened as img:
+            return img.convert("RGB"), label
     except OSError as exc:
         raise EvalDataError(f"cannot read image {source}: {exc}") from None
+
+
+def load_rgb(source: ImageSource) -> Image.Image:
+    return load_image(source)[0]
 
 
 class ImageDataset(torch.utils.data.Dataset):
@@ -456,11 +564,12 @@ class ImageDataset(torch.utils.data.Dataset):
         return len(self.images)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        img = load_rgb(self.images[index])
+        img, stored_label = load_image(self.images[index])
+        label = self.labels[index] if stored_label is None else stored_label
         if self.size is not None:
-            return preprocess_pil(img, self.size), self.labels[index]
+            return preprocess_pil(img, self.size), label
         array = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
-        return array, self.labels[index]
+        return array, label
 
 
 def _collate_raw(batch: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -79,11 +79,22 @@ def build_class_embeddings(
 ) -> torch.Tensor:
     """Zero-shot classifier weights [D, C]: for each class, the mean of its normalised
     prompt embeddings (one per template), re-normalised (the CLIP paper's ensembling)."""
+    prompts = class_prompts(classnames, templates)
+    emb = encode_texts(model, prompts, device, batch_size, tokenizer)
+    return ensemble_prompts(emb, len(classnames), len(templates))
+
+
+def class_prompts(classnames: Sequence[str], templates: Sequence[str]) -> list[str]:
+    """Every template filled with every class name, class-major (the order `ensemble_prompts` expects)."""
     if not classnames or not templates:
         raise ValueError("need at least one class name and one template")
-    prompts = [t.format(c) for c in classnames for t in templates]
-    emb = encode_texts(model, prompts, device, batch_size, tokenizer)
-    emb = emb.view(len(classnames), len(templates), -1).mean(dim=1)
+    return [t.format(c) for c in classnames for t in templates]
+
+
+def ensemble_prompts(prompt_embeddings: torch.Tensor, num_classes: int, num_templates: int) -> torch.Tensor:
+    """Classifier weights [D, C] from the normalised embeddings of `class_prompts`: per class the mean
+    over its templates, normalised again."""
+    emb = prompt_embeddings.view(num_classes, num_templates, -1).mean(dim=1)
     return F.normalize(emb, dim=-1).t().contiguous()
 
 
@@ -91,23 +102,59 @@ def build_class_embeddings(
 # metrics
 
 
-def classification_metrics(logits: torch.Tensor, targets: torch.Tensor, num_classes: int | None = None) -> dict:
-    """Top-1 / top-5 accuracy and mean per-class recall (classes without samples are skipped), in %."""
-    num_classes = num_classes or logits.shape[1]
-    targets = targets.to(logits.device).long()
-    k = min(5, logits.shape[1])
-    topk = logits.topk(k, dim=1).indices
-    hit = topk.eq(targets.unsqueeze(1))
-    top1 = hit[:, 0].float()
-    per_class_hits = torch.zeros(num_classes, device=logits.device).index_add_(0, targets, top1)
+def class_logits(features: torch.Tensor, classifier: torch.Tensor, integer: bool = False) -> torch.Tensor:
+    """100 x cosine of each image with each class, [N, C].
+
+    `integer` reproduces the original evaluation, which writes these logits into an int64 tensor:
+    the cast truncates toward zero (25.9 -> 25), so classes within one point of each other tie.
+    """
+    logits = 100.0 * features.float() @ classifier.float()
+    return logits.long() if integer else logits
+
+
+def top_predictions(logits: torch.Tensor, k: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top-1 class [N], top-k classes [N, k]) on CPU, k capped at the class count.
+
+    Both come from `topk(.., dim=1, largest=True, sorted=True)` on CPU, as the original ranks its
+    integer logits; top-1 is its own k=1 call because with ties the first of a top-5 call need not
+    be the class a top-1 call picks. Rows are independent, so batches can be ranked separately.
+    """
+    logits = logits.cpu()
+    top1 = logits.topk(1, dim=1, largest=True, sorted=True).indices[:, 0]
+    topk = logits.topk(min(k, logits.shape[1]), dim=1, largest=True, sorted=True).indices
+    return top1, topk
+
+
+def prediction_metrics(
+    top1: torch.Tensor, topk: torch.Tensor, targets: torch.Tensor, num_classes: int
+) -> dict[str, float]:
+    """Top-1 / top-k accuracy and mean per-class recall (the mean over classes that have samples of
+    their top-1 accuracy; the original's "mean per-class accuracy"), in %."""
+    targets = targets.cpu().long()
+    hit1 = top1.cpu().eq(targets).float()
+    per_class_hits = torch.zeros(num_classes).index_add_(0, targets, hit1)
     per_class_total = torch.bincount(targets, minlength=num_classes).float()
     present = per_class_total > 0
-    recall = (per_class_hits[present] / per_class_total[present]).mean()
     return {
-        "top1": 100.0 * top1.mean().item(),
-        "top5": 100.0 * hit.any(dim=1).float().mean().item(),
-        "mean_per_class_recall": 100.0 * recall.item(),
+        "top1": 100.0 * hit1.mean().item(),
+        "top5": 100.0 * topk.cpu().eq(targets.unsqueeze(1)).any(dim=1).float().mean().item(),
+        "mean_per_class_recall": 100.0 * (per_class_hits[present] / per_class_total[present]).mean().item(),
     }
+
+
+def classification_metrics(logits: torch.Tensor, targets: torch.Tensor, num_classes: int | None = None) -> dict:
+    """Top-1 / top-5 accuracy and mean per-class recall (classes without samples are skipped), in %."""
+    top1, topk = top_predictions(logits)
+    return prediction_metrics(top1, topk, targets, num_classes or logits.shape[1])
+
+
+def _positions(sim: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Position of candidate `target[q]` in query q's ranking: a descending sort of `sim[q]` in
+    which equal scores keep the candidates' order (a stable sort), as an argsort ranks them."""
+    score = sim.gather(1, target.unsqueeze(1))
+    candidates = torch.arange(sim.shape[1], device=sim.device)
+    earlier_tie = (sim == score) & (candidates < target.unsqueeze(1))
+    return (sim > score).sum(dim=1) + earlier_tie.sum(dim=1)
 
 
 def retrieval_metrics(
@@ -119,26 +166,28 @@ def retrieval_metrics(
 ) -> dict:
     """Recall@K both ways, in %.
 
-    image->text: an image is a hit at K when any of its captions is among the K most similar texts.
-    text->image: a caption is a hit at K when its image is among the K most similar images.
-    Ranks count strictly better-scoring candidates, so ties resolve in the query's favour.
+    Ranks are positions in each query's candidates sorted by similarity, as the original and
+    CLIP_benchmark rank them (argsort / top-k). Ties are broken by order: of equally similar
+    candidates, the one listed first in the dataset ranks first.
+    image->text: the rank of the image's best-placed caption; text->image: the rank of its image.
     """
-    caption_image = torch.as_tensor(caption_image, device=image_emb.device).long()
+    device = image_emb.device
+    caption_image = torch.as_tensor(caption_image, device=device).long()
     n_img, n_txt = image_emb.shape[0], text_emb.shape[0]
-    i2t_rank = torch.empty(n_img, dtype=torch.long, device=image_emb.device)
-    t2i_rank = torch.empty(n_txt, dtype=torch.long, device=image_emb.device)
-    owner = torch.zeros(n_img, n_txt, dtype=torch.bool, device=image_emb.device)
-    owner[caption_image, torch.arange(n_txt, device=image_emb.device)] = True
+    i2t_rank = torch.empty(n_img, dtype=torch.long, device=device)
+    t2i_rank = torch.empty(n_txt, dtype=torch.long, device=device)
+    text_index = torch.arange(n_txt, device=device)
     for start in range(0, n_img, chunk):
         sim = image_emb[start : start + chunk] @ text_emb.t()
-        mine = owner[start : start + chunk]
+        images = torch.arange(start, start + sim.shape[0], device=device)
+        mine = caption_image.unsqueeze(0) == images.unsqueeze(1)
+        # The best-placed own caption: the highest score, the first listed among equals.
         best = sim.masked_fill(~mine, -math.inf).max(dim=1, keepdim=True).values
-        i2t_rank[start : start + chunk] = (sim > best).sum(dim=1)
+        first_best = torch.where(mine & (sim == best), text_index, n_txt).min(dim=1).values
+        i2t_rank[start : start + chunk] = _positions(sim, first_best)
     for start in range(0, n_txt, chunk):
         sim = text_emb[start : start + chunk] @ image_emb.t()
-        idx = caption_image[start : start + chunk]
-        correct = sim.gather(1, idx.unsqueeze(1))
-        t2i_rank[start : start + chunk] = (sim > correct).sum(dim=1)
+        t2i_rank[start : start + chunk] = _positions(sim, caption_image[start : start + chunk])
     metrics = {}
     for k in ks:
         metrics[f"image_to_text_R@{k}"] = 100.0 * (i2t_rank < k).float().mean().item()

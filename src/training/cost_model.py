@@ -744,15 +744,9 @@ def estimate_cost(
 
 
 @functools.lru_cache(maxsize=32)
-def _estimate_cost(
-    name: str, config_json: str, wkv_impl: str, precision: str, device_type: str, wkv_apart: bool
-) -> CostModel:
+def _measure(config_json: str, impl: str, precision: str, device_type: str) -> CostModel:
+    """The model measured running `impl` (named "custom"; `estimate_cost` names it)."""
     cfg = get_model_config(json.loads(config_json), precision=precision)
-    shapes = {tower: tower_wkv_shape(cfg, tower) for tower in TOWERS}
-    direct = not wkv_apart and all(
-        wkv_footprint(wkv_impl, s, precision).measured_on.startswith("FakeTensors") for s in shapes.values()
-    )
-    impl = wkv_impl if direct else "chunked"  # what the model runs with while measured
     small = get_model_config(dict(cfg), image_depth=_DEPTH, n_layer=_DEPTH, precision=precision)
     plain, cp = (
         {
@@ -769,7 +763,7 @@ def _estimate_cost(
     towers: dict[str, TowerCost] = {}
     shift, shift_cp = Linear(0, 0), Linear(0, 0)
     for tower in TOWERS:
-        depth, shape = tower_depth(cfg, tower), shapes[tower]
+        depth, shape = tower_depth(cfg, tower), tower_wkv_shape(cfg, tower)
         extra = depth - _DEPTH  # further blocks, each like block 1
         whole = [f"{tower}.rest"] + [f"{tower}.{i}" for i in range(_DEPTH)]
         block = [f"{tower}.1"]
@@ -799,33 +793,53 @@ def _estimate_cost(
         shift += layer.scaled(extra)
         shift_cp += layer_cp.scaled(extra)
 
-    peak_lines = upper_envelope([p + shift for p in _timeline_lines(*plain.values())])
-    peak_lines_cp = upper_envelope([p + shift_cp for p in _timeline_lines(*cp.values())])
     notes = []
-    if not direct:
-        towers, peak_lines, peak_lines_cp = _swap_wkv(towers, peak_lines, peak_lines_cp, wkv_impl, precision)
-        where = wkv_footprint(wkv_impl, shapes["image"], precision).measured_on
-        notes.append(
-            f"wkv {wkv_impl!r} measured alone on {where} and swapped into the chunked model's memory figures"
-        )
     if precision in AUTOCAST_DTYPES:
         notes.append(f"{precision} autocast as on {device_type.upper()}; the WKV and the loss in float32")
     params, param_bytes = _param_totals(small, cfg)
     size = int(cfg["input_size"])
     return CostModel(
-        name=name,
+        name="custom",
         config=cfg,
-        wkv_impl=wkv_impl,
+        wkv_impl=impl,
         precision=precision,
         device_type=device_type,
         image=towers["image"],
         text=towers["text"],
-        peak_lines=peak_lines,
-        peak_lines_cp=peak_lines_cp,
+        peak_lines=upper_envelope([p + shift for p in _timeline_lines(*plain.values())]),
+        peak_lines_cp=upper_envelope([p + shift_cp for p in _timeline_lines(*cp.values())]),
         params=params,
         param_bytes=param_bytes,
         input_bytes=3 * size * size * 4 + int(cfg["ctx_len"]) * 8,
         notes=tuple(notes),
+    )
+
+
+def _estimate_cost(
+    name: str, config_json: str, wkv_impl: str, precision: str, device_type: str, wkv_apart: bool
+) -> CostModel:
+    cfg = get_model_config(json.loads(config_json), precision=precision)
+    shapes = [tower_wkv_shape(cfg, tower) for tower in TOWERS]
+    direct = not wkv_apart and all(
+        wkv_footprint(wkv_impl, s, precision).measured_on.startswith("FakeTensors") for s in shapes
+    )
+    if direct:
+        return replace(_measure(config_json, wkv_impl, precision, device_type), name=name)
+    cost = _measure(config_json, "chunked", precision, device_type)
+    towers, peak_lines, peak_lines_cp = _swap_wkv(
+        dict(zip(TOWERS, cost.towers)), cost.peak_lines, cost.peak_lines_cp, wkv_impl, precision
+    )
+    where = wkv_footprint(wkv_impl, shapes[0], precision).measured_on
+    return replace(
+        cost,
+        name=name,
+        wkv_impl=wkv_impl,
+        image=towers["image"],
+        text=towers["text"],
+        peak_lines=peak_lines,
+        peak_lines_cp=peak_lines_cp,
+        notes=(f"wkv {wkv_impl!r} measured alone on {where} and swapped into the chunked model's memory figures",)
+        + cost.notes,
     )
 
 

@@ -16,6 +16,12 @@ import os
 import sys
 from dataclasses import dataclass
 
+from src.errors import UserError
+from src.errors import report as report_error
+from src.open_alip.wkv import WKV_IMPL_CHOICES
+
+PROG = "benchmarks.cost_model"
+
 # One YFCC15M epoch as the authors count it, and the paper's recipe and reported run.
 YFCC15M_PAIRS = 15_061_515
 EPOCHS = 32
@@ -164,27 +170,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="model config name (e.g. RWKV_CLIP_B32) or JSON path")
     parser.add_argument("--batch-size", type=int, default=512, help="per-GPU batch to check (default 512)")
     parser.add_argument("--gpu", choices=sorted(GPU_SPECS), default="h100", help="GPU type (default h100)")
-    parser.add_argument("--wkv-impl", default="chunked", help="WKV implementation the model runs (default chunked)")
+    parser.add_argument("--wkv-impl", default="auto", choices=WKV_IMPL_CHOICES,
+                        help='WKV implementation the model runs (default auto: what a GPU run picks, fla when it imports)')
     parser.add_argument("--precision", default=None, help="bf16, fp16, fp32 or tf32 (default: the config's)")
     parser.add_argument("--mfu", type=float, default=0.2, help="assumed model-FLOPs utilisation (default 0.2)")
     args = parser.parse_args(argv)
     if args.batch_size < 1 or not 0 < args.mfu <= 1:
-        print("error: --batch-size must be at least 1 and --mfu in (0, 1]", file=sys.stderr)
-        return 2
+        return report_error(PROG, UserError(f"--batch-size {args.batch_size} and --mfu {args.mfu}: need a batch "
+                                            "of at least 1 and an MFU in (0, 1]"))
 
     import torch
 
     if not torch.cuda.is_available():
-        # Triton kernels (e.g. a fla WKV) can then be measured on the CPU by the
-        # interpreter; it must be set before they are imported.
+        # The fla kernels can then run on the CPU: its custom op's shape-only kernel on
+        # FakeTensors, the Triton kernels in the interpreter. fla reads this on import.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from src.training.cost_model import estimate_cost
 
     try:
         cost = estimate_cost(args.config, wkv_impl=args.wkv_impl, precision=args.precision)
-    except (FileNotFoundError, ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except UserError as exc:
+        return report_error(PROG, exc)
     print("\n".join(report(cost, args)))
     return 0
 

@@ -39,6 +39,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from src.errors import UserError
+from src.errors import report as report_error
+from src.fsutil import atomic_write_json
+
+PROG = "benchmarks.gpu"
 SECTIONS = ("wkv", "train", "dali", "nccl", "predict")
 # Shares of --time-limit per section; what a section leaves unused goes to the next.
 SHARES = {"wkv": 0.14, "train": 0.56, "dali": 0.14, "nccl": 0.04, "predict": 0.12}
@@ -104,9 +109,7 @@ class Results:
 
     def save(self) -> None:
         with self._lock:
-            tmp = self.path.with_name(f".{self.path.name}.tmp")
-            tmp.write_text(json.dumps(self.data, indent=2, default=str) + "\n")
-            os.replace(tmp, self.path)
+            atomic_write_json(self.path, self.data, default=str)
 
 
 def run_section(name: str, fn: Callable[[Results, Budget], None], results: Results, budget: Budget) -> None:
@@ -216,13 +219,21 @@ def _wkv_pass(impl: str, inputs, grad) -> Any:
 def section_wkv(results: Results, budget: Budget, quick: bool) -> None:
     import torch
 
-    from src.open_alip.wkv import IMPLEMENTATIONS
+    from benchmarks.wkv import largest_difference
+    from src.open_alip.wkv import IMPLEMENTATIONS, available_implementations, resolve_wkv_impl
 
     # chunked first: the others are compared with it.
-    impls = sorted((name for name in IMPLEMENTATIONS if name != "auto"), key=lambda n: n != "chunked")
+    impls = sorted(available_implementations("cuda"), key=lambda n: n != "chunked")
+    unusable = {}
+    for name in IMPLEMENTATIONS:
+        if name not in impls:
+            try:
+                resolve_wkv_impl(name, "cuda")
+            except ValueError as exc:
+                unusable[name] = str(exc)
     batches = (32,) if quick else (256, 512)
     repeats = 2 if quick else 5
-    results.set("wkv", implementations=impls)
+    results.set("wkv", implementations=impls, unusable=unusable)
     worst: dict[str, float] = {}
     for shape_name, (tokens, channels, heads) in WKV_SHAPES.items():
         for batch in batches:
@@ -263,11 +274,9 @@ def section_wkv(results: Results, budget: Budget, quick: bool) -> None:
                     if impl == "chunked":
                         reference_out = outs
                     elif reference_out is not None:
-                        diff = max(
-                            ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
-                            for a, b in zip(outs, reference_out)
-                        )
+                        diff, which = largest_difference(outs, reference_out)
                         case["max_rel_diff_vs_chunked"] = diff
+                        case["largest_in"] = which
                         worst[impl] = max(worst.get(impl, 0.0), diff)
                 except Exception as exc:
                     case["error"] = "OOM" if _is_oom(exc) else f"{type(exc).__name__}: {_first_line(exc)}"
@@ -279,7 +288,8 @@ def section_wkv(results: Results, budget: Budget, quick: bool) -> None:
     results.set(
         "wkv",
         max_rel_diff_vs_chunked=worst,
-        note="max_rel_diff: max |impl - chunked| / max |chunked| over the output and the five gradients, float32",
+        note="max_rel_diff: the largest max|impl - chunked| / max|chunked| over the output and the five "
+        "gradients (float32; largest_in names which)",
     )
 
 
@@ -325,12 +335,6 @@ def train_cases(quick: bool, impl: str) -> list[dict[str, Any]]:
         case("B32", 512, compile=True), case("B16", 256, compile=True),
         case("B32", 256, compile=True), case("B16", 512, compile=True),
     ]
-
-
-def _default_train_impl() -> str:
-    from src.open_alip.wkv import IMPLEMENTATIONS
-
-    return "fla" if "fla" in IMPLEMENTATIONS else "chunked"
 
 
 def section_train(results: Results, budget: Budget, quick: bool, impl: str) -> None:
@@ -590,7 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT,
                         help=f"seconds for all sections (default {DEFAULT_TIME_LIMIT:.0f}); the process stops "
                         f"{HARD_STOP_GRACE:.0f} s after it whatever runs")
-    parser.add_argument("--wkv-impl", default=None, help="WKV for the training steps (default fla if present, else chunked)")
+    parser.add_argument("--wkv-impl", default="auto",
+                        help="WKV for the training steps (default auto: fla when it runs, else chunked)")
     args = parser.parse_args(argv)
 
     import torch
@@ -599,18 +604,16 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA GPU visible to torch: nothing to benchmark (this is a GPU-only benchmark)")
         return 0
     if args.time_limit <= 0:
-        print("error: --time-limit must be positive", file=sys.stderr)
-        return 2
+        return report_error(PROG, UserError(f"--time-limit {args.time_limit}: must be positive"))
     output = Path(args.output)
     if not output.parent.is_dir():
-        print(f"error: --output {output}: folder {output.parent} does not exist", file=sys.stderr)
-        return 2
-    impl = args.wkv_impl or _default_train_impl()
-    from src.open_alip.wkv import IMPLEMENTATIONS
+        return report_error(PROG, UserError(f"--output {output}: folder {output.parent} does not exist"))
+    from src.open_alip.wkv import resolve_wkv_impl
 
-    if impl not in IMPLEMENTATIONS:
-        print(f"error: --wkv-impl {impl!r}: choose one of {sorted(IMPLEMENTATIONS)}", file=sys.stderr)
-        return 2
+    try:
+        impl = resolve_wkv_impl(args.wkv_impl, "cuda")
+    except ValueError as exc:
+        return report_error(PROG, UserError(f"--wkv-impl: {exc}"))
 
     torch.cuda.set_device(0)
     chosen = [s for s in SECTIONS if not args.only or s in args.only]

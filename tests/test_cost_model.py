@@ -7,7 +7,11 @@ the planner keeps the global batch and the memory budget with 40, 80 and 141 GB 
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,12 +21,13 @@ from src.open_alip import get_model_config
 from src.training import cost_model as cm
 
 GB = 10**9
+REPO = Path(__file__).resolve().parent.parent
 
-TINY = get_model_config("RWKV_CLIP_tiny")
+# The tiny model with few tokens (4 image patches, 12 text tokens): quick to measure,
+# and short enough for the reference WKV's per-token loops.
+SMALL = get_model_config("RWKV_CLIP_tiny", ctx_len=12, input_size=16)
 # Three image and four text blocks: the model is measured with two and extended.
-DEEPER = get_model_config("RWKV_CLIP_tiny", image_depth=3, n_layer=4)
-# Few tokens keep the reference WKV's per-token loops short.
-SHORT = get_model_config("RWKV_CLIP_tiny", ctx_len=12, input_size=16)
+DEEPER = get_model_config("RWKV_CLIP_tiny", ctx_len=12, input_size=16, image_depth=3, n_layer=4)
 
 
 def _textbook_flops(cfg: dict) -> dict[str, float]:
@@ -57,19 +62,19 @@ def _textbook_flops(cfg: dict) -> dict[str, float]:
 
 
 def test_flops_match_the_textbook_count():
-    cost = cm.estimate_cost(TINY)
-    expected = _textbook_flops(TINY)
+    cost = cm.estimate_cost(SMALL)
+    expected = _textbook_flops(SMALL)
     for tower in cost.towers:
         assert tower.flops == pytest.approx(expected[tower.name], rel=1e-3)
         assert tower.counted_wkv_flops > 0  # the chunked form's own matmuls were seen and taken out
     assert cost.flops_per_sample == pytest.approx(sum(expected.values()), rel=1e-3)
-    parts = cm.analytic_flops(TINY)
+    parts = cm.analytic_flops(SMALL)
     assert {t: sum(p.values()) for t, p in parts.items()} == pytest.approx(expected, rel=1e-9)
 
 
 def test_fake_tensors_measure_what_real_tensors_do():
     fake, real = (
-        cm._run_step(TINY, 3, impl="chunked", precision="bf16", device_type="cuda", checkpointing=False, fake=f)
+        cm._run_step(SMALL, 3, impl="chunked", precision="bf16", device_type="cuda", checkpointing=False, fake=f)
         for f in (True, False)
     )
     assert fake.retained == real.retained
@@ -79,9 +84,9 @@ def test_fake_tensors_measure_what_real_tensors_do():
 
 
 def test_memory_is_linear_in_batch():
-    cost = cm.estimate_cost(TINY)
+    cost = cm.estimate_cost(SMALL)
     for batch in (5,):
-        run = cm._run_step(TINY, batch, impl="chunked", precision="bf16", device_type="cuda", checkpointing=False)
+        run = cm._run_step(SMALL, batch, impl="chunked", precision="bf16", device_type="cuda", checkpointing=False)
         for tower in cost.towers:
             retained = sum(v for k, v in run.retained.items() if k.startswith(tower.name))
             saved = sum(v for k, v in run.saved.items() if k.startswith(tower.name))
@@ -112,8 +117,8 @@ def test_deeper_models_are_extended_from_the_measured_depth():
 
 
 def test_a_wkv_measured_apart_gives_the_same_memory():
-    direct = cm.estimate_cost(SHORT, wkv_impl="reference")
-    apart = cm.estimate_cost(SHORT, wkv_impl="reference", wkv_apart=True)
+    direct = cm.estimate_cost(SMALL, wkv_impl="reference")
+    apart = cm.estimate_cost(SMALL, wkv_impl="reference", wkv_apart=True)
     assert any("measured alone" in note for note in apart.notes)
     for a, b in zip(direct.towers, apart.towers):
         assert b.saved.per_sample == pytest.approx(a.saved.per_sample, rel=1e-6)
@@ -184,23 +189,25 @@ def test_the_planner_keeps_the_global_batch_and_the_memory_budget(name):
 
 
 def test_the_planner_refuses_what_cannot_work():
-    cost = cm.estimate_cost(TINY)
+    cost = cm.estimate_cost(SMALL)
     kwargs = dict(wkv_impl="chunked", precision="bf16", cost=cost)
     with pytest.raises(ValueError, match="does not split evenly over 3 GPUs"):
-        cm.plan_micro_batch(TINY, device_memory_bytes=80 * GB, global_batch=4096, world_size=3, **kwargs)
+        cm.plan_micro_batch(SMALL, device_memory_bytes=80 * GB, global_batch=4096, world_size=3, **kwargs)
     with pytest.raises(ValueError, match="more memory"):
-        cm.plan_micro_batch(TINY, device_memory_bytes=2 * GB, global_batch=64, world_size=1, **kwargs)
-    with pytest.raises(ValueError, match="resolves to"):
-        cm.estimate_cost(TINY, wkv_impl="auto")
+        cm.plan_micro_batch(SMALL, device_memory_bytes=2 * GB, global_batch=64, world_size=1, **kwargs)
+    with pytest.raises(cm.CostModelError, match="unknown wkv implementation 'fast'"):
+        cm.estimate_cost(SMALL, wkv_impl="fast")
     plan = cm.plan_micro_batch(
-        TINY, device_memory_bytes=80 * GB, global_batch=4096, world_size=8, allow_checkpointing=False, **kwargs
+        SMALL, device_memory_bytes=80 * GB, global_batch=4096, world_size=8, allow_checkpointing=False, **kwargs
     )
     assert not plan.grad_checkpointing
 
 
 def test_cli_prints_the_costs_of_the_tiny_model(capsys, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # main() may set it; undone after the test
-    assert cli.main(["--config", "RWKV_CLIP_tiny", "--gpu", "h200", "--mfu", "0.3"]) == 0
+    # chunked: "auto" would import fla into this test process (see the next test).
+    args = ["--config", "RWKV_CLIP_tiny", "--gpu", "h200", "--mfu", "0.3", "--wkv-impl", "chunked"]
+    assert cli.main(args) == 0
     out = capsys.readouterr().out
     for expected in ("image tower", "text  tower", "total", "AdamW state", "Planner on H200",
                      "At MFU 0.30 on H200", "32 epochs of YFCC15M (15,061,515 pairs) on 8 GPUs",
@@ -208,7 +215,21 @@ def test_cli_prints_the_costs_of_the_tiny_model(capsys, monkeypatch):
         assert expected in out
     assert cli.main(["--config", "no_such_model"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: model config 'no_such_model'") and err.count("\n") == 1
+    assert err.startswith("benchmarks.cost_model: error: model config 'no_such_model'") and err.count("\n") == 1
+
+
+def test_cli_measures_the_fla_wkv():
+    # A fresh process: the CLI sets TRITON_INTERPRET=1 before fla is imported (no GPU
+    # here), and fla's custom op then runs on FakeTensors through its shape-only kernel.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cost_model", "--config", "RWKV_CLIP_tiny", "--wkv-impl", "fla"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "wkv fla;" in proc.stdout and "Planner on" in proc.stdout
+    if not torch.cuda.is_available():
+        assert "measured alone" not in proc.stdout
 
 
 def test_cli_time_arithmetic():

@@ -31,10 +31,15 @@ How the numbers are obtained (on the CPU, no GPU needed, deterministic):
 * CUDA autocast runs some ops in float32 that CPU autocast leaves in bf16 (pow, hence
   torch.square in the channel mixes). With device_type="cuda" those ops are cast the
   CUDA way while measuring (`_cuda_autocast_rules`).
-* A WKV implementation that cannot run on FakeTensors (a Triton kernel) is measured
-  alone on real tensors where it runs (the GPU, or the CPU under TRITON_INTERPRET=1);
-  the model is then measured with the chunked WKV and each call's footprint swapped
-  for the other implementation's (`WkvFootprint`, `_swap_wkv`).
+* The fla WKV is a custom op with a shape-only ("fake") kernel, so where fla may run on
+  the CPU (TRITON_INTERPRET=1 set before Python starts) it runs on FakeTensors in the
+  model like any other op, and autograd keeps what the op saves (its inputs). Where it
+  may not (a GPU machine), or for any implementation that cannot run on FakeTensors,
+  it is measured alone on real tensors where it runs (the GPU, or the CPU under
+  TRITON_INTERPRET=1), and the model measured with the chunked WKV gets each call's
+  footprint swapped for the other implementation's (`WkvFootprint`, `_swap_wkv`).
+  Temporaries inside a custom op's kernels are invisible either way (for fla a few
+  copies of one layer's inputs, well inside `HEADROOM`).
 
 Not modelled: allocator fragmentation, the CUDA context, NCCL and DALI workspaces.
 The planner keeps `HEADROOM` of the device and `RESERVED_BYTES` for them;
@@ -58,8 +63,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
+from src.errors import UserError
 from src.open_alip import ClipLoss, create_model, get_model_config
-from src.open_alip.wkv import IMPLEMENTATIONS, wkv
+from src.open_alip.wkv import resolve_wkv_impl, wkv
 
 GiB = 2**30
 # Share of device memory kept free for the caching allocator's fragmentation.
@@ -82,6 +88,12 @@ _DEPTH = 2
 # Batch sizes measured. Batch 1 is special: some reshapes of size-1 dimensions are
 # views where larger batches copy, so it is not on the line through the others.
 BATCHES = (2, 3)
+
+
+
+
+class CostModelError(UserError, ValueError):
+    """Bad input to the cost model or a plan that cannot fit; the message says what to change."""
 
 
 # --------------------------------------------------------------------------------------
@@ -335,6 +347,7 @@ def _run_step(
     The loss here is a plain product of the embeddings: ClipLoss works on the global
     batch, not the micro-batch, and is measured apart (`loss_peak_bytes`).
     """
+    resolve_wkv_impl(impl, "cpu")  # imports fla, if it is that, outside the fake mode
     model = _build(cfg, fake)
     with _fake_mode() if fake else contextlib.nullcontext():
         model = _ready(model, fake, impl, checkpointing)
@@ -546,6 +559,9 @@ class WkvFootprint:
 
 
 def _wkv_run(impl: str, shape: WkvShape, batch: int, precision: str, device: str, fake: bool):
+    # Outside the fake mode: a first use of fla imports it, and a module imported under
+    # the fake mode would keep fake tensors. Raises when `impl` cannot run on `device`.
+    resolve_wkv_impl(impl, device)
     act = AUTOCAST_DTYPES.get(precision, torch.float32)
     with _fake_mode() if fake else contextlib.nullcontext():
         # Leaves stand in for the parameters upstream; they are not counted.
@@ -597,7 +613,7 @@ def wkv_footprint(impl: str, shape: WkvShape, precision: str = "bf16") -> WkvFoo
         saved, retained, peak, flops = (Linear.through(a, b).per_sample for a, b in zip(one, two))
         where = f"{'FakeTensors' if fake else 'real tensors'} on {device}"
         return WkvFootprint(impl, saved, retained, peak, flops, where)
-    raise RuntimeError(
+    raise CostModelError(
         f"wkv implementation {impl!r} could not be run to measure its memory ({'; '.join(errors)}); "
         "without a GPU, set TRITON_INTERPRET=1 before starting Python to run Triton kernels on the CPU"
     )
@@ -721,24 +737,24 @@ def estimate_cost(
 ) -> CostModel:
     """Measure the costs of training `config` (once per process and arguments).
 
-    `wkv_impl` is the implementation the model will run (resolve "auto" first: it
-    means different things on different devices). `precision` defaults to the
+    `wkv_impl` is a name the model accepts; "auto" is resolved for `device_type` as the
+    model resolves it (fla on CUDA when fla-core imports). `precision` defaults to the
     config's. `device_type` says whose autocast rules the activation memory follows:
     "cuda" to plan GPU runs, "cpu" for CPU runs. `wkv_apart` measures the WKV apart and
     swaps it in even when it could run inside the model (the method used for kernels
     that cannot; tests compare the two). Takes about ten seconds per config on one
-    CPU core.
+    CPU core. Raises CostModelError for an unknown config, implementation or precision.
     """
-    if wkv_impl == "auto":
-        raise ValueError('wkv_impl "auto" depends on the device; pass the implementation it resolves to')
-    if wkv_impl not in IMPLEMENTATIONS:
-        raise ValueError(f"unknown wkv implementation {wkv_impl!r}; choose one of {sorted(IMPLEMENTATIONS)}")
     if device_type not in ("cuda", "cpu"):
-        raise ValueError(f"device_type {device_type!r}: use cuda or cpu")
-    name, cfg = _resolve(config)
+        raise CostModelError(f"device_type {device_type!r}: use cuda or cpu")
+    try:
+        wkv_impl = resolve_wkv_impl(wkv_impl, device_type)
+        name, cfg = _resolve(config)
+    except (ValueError, FileNotFoundError) as exc:
+        raise CostModelError(str(exc)) from None
     precision = precision or cfg["precision"]
     if precision not in PRECISIONS:
-        raise ValueError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+        raise CostModelError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
     with _MEASURE_LOCK:
         return _estimate_cost(name, json.dumps(cfg, sort_keys=True), wkv_impl, precision, device_type, wkv_apart)
 
@@ -941,17 +957,18 @@ def plan_micro_batch(
          largest micro-batch of at least MIN_EFFICIENT_MICRO that fits;
       4. accumulation and checkpointing, the same way;
       5. accumulation over any micro-batch that fits, then with checkpointing.
-    Raises ValueError when the global batch does not split over the GPUs or nothing fits.
+    Raises CostModelError (a UserError and a ValueError) when the global batch does not
+    split over the GPUs or nothing fits.
     """
     if world_size < 1 or global_batch < 1:
-        raise ValueError(f"global batch {global_batch} and world size {world_size} must be at least 1")
+        raise CostModelError(f"global batch {global_batch} and world size {world_size} must be at least 1")
     if global_batch % world_size:
-        raise ValueError(
+        raise CostModelError(
             f"global batch {global_batch} does not split evenly over {world_size} GPUs; "
             f"use a multiple of {world_size}"
         )
     if device_memory_bytes <= 0:
-        raise ValueError(f"device memory {device_memory_bytes} bytes: must be positive")
+        raise CostModelError(f"device memory {device_memory_bytes} bytes: must be positive")
     cost = cost or estimate_cost(config, wkv_impl=wkv_impl, precision=precision, device_type=device_type)
     per_gpu = global_batch // world_size
     budget = usable_bytes(device_memory_bytes, reserved_bytes, headroom)
@@ -970,7 +987,7 @@ def plan_micro_batch(
         f"{cost.name}, wkv {cost.wkv_impl}, {cost.precision}: {_gb(budget)} usable of {_gb(device_memory_bytes)}"
     )
     if choice is None:
-        raise ValueError(
+        raise CostModelError(
             f"even 1 sample per GPU{' with gradient checkpointing' if allow_checkpointing else ''} needs "
             f"{_gb(need(1, allow_checkpointing))} ({setting}); use GPUs with more memory"
         )

@@ -566,14 +566,14 @@ def _watchdog(results: Results, limit_s: float) -> None:
     """Past the hard limit, save what there is, print the tables and stop the process."""
 
     def fire() -> None:
-        results.data["status"] = f"stopped at the {limit_s:.0f} s time limit"
+        results.data["status"] = f"stopped at the {limit_s:g} s time limit"
         for _ in range(3):  # the main thread may be changing the report right now
             try:
                 results.save()
                 break
             except RuntimeError:
                 time.sleep(0.1)
-        print(f"\ntime limit of {limit_s:.0f} s reached; stopping (results so far in {results.path})", flush=True)
+        print(f"\ntime limit of {limit_s:g} s reached; stopping (results so far in {results.path})", flush=True)
         with contextlib.suppress(Exception):
             print_tables(results)
         sys.stdout.flush()

@@ -136,3 +136,23 @@ def test_the_training_step_trains_on_the_cpu():
     assert moved > len(before) // 2
     assert all(p.grad is None for p in model.parameters())  # zero_grad(set_to_none=True)
     assert 0 <= model.logit_scale.item() <= gpu.LOGIT_SCALE_MAX
+
+
+def test_the_watchdog_saves_the_report_and_stops_a_run_that_overstays(tmp_path):
+    path = tmp_path / "r.json"
+    code = (
+        "import time\n"
+        "from pathlib import Path\n"
+        "from benchmarks import gpu\n"
+        f"r = gpu.Results(Path({str(path)!r}), {{}})\n"
+        "r.add_case('train', {'model': 'B32', 'samples_per_s': 1.0})\n"
+        "gpu._watchdog(r, 0.5)\n"
+        "time.sleep(60)\n"
+        "print('not stopped')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    assert "time limit of 0.5 s reached" in proc.stdout and "not stopped" not in proc.stdout
+    assert "B32" in proc.stdout  # the tables of what finished are printed
+    saved = json.loads(path.read_text())
+    assert saved["status"].startswith("stopped at the") and saved["sections"]["train"]["cases"]

@@ -211,7 +211,7 @@ def test_cli_prints_the_costs_of_the_tiny_model(capsys, monkeypatch):
     out = capsys.readouterr().out
     for expected in ("image tower", "text  tower", "total", "AdamW state", "Planner on H200",
                      "At MFU 0.30 on H200", "32 epochs of YFCC15M (15,061,515 pairs) on 8 GPUs",
-                     "The paper's B/32 run"):
+                     "--config RWKV_CLIP_B32 prints the MFU"):
         assert expected in out
     assert cli.main(["--config", "no_such_model"]) == 2
     err = capsys.readouterr().err

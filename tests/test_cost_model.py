@@ -201,6 +201,10 @@ def test_the_planner_refuses_what_cannot_work():
         SMALL, device_memory_bytes=80 * GB, global_batch=4096, world_size=8, allow_checkpointing=False, **kwargs
     )
     assert not plan.grad_checkpointing
+    # DDP's bucket copy of the gradients: none for one process or with gradient_as_bucket_view.
+    copy, view = cost.step_bytes(64, 1, 8, False), cost.step_bytes(64, 1, 8, False, bucket_view=True)
+    assert copy["total"] - view["total"] == copy["ddp_buckets"] == cost.grad_bytes
+    assert cost.step_bytes(64, 1, 1, False)["ddp_buckets"] == 0
 
 
 def test_cli_prints_the_costs_of_the_tiny_model(capsys, monkeypatch):

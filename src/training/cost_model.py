@@ -90,8 +90,6 @@ _DEPTH = 2
 BATCHES = (2, 3)
 
 
-
-
 class CostModelError(UserError, ValueError):
     """Bad input to the cost model or a plan that cannot fit; the message says what to change."""
 
@@ -462,8 +460,7 @@ def _timeline_lines(one: _StepRun, two: _StepRun) -> list[Linear]:
     if len(one.timeline) != len(two.timeline):
         raise RuntimeError(
             f"the training step ran {len(one.timeline)} ops at batch {BATCHES[0]} but {len(two.timeline)} at "
-            f"batch {BATCHES[1]}; "
-            "the cost model needs the same ops at every batch size"
+            f"batch {BATCHES[1]}; the cost model needs the same ops at every batch size"
         )
     return [Linear.through(a, b) for a, b in zip(one.timeline, two.timeline)]
 
@@ -687,14 +684,19 @@ class CostModel:
         """Peak activation memory of one micro-batch's forward+backward (both towers)."""
         return _peak(self.peak_lines_cp if checkpointing else self.peak_lines, micro)
 
-    def step_bytes(self, micro: int, accum: int, world_size: int, checkpointing: bool) -> dict[str, float]:
-        """Predicted peak memory per GPU of one optimizer step, by part, and the total."""
+    def step_bytes(
+        self, micro: int, accum: int, world_size: int, checkpointing: bool, bucket_view: bool = False
+    ) -> dict[str, float]:
+        """Predicted peak memory per GPU of one optimizer step, by part, and the total.
+
+        `bucket_view`: DDP runs with gradient_as_bucket_view=True, so its gradient
+        buckets are the gradients themselves rather than a second copy.
+        """
         parts = {
             "parameters": float(self.param_bytes),
             "gradients": float(self.grad_bytes),
             "optimizer": float(self.optimizer_bytes),
-            # DDP's gradient buckets are a second copy (none with gradient_as_bucket_view).
-            "ddp_buckets": float(self.grad_bytes if world_size > 1 else 0),
+            "ddp_buckets": float(self.grad_bytes if world_size > 1 and not bucket_view else 0),
             "activations": self.activation_bytes(micro, checkpointing),
             # Every rank computes the loss over the whole global batch.
             "loss": float(loss_peak_bytes(micro * accum * world_size, self.embed_dim)),
@@ -941,6 +943,7 @@ def plan_micro_batch(
     world_size: int,
     device_type: str = "cuda",
     allow_checkpointing: bool = True,
+    bucket_view: bool = False,
     reserved_bytes: int = RESERVED_BYTES,
     headroom: float = HEADROOM,
     cost: CostModel | None = None,
@@ -957,8 +960,14 @@ def plan_micro_batch(
          largest micro-batch of at least MIN_EFFICIENT_MICRO that fits;
       4. accumulation and checkpointing, the same way;
       5. accumulation over any micro-batch that fits, then with checkpointing.
-    Raises CostModelError (a UserError and a ValueError) when the global batch does not
-    split over the GPUs or nothing fits.
+    `device_memory_bytes` is the device's total memory (torch.cuda.get_device_properties
+    (i).total_memory); HEADROOM of it and RESERVED_BYTES are kept free. `wkv_impl` and
+    `precision` are what the run uses ("auto" resolves as on `device_type`).
+    `allow_checkpointing=False` never plans checkpointing; `bucket_view=True` when DDP
+    uses gradient_as_bucket_view. `cost` reuses an estimate (the measurement takes
+    seconds and is cached per process; it is deterministic, so every rank may call
+    this and gets the same plan). Raises CostModelError (a UserError and a ValueError)
+    when the global batch does not split over the GPUs or nothing fits.
     """
     if world_size < 1 or global_batch < 1:
         raise CostModelError(f"global batch {global_batch} and world size {world_size} must be at least 1")
@@ -976,7 +985,7 @@ def plan_micro_batch(
     cps = (False, True) if allow_checkpointing else (False,)
 
     def need(micro: int, cp: bool) -> float:
-        return cost.step_bytes(micro, per_gpu // micro, world_size, cp)["total"]
+        return cost.step_bytes(micro, per_gpu // micro, world_size, cp, bucket_view)["total"]
 
     candidates = [(per_gpu, cp) for cp in cps]
     for floor in (min(MIN_EFFICIENT_MICRO, per_gpu), 1):

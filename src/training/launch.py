@@ -271,9 +271,9 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     prog = environ.get("TRAIN_SCRIPT_NAME") or "launch"
     try:
         env = read_env(environ)
+        scan = find_shards(env.data_root)
         gpus = count_gpus(environ, train_args, needed=env.nproc_per_node is None)
         nproc = env.nproc_per_node or max(1, gpus)
-        scan = find_shards(env.data_root)
     except UserError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -100,15 +100,6 @@ def gather_object(obj: Any, env: DistEnv) -> list[Any]:
     return out
 
 
-def sum_over_ranks(value: int, env: DistEnv) -> int:
-    """The sum of an integer over ranks (a collective)."""
-    if not env.distributed:
-        return value
-    t = torch.tensor([value], dtype=torch.int64, device=env.device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return int(t.item())
-
-
 def wrap_ddp(model: nn.Module, env: DistEnv, *, static_graph: bool) -> nn.Module:
     """`model` in DistributedDataParallel when there is a process group, else as it is.
 

@@ -176,9 +176,17 @@ def seed_everything(seed: int, rank: int) -> None:
 
 
 def _build_loader(cfg: TrainConfig, plan: BatchPlan, env: DistEnv):
+    import inspect
+
     from dataloaders.imagenet import build_loader
 
     data = cfg.train_data[0] if len(cfg.train_data) == 1 else list(cfg.train_data)
+    skipping = {}
+    if "max_bad_records" in inspect.signature(build_loader).parameters:
+        skipping["max_bad_records"] = cfg.max_bad_records
+    else:
+        LOG.warning("this loader cannot skip undecodable records: --max-bad-records has no effect, and the first "
+                    "bad record stops the run")
     return build_loader(
         data,
         plan.micro_batch,
@@ -192,6 +200,7 @@ def _build_loader(cfg: TrainConfig, plan: BatchPlan, env: DistEnv):
         seed=cfg.seed,
         all_captions=False,
         drop_last=True,
+        **skipping,
     )
 
 
@@ -223,27 +232,19 @@ def _steps_per_epoch(cfg: TrainConfig, plan: BatchPlan, loader) -> int:
     return steps
 
 
-def _resolve_wkv_impl(name: str, device: torch.device) -> str:
-    from src.open_alip import wkv
-
-    resolve = getattr(wkv, "resolve_wkv_impl", None)
-    if resolve is None:  # a library without the fla kernels: auto is the chunked form
-        return "chunked" if name == "auto" else name
-    try:
-        return resolve(name, device)
-    except ValueError as exc:
-        raise TrainingError(f"--wkv-impl {name}: {exc}") from exc
-
-
 def _build_model(cfg: TrainConfig, env: DistEnv) -> nn.Module:
     from src.open_alip import create_model
     from src.open_alip.model import CheckpointMismatchError
+    from src.open_alip.wkv import resolve_wkv_impl
 
+    try:  # resolved here so that an implementation this device cannot run fails before any work
+        wkv_impl = resolve_wkv_impl(cfg.wkv_impl, env.device)
+    except ValueError as exc:
+        raise TrainingError(f"--wkv-impl {cfg.wkv_impl}: {exc}") from exc
     try:
-        model = create_model(cfg.model, pretrained=cfg.pretrained)
+        model = create_model(cfg.model, pretrained=cfg.pretrained, wkv_impl=wkv_impl)
     except (FileNotFoundError, CheckpointMismatchError) as exc:
         raise TrainingError(f"--pretrained {cfg.pretrained}: {exc}") from exc
-    model.set_wkv_impl(_resolve_wkv_impl(cfg.wkv_impl, env.device))
     if cfg.text_decay_dtype == "bf16":
         model.set_text_decay_dtype(torch.bfloat16)
     return model.to(env.device)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from src.open_alip.wkv import WKV_IMPL_CHOICES
 from src.training.config import DECAY_DTYPES, DEFAULT_MAX_BAD_RECORDS, PRECISIONS, TrainConfig, build_config
 from src.training.schedule import SCHEDULES
 
@@ -58,12 +59,6 @@ def str2bool(value: str) -> bool:
     if v in ("0", "false", "no", "n", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
-
-
-def _wkv_choices() -> tuple[str, ...]:
-    from src.open_alip import wkv
-
-    return tuple(getattr(wkv, "WKV_IMPL_CHOICES", ("auto", *wkv.IMPLEMENTATIONS)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
 
     g = p.add_argument_group("speed")
-    g.add_argument("--wkv-impl", choices=_wkv_choices(), default="auto",
-                   help="WKV implementation (src/open_alip/wkv.py); auto picks the fastest this device runs")
+    g.add_argument("--wkv-impl", choices=WKV_IMPL_CHOICES, default="auto",
+                   help="WKV implementation (src/open_alip/wkv.py): auto takes fla's Triton kernels on CUDA when "
+                        "fla-core imports, else chunked (PyTorch); reference is the slow exact recurrence")
     g.add_argument("--compile", action="store_true", help="torch.compile the model (DDP included)")
     g.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend; aot_eager compiles quickly (tests, debugging)")

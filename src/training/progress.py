@@ -12,7 +12,7 @@ import torch
 
 from src.open_alip.model import unwrap_model
 from src.training.config import TrainConfig
-from src.training.distributed import DistEnv, sum_over_ranks
+from src.training.distributed import DistEnv, gather_object
 from src.training.loop import StepResult, Trainer
 from src.training.observe import LOG, RunLog, Throughput, format_duration
 from src.training.state import TrainState
@@ -51,7 +51,7 @@ class Progress:
             "lr": self.trainer.optimizer.param_groups[0]["lr"],
             "logit_scale": float(model.logit_scale.detach().exp()),
             "epoch": state.epoch + state.epoch_step / self.steps_per_epoch,
-            "bad_records": sum_over_ranks(int(getattr(state.loader, "bad_records", 0)), self.env),
+            "bad_records": _bad_records(state.loader, self.env),
             **speed,
         }
         if result.grad_norm is not None:
@@ -68,3 +68,10 @@ class Progress:
         )
         self.run_log.scalars(state.step, values)
         self._loss_sum, self._count = None, 0
+
+
+def _bad_records(loader, env: DistEnv) -> int:
+    """Records skipped as unreadable so far, over all ranks (a collective). After a resume every
+    rank also knows the others' (they are left out everywhere), so count each record once."""
+    found = gather_object(sorted(getattr(loader, "skipped_records", ())), env)
+    return len(set().union(*map(set, found)))

@@ -103,10 +103,13 @@ class TrainState:
             self.finish_epoch()
         notices = []
         saved_loader = ckpt["data"][self.env.rank]
+        # A loader that skips bad records takes every rank's state, so that no rank meets a
+        # record another rank already found bad.
+        state = ckpt["data"] if hasattr(self.loader, "skipped_records") else saved_loader
         if self.epoch_step:
-            self.loader.load_state_dict(saved_loader)
+            self.loader.load_state_dict(state)
         elif all(saved_loader.get(k) == getattr(self.loader, k, None) for k in _LOADER_IDENTITY):
-            self.loader.load_state_dict(saved_loader)  # carries the loader's own counters
+            self.loader.load_state_dict(state)  # carries the loader's own counters
         else:
             notices.append("the data differ from the checkpoint's; the next epoch reads the data given now")
         ckpt_io.restore_rng_state(ckpt["rng"][self.env.rank])

@@ -28,7 +28,7 @@ from src.training.config import TrainConfig
 from src.training.distributed import DistEnv, barrier, broadcast_object, cleanup, init_distributed, wrap_ddp
 from src.training.errors import NonFiniteLossError, TrainingError
 from src.training.loop import Trainer, make_grad_scaler
-from src.training.observe import LOG, RunLog, Throughput, setup_logging
+from src.training.observe import LOG, RunLog, Throughput, close_logging, setup_logging
 from src.training.progress import Progress
 from src.training.schedule import FORMER_MEANING, ONECYCLE, Schedule
 from src.training.state import TrainState
@@ -50,6 +50,7 @@ def run(config: TrainConfig, epoch_end_hooks: list[EpochEndHook] | None = None) 
     try:
         _run(config, env, list(epoch_end_hooks or []))
     finally:
+        close_logging()
         cleanup(env)
 
 

@@ -119,7 +119,7 @@ def test_text_decays_train_in_bf16_unless_stored_in_bf16_as_the_original(storage
     # The original stores time_decay in bf16: AdamW steps of ~1e-3 are below half a bf16 step
     # at magnitudes 1..6, so they round away. fp32 masters (the default) keep them.
     torch.manual_seed(0)
-    model = create_model("RWKV_CLIP_tiny", n_layer=1, image_depth=1, input_size=16)
+    model = create_model("RWKV_CLIP_tiny", n_layer=1, image_depth=1, input_size=16, vocab_size=256)
     if storage == "bf16":
         model.set_text_decay_dtype(torch.bfloat16)
     before = _decays(model)
@@ -127,7 +127,7 @@ def test_text_decays_train_in_bf16_unless_stored_in_bf16_as_the_original(storage
     trainer = Trainer(model, opt, Schedule("const", 1e-3, 4, 0), ClipLoss(), CPU, precision="bf16")
     g = torch.Generator().manual_seed(1)
     for step in range(4):
-        trainer.step([(torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 49408, (4, 77), generator=g))], step)
+        trainer.step([(torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 256, (4, 77), generator=g))], step)
     moved = {k: bool((v != before[k]).any()) for k, v in _decays(model).items()}
     assert moved and all(moved.values()) == (storage == "fp32") and any(moved.values()) == (storage == "fp32")
     # Either way the saved weights are in the released layout (bf16 decays).

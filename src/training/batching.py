@@ -37,6 +37,10 @@ class BatchPlan:
     def global_batch(self) -> int:
         return self.per_process * self.world_size
 
+    def to_json(self) -> dict[str, int]:
+        """What params.json and a checkpoint record of the split."""
+        return {"micro_batch": self.micro_batch, "accum_freq": self.accum_freq, "global_batch": self.global_batch}
+
     def describe(self) -> str:
         return (f"global batch {self.global_batch} = {self.micro_batch} per micro-batch x {self.world_size} "
                 f"process(es) x accumulation {self.accum_freq}")

@@ -72,8 +72,7 @@ class TrainState:
             "data": data,
             "rng": rng,
             "world_size": self.env.world_size,
-            "batch": {"micro_batch": plan.micro_batch, "accum_freq": plan.accum_freq,
-                      "global_batch": plan.global_batch},
+            "batch": plan.to_json(),
             "config": self.model.config,
             "run": run,
         }

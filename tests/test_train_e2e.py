@@ -164,11 +164,13 @@ def test_kill_and_resume_gives_the_uninterrupted_losses(data, full_run, tmp_path
 
 
 def test_two_gloo_processes_under_torchrun_compiled_with_accumulation(data, tmp_path):
-    # The global batch of 8 on 2 processes with micro-batches of at most 2: accumulation 2.
+    # The global batch of 8 on 2 processes with micro-batches of at most 2: accumulation 2. The
+    # text decays stored in bf16 as the original does: DDP and the compiler meet mixed dtypes.
     output = tmp_path / "ddp"
     cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "train.py",
            *_args(data, output, "--max-steps", "3", "--save-every-n-steps", "3", "--batch-size", "2",
-                  "--global-batch-size", "8", "--compile", "--compile-backend", "aot_eager")]
+                  "--global-batch-size", "8", "--compile", "--compile-backend", "aot_eager",
+                  "--text-decay-dtype", "bf16")]
     proc = _run(cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     params = json.loads((output / "params.json").read_text())
@@ -177,6 +179,8 @@ def test_two_gloo_processes_under_torchrun_compiled_with_accumulation(data, tmp_
     state = torch.load(output / "checkpoints" / "step_000000003.pt", weights_only=True)
     assert state["world_size"] == 2 and len(state["data"]) == 2 and len(state["rng"]) == 2
     assert [d["rank"] for d in state["data"]] == [0, 1] and state["batch"]["accum_freq"] == 2
+    assert state["state_dict"]["text_model.blocks.0.att.time_decay"].dtype == torch.bfloat16
+    assert state["master_params"] == {}  # stored as the released layout has them: nothing to keep apart
     losses = _losses(output)
     assert sorted(losses) == [1, 2, 3] and all(math.isfinite(v) for v in losses.values())
     log = (output / "train.log").read_text()

@@ -233,6 +233,18 @@ def test_resume_keeps_the_moments_and_takes_the_new_settings(tmp_path):
     assert torch.equal(new.state[p]["exp_avg"], old.state[p]["exp_avg"]) and new.state[p]["step"] == 1
 
 
+def test_a_resume_lists_what_changed_and_names_the_renamed_schedule(tmp_path):
+    cfg = parse_config(["--train-data", "d", "--output", str(tmp_path), "--lr", "1e-4", "--epochs", "4"])
+    schedule = Schedule(cfg.lr_scheduler, cfg.lr, 400, cfg.warmup)
+    # A checkpoint of the first format: flags under "args", written when 'cosine' meant warmup + cosine.
+    old = {"args": {"lr": 1e-3, "lr_scheduler": "cosine", "epochs": 4, "eps": 1e-6, "beta2": 0.98}}
+    changed, renamed = train_main._setting_changes(old, cfg, schedule, 10)
+    assert changed == (f"changed on resume, in effect from step 11 (lr there {schedule.lr_at(10):.4g}): "
+                       "--lr 0.0001 (was 0.001), --eps 1e-08 (was 1e-06)")
+    assert "when the name meant warmup-cosine" in renamed and "pass --lr-scheduler warmup-cosine" in renamed
+    assert train_main._setting_changes({"run": cfg.to_json()}, cfg, schedule, 10) == []
+
+
 # --- the global batch --------------------------------------------------------------------------
 
 

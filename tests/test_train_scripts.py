@@ -131,6 +131,8 @@ def test_a_folder_whose_shards_sit_one_level_down_gets_a_hint(tmp_path):
         ({"NNODES": "2", "NODE_RANK": "2"}, "NODE_RANK=2 must be below NNODES=2"),
         ({"NNODES": "2"}, "MASTER_ADDR=127.0.0.1 is a loopback address, so with NNODES=2 every node would wait"),
         ({"NNODES": "3", "MASTER_ADDR": "localhost"}, "MASTER_ADDR=localhost is a loopback address"),
+        ({"NNODES": "2", "MASTER_ADDR": "::1"}, "MASTER_ADDR=::1 is a loopback address"),
+        ({"NNODES": "2", "MASTER_ADDR": "0.0.0.0"}, "MASTER_ADDR=0.0.0.0 is the unspecified address"),
     ],
 )
 def test_bad_environment_is_one_clear_line(data_root, env, message):

@@ -58,13 +58,15 @@ def _whole(environ: Mapping[str, str], name: str, default: str) -> int:
     return int(value)
 
 
-def is_loopback(address: str) -> bool:
+def unreachable_kind(address: str) -> str | None:
+    """What `address` is when no other machine can reach it ('a loopback address'), else None."""
     if address.strip().lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
-        return True
+        return "a loopback address"
     try:
-        return ipaddress.ip_address(address.strip("[]")).is_loopback
+        ip = ipaddress.ip_address(address.strip("[]"))
     except ValueError:
-        return False
+        return None  # a host name: only the network knows
+    return "a loopback address" if ip.is_loopback else "the unspecified address" if ip.is_unspecified else None
 
 
 def read_env(environ: Mapping[str, str]) -> LaunchEnv:
@@ -79,9 +81,10 @@ def read_env(environ: Mapping[str, str]) -> LaunchEnv:
     if nproc == 0:
         raise LaunchError("NPROC_PER_NODE=0 starts no process; leave it unset to use every GPU")
     addr = environ.get("MASTER_ADDR") or "127.0.0.1"
-    if nnodes > 1 and is_loopback(addr):
+    kind = unreachable_kind(addr)
+    if nnodes > 1 and kind:
         raise LaunchError(
-            f"MASTER_ADDR={addr} is a loopback address, so with NNODES={nnodes} every node would wait for "
+            f"MASTER_ADDR={addr} is {kind}, so with NNODES={nnodes} every node would wait for "
             "itself; set MASTER_ADDR to node 0's address that the other nodes reach (its hostname or IP)"
         )
     return LaunchEnv(environ.get("DATA_ROOT") or "./YFCC15M", nnodes, node_rank, addr, port, nproc)

@@ -1,8 +1,9 @@
-"""Training checkpoints: atomic writes, discovery of the latest one, RNG state capture.
+"""Checkpoint files: atomic writes, finding the one to resume from, clearing what killed
+saves left, RNG state capture. What a checkpoint holds is state.py's business.
 
 A checkpoint is a dict that `torch.load(..., weights_only=True)` accepts: tensors,
 numbers, strings, lists, tuples and dicts only. Its `state_dict` holds the unwrapped
-model's parameters (no `module.` / `_orig_mod.` prefixes), so
+model's parameters (no `module.` / `_orig_mod.` prefixes) in the released layout, so
 `create_model(config, pretrained=path)` loads it directly.
 """
 

@@ -3,7 +3,7 @@
 
 One process:      python train.py --train-data DATA --output runs/b32 --config RWKV_CLIP_B32
 One node, 8 GPUs: torchrun --nproc_per_node 8 train.py ...
-Many nodes:       see shell/train_RWKV_CLIP_B32_YFCC15M.sh (torchrun rendezvous from env vars)
+The B/32 recipe:  bash shell/train_RWKV_CLIP_B32_YFCC15M.sh (any number of GPUs and nodes)
 Resume after a kill: add --resume latest.
 Zero-shot accuracy at epoch ends: --zeroshot-data imagenet=/data/imagenet/val --zeroshot-frequency 1
 """
@@ -14,20 +14,19 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from src.training.params import parse_args
-
-    args = parse_args(argv)
     from src.errors import UserError, report
     from src.training.main import run
+    from src.training.params import parse_config
 
     try:
+        config = parse_config(argv)
         hooks = []
-        if args.zeroshot_data:
+        if config.zeroshot_data:
             from src.evaluation.hook import zero_shot_epoch_hook
 
             # Built (and its data read) before training, so a wrong path fails at once.
-            hooks.append(zero_shot_epoch_hook(args.zeroshot_data, frequency=args.zeroshot_frequency))
-        run(args, epoch_end_hooks=hooks)
+            hooks.append(zero_shot_epoch_hook(config.zeroshot_data, frequency=config.zeroshot_frequency))
+        run(config, epoch_end_hooks=hooks)
     except UserError as exc:
         return report("train.py", exc)
     except KeyboardInterrupt:

@@ -28,7 +28,7 @@ from benchmarks.corpora import write_colour_records
 from src.open_alip import ClipLoss, create_model
 from src.training.distributed import DistEnv
 from src.training.loop import Trainer
-from src.training.schedule import build_scheduler
+from src.training.schedule import Schedule
 
 
 def _batches(n: int, batch: int, side: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -50,12 +50,12 @@ def _rate(step, batches, batch: int, warmup: int) -> float:
     return (len(batches) - warmup) * batch / (time.perf_counter() - t0)
 
 
-def bench_bare(cfg: dict, batches, batch: int, warmup: int) -> float:
+def bench_bare(cfg: dict, precision: str, batches, batch: int, warmup: int) -> float:
     torch.manual_seed(0)
     model = create_model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.2)
     loss_fn = ClipLoss()
-    dtype = {"bf16": torch.bfloat16}.get(cfg["precision"])
+    dtype = {"bf16": torch.bfloat16}.get(precision)
 
     def step(b):
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
@@ -67,35 +67,37 @@ def bench_bare(cfg: dict, batches, batch: int, warmup: int) -> float:
     return _rate(step, batches, batch, warmup)
 
 
-def bench_trainer(cfg: dict, batches, batch: int, warmup: int, accum: int = 1) -> float:
+def bench_trainer(cfg: dict, precision: str, batches, batch: int, warmup: int, accum: int = 1) -> float:
     torch.manual_seed(0)
     model = create_model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.2)
-    sched = build_scheduler(opt, kind="cosine", total_steps=len(batches), warmup=0.1)
+    schedule = Schedule("cosine", 1e-3, total_steps=len(batches), warmup=0.1)
     env = DistEnv(0, 0, 1, torch.device("cpu"), None)
-    trainer = Trainer(model, opt, sched, ClipLoss(), env, precision=cfg["precision"], accum_freq=accum)
+    trainer = Trainer(model, opt, schedule, ClipLoss(), env, precision=precision, accum_freq=accum)
     half = batch // accum
+    count = iter(range(len(batches)))
 
     def step(b):
         images, tokens = b
-        trainer.step([(images[i * half : (i + 1) * half], tokens[i * half : (i + 1) * half]) for i in range(accum)])
+        micro = [(images[i * half : (i + 1) * half], tokens[i * half : (i + 1) * half]) for i in range(accum)]
+        trainer.step(micro, next(count)).loss.item()  # read the loss as a logging step would
 
     return _rate(step, batches, batch, warmup)
 
 
 def bench_train_py(cfg_name: str, precision: str, batch: int, steps: int, workers: int) -> float:
     from src.training.main import run
-    from src.training.params import parse_args
+    from src.training.params import parse_config
 
     with tempfile.TemporaryDirectory() as tmp:
         data = write_colour_records(Path(tmp) / "data" / "colours", batch * steps, side=48)
         out = Path(tmp) / "run"
-        args = parse_args([
+        config = parse_config([
             "--train-data", str(data), "--output", str(out), "--config", cfg_name, "--precision", precision,
             "--batch-size", str(batch), "--epochs", "1", "--workers", str(workers), "--device", "cpu",
             "--log-every-n-steps", "5", "--save-every-n-steps", "0",
         ])
-        run(args)
+        run(config)
         reports = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     # The first interval holds start-up (pipeline build, first decode); leave it out.
     rates = [r["samples_per_s"] for r in reports[1:]]
@@ -116,15 +118,15 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     from src.open_alip import get_model_config
 
-    cfg = get_model_config(args.config, precision=args.precision)
+    cfg = get_model_config(args.config)
     side = cfg["input_size"]
     batches = _batches(args.steps + args.warmup, args.batch_size, side)
     print(f"{args.config} ({sum(p.numel() for p in create_model(cfg).parameters()):,} parameters), "
           f"{args.precision}, batch {args.batch_size}, {side}x{side} images, {torch.get_num_threads()} "
           f"torch thread(s), {args.steps} timed steps")
-    rows = [("bare", bench_bare(cfg, batches, args.batch_size, args.warmup))]
-    rows.append(("trainer", bench_trainer(cfg, batches, args.batch_size, args.warmup)))
-    rows.append(("accum2", bench_trainer(cfg, batches, args.batch_size, args.warmup, accum=2)))
+    rows = [("bare", bench_bare(cfg, args.precision, batches, args.batch_size, args.warmup))]
+    rows.append(("trainer", bench_trainer(cfg, args.precision, batches, args.batch_size, args.warmup)))
+    rows.append(("accum2", bench_trainer(cfg, args.precision, batches, args.batch_size, args.warmup, accum=2)))
     rows.append(("train.py", bench_train_py(args.config, args.precision, args.batch_size,
                                             args.steps + args.warmup, args.workers)))
     base = rows[0][1]

@@ -1,5 +1,6 @@
 """ClipLoss: the math on one process, and 2 real gloo processes with batch B each
-against 1 process with batch 2B (loss, gradients, and whole optimizer steps)."""
+against 1 process with batch 2B (loss, gradients, and whole optimizer steps, also compiled
+with accumulation)."""
 
 
 import math
@@ -10,9 +11,9 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from src.open_alip.loss import ClipLoss
-from src.training.distributed import DistEnv, all_reduce_mean, cleanup, init_distributed
+from src.training.distributed import DistEnv, all_reduce_mean, cleanup, init_distributed, wrap_ddp
 from src.training.loop import Trainer
-from src.training.schedule import build_scheduler
+from src.training.schedule import Schedule
 from tests._train_helpers import ToyClip, free_port, grads_of, run_guarded, set_torchrun_env, toy_batch
 
 B = 3  # per-rank batch
@@ -49,8 +50,8 @@ def test_normalises_and_prefers_aligned_pairs():
 
 def _trainer(model, env, loss_fn):
     opt = torch.optim.AdamW(model.parameters(), lr=0.05, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.2)
-    sched = build_scheduler(opt, kind="cosine", total_steps=STEPS, warmup=1)
-    return opt, Trainer(model, opt, sched, loss_fn, env, precision="fp32", grad_clip_norm=0.5)
+    schedule = Schedule("warmup-cosine", 0.05, total_steps=STEPS, warmup=1)
+    return opt, Trainer(model, opt, schedule, loss_fn, env, precision="fp32", grad_clip_norm=0.5)
 
 
 def _worker_body(rank: int, out, port: int) -> None:
@@ -68,16 +69,40 @@ def _worker_body(rank: int, out, port: int) -> None:
         loss = loss_fn(*ddp(images[mine], tokens[mine]))
         loss.backward()
         results[name] = {"loss": all_reduce_mean(loss.detach(), env).item(), "grads": grads_of(model)}
-    # Whole optimizer steps (AdamW, clipping, schedule, logit-scale clamp) through the Trainer.
+    # Whole optimizer steps (AdamW, clipping, schedule, logit-scale clamp) through the Trainer,
+    # in train.py's DDP (gradients as bucket views, static graph).
     model = ToyClip().double()
     model.drop.p = 0.0
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp = wrap_ddp(model, env, static_graph=True)
     _, trainer = _trainer(ddp, env, ClipLoss(rank=env.rank, world_size=env.world_size))
     losses = []
     for step in range(STEPS):
         imgs, toks = toy_batch(2 * B, seed=10 + step)
-        losses.append(trainer.step([(imgs[mine], toks[mine])]).loss)
+        losses.append(trainer.step([(imgs[mine], toks[mine])], step).loss.item())
     results["trainer"] = {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    # The same steps compiled, with the batch accumulated in B micro-batches: DDP's no_sync must
+    # be found inside torch.compile's wrapper, so gradients are all-reduced once per step (a
+    # comm hook counts the all-reduces), not once per micro-batch.
+    model = ToyClip().double()
+    model.drop.p = 0.0
+    ddp = wrap_ddp(model, env, static_graph=False)
+    allreduces = []
+
+    def count_allreduce(_, bucket):
+        allreduces.append(1)
+        fut = torch.distributed.all_reduce(bucket.buffer().div_(env.world_size), async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
+
+    ddp.register_comm_hook(None, count_allreduce)
+    compiled = torch.compile(ddp, backend="aot_eager")
+    _, trainer = _trainer(compiled, env, ClipLoss(rank=env.rank, world_size=env.world_size))
+    trainer.accum_freq = B
+    losses = []
+    for step in range(STEPS):
+        imgs, toks = (t[mine] for t in toy_batch(2 * B, seed=10 + step))
+        losses.append(trainer.step([(imgs[i : i + 1], toks[i : i + 1]) for i in range(B)], step).loss.item())
+    results["compiled_accum"] = {"losses": losses, "allreduces": len(allreduces),
+                                 "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
     torch.save(results, out / f"rank{rank}.pt")
     cleanup(env)
 
@@ -123,15 +148,21 @@ def test_local_loss_without_grad_gather_has_the_global_loss_value(two_process_re
     assert two_process_results[0]["local_no_grad"]["loss"] == pytest.approx(loss1, rel=1e-12)
 
 
-def test_optimizer_steps_on_two_processes_equal_one_process(two_process_results):
+@pytest.mark.parametrize("variant", ["trainer", "compiled_accum"])
+def test_optimizer_steps_on_two_processes_equal_one_process(two_process_results, variant):
     model = ToyClip().double()
     model.drop.p = 0.0
     env = DistEnv(0, 0, 1, torch.device("cpu"), None)
     _, trainer = _trainer(model, env, ClipLoss(rank=0, world_size=1))
-    losses = [trainer.step([toy_batch(2 * B, seed=10 + s)]).loss for s in range(STEPS)]
+    losses = [trainer.step([toy_batch(2 * B, seed=10 + s)], s).loss.item() for s in range(STEPS)]
     for rank in range(2):
-        got = two_process_results[rank]["trainer"]
+        got = two_process_results[rank][variant]
         assert got["losses"] == pytest.approx(losses, rel=1e-12)
         for name, p in model.named_parameters():
             torch.testing.assert_close(got["params"][name], p.detach(), rtol=1e-10, atol=1e-12, msg=name)
     assert losses[-1] < losses[0]
+
+
+def test_compiled_accumulation_syncs_gradients_once_per_step(two_process_results):
+    # ToyClip's parameters fill one DDP bucket: one all-reduce per optimizer step.
+    assert [r["compiled_accum"]["allreduces"] for r in two_process_results] == [STEPS, STEPS]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from src.open_alip import RWKV_CLIP, create_model, get_model_config, list_models, load_checkpoint
-from src.open_alip.model import CheckpointMismatchError
+from src.open_alip.model import RUN_SETTING_KEYS, CheckpointMismatchError
 from src.open_alip.rwkv6 import DropPath
 from src.open_alip.text_rwkv import bi_shift
 from src.open_alip.vision_rwkv import q_shift
@@ -83,8 +83,9 @@ def b32() -> RWKV_CLIP:
     return model.to_empty(device="cpu")
 
 
-def _layout(model: torch.nn.Module) -> list:
-    return [[k, list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in model.state_dict().items()]
+def _layout(model: RWKV_CLIP) -> list:
+    state = model.released_state_dict()
+    return [[k, list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in state.items()]
 
 
 def test_b32_state_dict_equals_reference_layout_and_counts(b32):
@@ -107,11 +108,11 @@ def test_b16_state_dict_equals_reference_layout_and_counts():
 def test_shipped_configs_match_the_original_arguments():
     assert {"RWKV_CLIP_B32", "RWKV_CLIP_B16", "RWKV_CLIP_tiny"} <= set(list_models())
     for name in ("B32", "B16"):
-        original = _reference(name)["derived_args"]
+        # Run settings (precision, workers, data_type) belong to the trainer, not the config.
+        skip = {"open_checkpoint", *RUN_SETTING_KEYS}
+        original = {k: v for k, v in _reference(name)["derived_args"].items() if k not in skip}
         cfg = get_model_config(f"RWKV_CLIP_{name}")
-        assert {k: cfg[k] for k in original if k != "open_checkpoint"} == {
-            k: v for k, v in original.items() if k != "open_checkpoint"
-        }
+        assert {k: cfg[k] for k in original} == original
 
 
 def test_config_defaults_overrides_and_errors(tmp_path):
@@ -122,7 +123,12 @@ def test_config_defaults_overrides_and_errors(tmp_path):
     path = tmp_path / "mine.json"
     path.write_text(json.dumps({k: v for k, v in base.items() if k not in ("dropout", "precision")}))
     loaded = get_model_config(path)
-    assert loaded["dropout"] == 0.0 and loaded["precision"] == "bf16"
+    assert loaded["dropout"] == 0.0
+    # Older configs carried run settings; they are dropped, and refused as overrides.
+    path.write_text(json.dumps({**base, "precision": "bf16", "workers": 10, "data_type": "utf-8"}))
+    assert get_model_config(path) == base
+    with pytest.raises(ValueError, match="run settings"):
+        get_model_config("RWKV_CLIP_tiny", precision="bf16")
     with pytest.raises(ValueError, match="unknown model config key.*'inpt_size'"):
         get_model_config("RWKV_CLIP_tiny", inpt_size=64)
     with pytest.raises(ValueError, match="lacks required key.*'n_layer'"):
@@ -294,7 +300,7 @@ def test_from_scratch_initialisation_follows_the_original():
     same(att.time_decay, bf16(decay))
     same(att.time_faaaa, bf16(bonus))
     same(ffn.time_maa_k, bf16(1 - ddd**r1))
-    assert att.time_decay.dtype == att.time_faaaa.dtype == torch.bfloat16
+    assert att.time_decay.dtype == att.time_faaaa.dtype == torch.float32  # masters (set_text_decay_dtype)
     assert not att.time_maa_w1.any() and not att.time_decay_w1.any()
     assert 0 < att.time_maa_w2.abs().max() <= 0.01 * (1 + 2**-8)
     same(att.ln_x.weight, bf16(torch.full((c,), ((layer + 1) / n_layer) ** 0.7)))
@@ -364,7 +370,9 @@ def test_loads_a_synthetic_original_b32_checkpoint(b32):
     load_checkpoint(b32, original)
     own = b32.state_dict()
     assert all(torch.equal(own[k.removeprefix("module.")].float(), v.float()) for k, v in original.items())
-    assert own["text_model.blocks.0.att.time_decay"].dtype == torch.bfloat16
+    assert own["text_model.blocks.0.att.time_decay"].dtype == torch.float32
+    released = b32.released_state_dict()
+    assert all(torch.equal(released[k.removeprefix("module.")], v) for k, v in original.items())
 
     fp32_model = _tiny().float()  # a model held in float32 takes bf16 tensors too (cast)
     source = {k: (v.bfloat16() if v.dtype == torch.float32 else v) for k, v in _tiny().state_dict().items()}

@@ -1,11 +1,13 @@
 """train.py end to end on CPU: a tiny model learns from a small .rec the test writes,
-a real kill and `--resume latest` reproduce the uninterrupted losses, 2 gloo processes
-under torchrun, and the guards (NaN loss, wrong --train-num-samples, bad input)."""
+a real kill and `--resume latest` reproduce the uninterrupted losses, a resume takes a new
+--lr and passes over an unreadable newest checkpoint, 2 gloo processes under torchrun
+(compiled, with accumulation), and the guards (NaN loss, wrong --train-num-samples, bad input)."""
 
 
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +43,12 @@ def _args(data: Path, output: Path, *extra: str) -> list[str]:
         "--epochs", str(EPOCHS), "--lr", "1e-2", "--warmup", "3", "--workers", "1", "--device", "cpu",
         "--log-every-n-steps", "1", "--save-every-n-steps", "5", "--keep-checkpoints", "3", *extra,
     ]
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (what a killed save's temp file is named after)."""
+    return int(subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                              check=True).stdout)
 
 
 def _run(cmd: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
@@ -105,9 +113,9 @@ def test_tiny_model_learns(full_run):
 def test_params_json_holds_the_resolved_configuration(full_run):
     params = json.loads((full_run / "params.json").read_text())
     assert params["model"]["n_layer"] == 1 and params["model"]["image_patch_size"] == 8  # flag, then JSON
-    assert params["model"]["precision"] == "fp32"
+    assert params["precision"] == "fp32" and "precision" not in params["model"]  # a run setting
     assert params["steps_per_epoch"] == RECORDS // BATCH and params["world_size"] == 1
-    assert params["args"]["lr"] == 1e-2
+    assert params["lr"] == 1e-2 and params["eps"] == 1e-8 and params["batch"]["global_batch"] == BATCH
 
 
 def test_checkpoint_loads_into_create_model(full_run):
@@ -115,10 +123,14 @@ def test_checkpoint_loads_into_create_model(full_run):
 
     ckpt = full_run / "checkpoints" / f"epoch_{EPOCHS:03d}.pt"
     state = torch.load(ckpt, map_location="cpu", weights_only=True)
-    assert state["step"] == EPOCHS * RECORDS // BATCH and state["epoch_complete"]
+    assert state["step"] == EPOCHS * RECORDS // BATCH and (state["epoch"], state["epoch_step"]) == (EPOCHS, 0)
+    # The released layout (text decays in bf16), plus the fp32 masters those round.
+    assert state["state_dict"]["text_model.blocks.0.att.time_decay"].dtype == torch.bfloat16
+    assert state["master_params"]["text_model.blocks.0.att.time_decay"].dtype == torch.float32
     model = create_model(json.loads((full_run / "params.json").read_text())["model"], pretrained=ckpt)
+    saved = {**state["state_dict"], **state["master_params"]}
     for name, tensor in model.state_dict().items():
-        assert torch.equal(tensor, state["state_dict"][name].to(tensor.dtype)), name
+        assert torch.equal(tensor, saved[name]), name
     # Only the newest --keep-checkpoints step files stay; every epoch file stays.
     names = sorted(p.name for p in (full_run / "checkpoints").iterdir())
     assert names == ["epoch_001.pt", "epoch_002.pt", "epoch_003.pt",
@@ -151,20 +163,54 @@ def test_kill_and_resume_gives_the_uninterrupted_losses(data, full_run, tmp_path
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_two_gloo_processes_under_torchrun(data, tmp_path):
+def test_two_gloo_processes_under_torchrun_compiled_with_accumulation(data, tmp_path):
+    # The global batch of 8 on 2 processes with micro-batches of at most 2: accumulation 2. The
+    # text decays stored in bf16 as the original does: DDP and the compiler meet mixed dtypes.
     output = tmp_path / "ddp"
     cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "train.py",
-           *_args(data, output, "--max-steps", "4", "--save-every-n-steps", "4", "--batch-size", "4")]
+           *_args(data, output, "--max-steps", "3", "--save-every-n-steps", "3", "--batch-size", "2",
+                  "--global-batch-size", "8", "--compile", "--compile-backend", "aot_eager",
+                  "--text-decay-dtype", "bf16")]
     proc = _run(cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     params = json.loads((output / "params.json").read_text())
-    assert params["world_size"] == 2 and params["global_batch_size"] == 8
+    assert params["world_size"] == 2 and params["batch"] == {"micro_batch": 2, "accum_freq": 2, "global_batch": 8}
     assert params["steps_per_epoch"] == RECORDS // 8
-    state = torch.load(output / "checkpoints" / "step_000000004.pt", weights_only=True)
+    state = torch.load(output / "checkpoints" / "step_000000003.pt", weights_only=True)
     assert state["world_size"] == 2 and len(state["data"]) == 2 and len(state["rng"]) == 2
-    assert [d["rank"] for d in state["data"]] == [0, 1]
-    assert sorted(_losses(output)) == [1, 2, 3, 4]
-    assert "2 process(es)" in (output / "train.log").read_text()
+    assert [d["rank"] for d in state["data"]] == [0, 1] and state["batch"]["accum_freq"] == 2
+    assert state["state_dict"]["text_model.blocks.0.att.time_decay"].dtype == torch.bfloat16
+    assert state["master_params"] == {}  # stored as the released layout has them: nothing to keep apart
+    losses = _losses(output)
+    assert sorted(losses) == [1, 2, 3] and all(math.isfinite(v) for v in losses.values())
+    log = (output / "train.log").read_text()
+    assert "2 process(es)" in log and "compiled (aot_eager)" in log
+    assert "global batch 8 = 2 per micro-batch x 2 process(es) x accumulation 2" in log
+
+
+def test_resume_takes_a_new_lr_and_passes_over_an_unreadable_checkpoint(data, full_run, tmp_path):
+    # A copy of the full run's step-30 checkpoint, a newer one cut short, and a temp file that
+    # a killed save left behind.
+    output = tmp_path / "resumed"
+    (output / "checkpoints").mkdir(parents=True)
+    shutil.copy(full_run / "checkpoints" / "step_000000030.pt", output / "checkpoints")
+    (output / "checkpoints" / "step_000000035.pt").write_bytes(b"PK\x03\x04")
+    stale = output / "checkpoints" / f".step_000000034.pt.{_dead_pid()}.tmp"
+    stale.write_bytes(b"partial")
+    proc = _train(*_args(data, output, "--resume", "latest", "--lr", "1e-3", "--max-steps", "33"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (output / "train.log").read_text()
+    assert "step_000000035.pt cannot be read" in log and "skipping it" in log
+    assert "resuming from step_000000030.pt, the newest checkpoint that can be read" in log
+    assert f"removed 1 temporary file(s) of interrupted saves: {stale.name}" in log and not stale.exists()
+    assert "--lr 0.001 (was 0.01)" in log
+    # The schedule is the same function of the step, at a tenth of the peak.
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, (output / "metrics.jsonl").read_text().splitlines())}
+    before = {r["step"]: r["lr"] for r in map(json.loads, (full_run / "metrics.jsonl").read_text().splitlines())
+              if r["kind"] == "train"}
+    assert sorted(lrs) == [31, 32, 33]
+    for step, lr in lrs.items():
+        assert lr == pytest.approx(before[step] / 10, rel=1e-9)
 
 
 def test_nan_loss_stops_with_the_last_good_checkpoint_intact(data, tmp_path, capsys, one_thread):
@@ -176,8 +222,8 @@ def test_nan_loss_stops_with_the_last_good_checkpoint_intact(data, tmp_path, cap
                             "--grad-clip-norm", "0", "--save-every-n-steps", "1"))
     assert code == 3
     err = capsys.readouterr().err
-    assert err.startswith("train.py: error: loss is nan") and err.count("\n") == 1, err
-    assert "step_000000001.pt" in err
+    assert err.startswith("train.py: error: loss is nan at step 2") and err.count("\n") == 1, err
+    assert "the last good checkpoint is" in err and "step_000000001.pt" in err
     assert [p.name for p in (output / "checkpoints").iterdir()] == ["step_000000001.pt"]
     assert torch.load(output / "checkpoints" / "step_000000001.pt", weights_only=True)["step"] == 1
     # A new run into the same folder would mix two runs' checkpoints.
@@ -204,13 +250,27 @@ def test_bad_input_is_one_clear_line(data, tmp_path, capsys, one_thread, extra, 
     assert err.startswith("train.py: error: ") and expected in err and err.count("\n") == 1, err
 
 
+def test_an_output_file_and_an_unknown_device_are_one_line_each(data, tmp_path, capsys):
+    import train
+
+    (tmp_path / "a_file").write_text("")
+    assert train.main(_args(data, tmp_path / "a_file")) == 2
+    err = capsys.readouterr().err
+    assert err == f"train.py: error: --output {tmp_path / 'a_file'} is a file; pass a folder for the run's " \
+                  "checkpoints and logs\n"
+    assert train.main(_args(data, tmp_path / "run", "--device", "tpu")) == 2
+    err = capsys.readouterr().err
+    assert err == "train.py: error: --device tpu: unknown device; use auto, cpu, cuda or cuda:N\n"
+
+
 def test_resume_with_another_model_is_refused(data, full_run, tmp_path, capsys, one_thread):
     import train
 
     ckpt = full_run / "checkpoints" / "epoch_001.pt"
     assert train.main(_args(data, tmp_path / "other", "--resume", str(ckpt), "--n-layer", "2")) == 2
     err = capsys.readouterr().err
-    assert f"--resume {ckpt}: its weights do not fit this model" in err and err.count("\n") == 1
+    assert f"--resume {ckpt}: " in err and "does not fit RWKV_CLIP: " in err and err.count("\n") == 1
+    assert "resume with the --config and model flags the run was started with" in err
 
 
 def test_zero_shot_evaluation_runs_at_epoch_ends(data, tmp_path, one_thread):
@@ -238,5 +298,32 @@ def test_help_explains_the_flags(capsys):
         train.main(["--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    for flag in ("--train-data", "--accum-freq", "--resume", "--gather-with-grad", "--config", "--image-patch-size"):
+    for flag in ("--train-data", "--accum-freq", "--resume", "--gather-with-grad", "--config", "--image-patch-size",
+                 "--global-batch-size", "--wkv-impl", "--compile-backend", "--text-decay-dtype", "--max-bad-records",
+                 "--dist-timeout", "warmup-cosine"):
         assert flag in out
+
+
+def _loader_skips_bad_records() -> bool:
+    import inspect
+
+    from dataloaders.imagenet import build_loader
+
+    return "max_bad_records" in inspect.signature(build_loader).parameters
+
+
+@pytest.mark.skipif(not _loader_skips_bad_records(), reason="this branch's loader cannot skip bad records yet")
+def test_a_bad_record_is_skipped_counted_and_limited(tmp_path, capsys, one_thread):
+    import train
+    from tests._loader_helpers import write_shard
+
+    data = write_shard(tmp_path / "data" / "damaged", range(48), k=1, corrupt={5}).with_suffix("")
+    output = tmp_path / "run"
+    assert train.main(_args(data, output, "--epochs", "1", "--max-bad-records", "3", "--log-every-n-steps", "3")) == 0
+    counts = [json.loads(line)["bad_records"] for line in (output / "metrics.jsonl").read_text().splitlines()]
+    assert counts[-1] == 1 and counts == sorted(counts)  # steps 3 and 6: once met, counted for good
+    log = (output / "train.log").read_text()
+    assert "bad records 1 |" in log and log.count("damaged.rec record key 5 at byte") == 1  # named once
+    assert train.main(_args(data, tmp_path / "strict", "--epochs", "1", "--max-bad-records", "0")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: error: ") and "--max-bad-records" in err and err.count("\n") == 1, err

@@ -1,24 +1,35 @@
 """The launch scripts: torchrun's rendezvous from environment variables, the original's
-hyper-parameters, pass-through flags, and clear errors (DRY_RUN prints the command)."""
+recipe as --config plus optimisation flags, DATA_ROOT's shards (and what is left out),
+the GPU count, and clear one-line errors (DRY_RUN prints the command instead of running it)."""
 
 
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from src.training import launch
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = {"B32": REPO / "shell" / "train_RWKV_CLIP_B32_YFCC15M.sh",
            "B16": REPO / "shell" / "train_RWKV_CLIP_B16_YFCC15M.sh"}
+ARCHITECTURE_FLAGS = ("--input-size", "--image-depth", "--image-embed-dims", "--image-patch-size", "--drop-path-rate",
+                      "--ctx-len", "--vocab-size", "--head-size", "--n-embd", "--n-layer", "--text-initialization")
 
 
-def _script(name: str, cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+def _script(name: str, cwd: Path, *args: str, path_prefix: Path | None = None, **env: str):
     clean = {k: v for k, v in os.environ.items()
-             if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE", "DATA_ROOT")}
+             if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE", "DATA_ROOT",
+                          "CUDA_VISIBLE_DEVICES")}
+    # The scripts' own python (this venv's), so a test machine's PATH does not matter.
+    clean["PYTHON"] = sys.executable
+    if path_prefix is not None:
+        clean["PATH"] = f"{path_prefix}{os.pathsep}{clean['PATH']}"
     return subprocess.run(["bash", str(SCRIPTS[name]), *args], cwd=cwd, env={**clean, "DRY_RUN": "1", **env},
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=120)
 
 
 def _flag(cmd: list[str], name: str) -> str:
@@ -26,17 +37,27 @@ def _flag(cmd: list[str], name: str) -> str:
     return cmd[len(cmd) - 1 - cmd[::-1].index(name) + 1]
 
 
+def _shard(folder: Path, name: str, records: int) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.rec").write_bytes(b"")
+    (folder / f"{name}.idx").write_text("".join(f"{i}\t{8 * i}\n" for i in range(records)))
+    return folder / f"{name}.rec"
+
+
+def _train_data(cmd: list[str]) -> list[str]:
+    start = cmd.index("--train-data") + 1
+    end = next(i for i in range(start, len(cmd)) if cmd[i].startswith("--"))
+    return cmd[start:end]
+
+
 @pytest.fixture
 def data_root(tmp_path) -> Path:
     root = tmp_path / "YFCC15M"
-    for part in ("a", "b/c"):
-        (root / part).mkdir(parents=True)
-        (root / part / "shard-0.rec").write_bytes(b"")
-        (root / part / "shard-0.idx").write_bytes(b"")
+    _shard(root, "datarec", 7)  # where `python data2rec.py` puts it
     return root
 
 
-def test_b32_defaults_single_node(data_root):
+def test_b32_recipe_is_the_config_plus_optimisation_flags(data_root):
     # DATA_ROOT defaults to ./YFCC15M, relative to where the script is run.
     proc = _script("B32", data_root.parent, NPROC_PER_NODE="8")
     assert proc.returncode == 0, proc.stderr
@@ -44,32 +65,74 @@ def test_b32_defaults_single_node(data_root):
     assert cmd[1:4] == ["-m", "torch.distributed.run", "--nnodes"]
     assert [_flag(cmd, f) for f in ("--nnodes", "--node_rank", "--nproc_per_node", "--master_port")] == \
         ["1", "0", "8", "23760"]
-    assert cmd[cmd.index("--train-data") + 1 : cmd.index("--train-data") + 3] == ["./YFCC15M/a", "./YFCC15M/b/c"]
-    want = {"--config": "RWKV_CLIP_B32", "--image-patch-size": "32", "--batch-size": "512", "--lr": "1e-3",
-            "--weight-decay": "0.2", "--epochs": "32", "--precision": "bf16", "--drop-path-rate": "0.3",
+    assert _train_data(cmd) == ["YFCC15M/datarec.rec"]
+    want = {"--config": "RWKV_CLIP_B32", "--global-batch-size": "4096", "--batch-size": "512", "--lr": "1e-3",
+            "--lr-scheduler": "cosine", "--warmup": "0.1", "--beta2": "0.98", "--eps": "1e-8",
+            "--weight-decay": "0.2", "--epochs": "32", "--precision": "bf16", "--grad-clip-norm": "1.0",
             "--resume": "latest", "--output": "./output/RWKV_CLIP_B32_YFCC15M"}
     assert {k: _flag(cmd, k) for k in want} == want
+    assert not [f for f in ARCHITECTURE_FLAGS if f in cmd]  # the architecture is the JSON's alone
     assert Path(cmd[cmd.index("--master_port") + 2]) == REPO / "train.py"
+    assert "training on 1 shard(s), 7 records" in proc.stderr and "NOTICE" not in proc.stderr
 
 
 def test_b16_multi_node_from_environment_and_pass_through_flags(data_root, tmp_path):
-    proc = _script("B16", tmp_path, "--batch-size", "256", "--accum-freq", "2", DATA_ROOT=str(data_root),
+    proc = _script("B16", tmp_path, "--batch-size", "128", DATA_ROOT=str(data_root),
                    NNODES="4", NODE_RANK="3", MASTER_ADDR="10.1.2.3", MASTER_PORT="29400", NPROC_PER_NODE="8")
     assert proc.returncode == 0, proc.stderr
     cmd = shlex.split(proc.stdout)
     got = {f: _flag(cmd, f) for f in ("--nnodes", "--node_rank", "--master_addr", "--master_port",
-                                      "--config", "--image-patch-size", "--batch-size", "--accum-freq")}
+                                      "--config", "--batch-size", "--global-batch-size")}
     assert got == {"--nnodes": "4", "--node_rank": "3", "--master_addr": "10.1.2.3", "--master_port": "29400",
-                   "--config": "RWKV_CLIP_B16", "--image-patch-size": "16", "--batch-size": "256",
-                   "--accum-freq": "2"}
+                   "--config": "RWKV_CLIP_B16", "--batch-size": "128", "--global-batch-size": "4096"}
+
+
+def test_another_global_batch_is_announced(data_root):
+    proc = _script("B32", data_root.parent, "--global-batch-size", "1024", NPROC_PER_NODE="1")
+    assert proc.returncode == 0, proc.stderr
+    assert "NOTICE: --global-batch-size 1024 replaces the recipe's 4096" in proc.stderr
+    assert _flag(shlex.split(proc.stdout), "--global-batch-size") == "1024"
+
+
+def test_data_root_takes_the_shards_in_its_folders_and_says_what_it_leaves_out(tmp_path):
+    root = tmp_path / "YFCC15M"
+    shards = [_shard(root, "part-2", 3), _shard(root, "part-10", 5)]
+    _shard(root, "val", 50)  # an evaluation shard beside the training ones
+    (root / "stray.rec").write_bytes(b"")  # a copy cut short: no .idx
+    (root / "train-00000.parquet").write_bytes(b"")
+    _shard(root / "data" / "deeper", "elsewhere", 9)  # not scanned: no deep search
+    extra = _shard(tmp_path / "more", "extra", 4)
+    data_root = f"{root}:{extra.with_suffix('')}"  # a folder and a shard prefix
+    proc = _script("B32", tmp_path, DATA_ROOT=data_root, NPROC_PER_NODE="1")
+    assert proc.returncode == 0, proc.stderr
+    assert _train_data(shlex.split(proc.stdout)) == [str(p) for p in sorted(shards) + [extra]]
+    err = proc.stderr
+    assert "training on 3 shard(s), 12 records:" in err
+    assert f"{shards[1]}  5 records" in err and f"{extra}  4 records" in err
+    assert f"ignored {root}: 1 parquet file(s)" in err
+    assert f"ignored {root / 'val.rec'}: named like an evaluation shard" in err
+    assert f"ignored {root / 'stray.rec'}: no stray.idx beside it" in err
+    assert "elsewhere" not in err
+
+
+def test_a_folder_whose_shards_sit_one_level_down_gets_a_hint(tmp_path):
+    _shard(tmp_path / "YFCC15M" / "rec", "datarec", 2)
+    proc = _script("B16", tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("train_RWKV_CLIP_B16_YFCC15M.sh: DATA_ROOT=YFCC15M holds no training")
+    assert "put that folder in DATA_ROOT" in proc.stderr and "YFCC15M/rec" in proc.stderr
 
 
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"DATA_ROOT": "/nonexistent/yfcc"}, "DATA_ROOT=/nonexistent/yfcc is not a folder"),
+        ({"DATA_ROOT": "/nonexistent/yfcc"}, "DATA_ROOT entry /nonexistent/yfcc is neither a folder nor"),
         ({"NNODES": "two"}, "NNODES=two is not a whole number"),
         ({"NNODES": "2", "NODE_RANK": "2"}, "NODE_RANK=2 must be below NNODES=2"),
+        ({"NNODES": "2"}, "MASTER_ADDR=127.0.0.1 is a loopback address, so with NNODES=2 every node would wait"),
+        ({"NNODES": "3", "MASTER_ADDR": "localhost"}, "MASTER_ADDR=localhost is a loopback address"),
+        ({"NNODES": "2", "MASTER_ADDR": "::1"}, "MASTER_ADDR=::1 is a loopback address"),
+        ({"NNODES": "2", "MASTER_ADDR": "0.0.0.0"}, "MASTER_ADDR=0.0.0.0 is the unspecified address"),
     ],
 )
 def test_bad_environment_is_one_clear_line(data_root, env, message):
@@ -79,7 +142,49 @@ def test_bad_environment_is_one_clear_line(data_root, env, message):
     assert proc.stderr.count("\n") == 1
 
 
-def test_folder_without_shards_is_refused(tmp_path):
-    proc = _script("B16", tmp_path, DATA_ROOT=str(tmp_path))
-    assert proc.returncode == 2 and "no .rec files under DATA_ROOT" in proc.stderr
-    assert proc.stderr.startswith("train_RWKV_CLIP_B16_YFCC15M.sh: ")
+def test_a_gpu_node_with_a_cpu_only_torch_fails_with_the_fix(data_root, tmp_path):
+    # A stub nvidia-smi lists 8 GPUs; this venv's torch is the CPU build.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "nvidia-smi"
+    stub.write_text("#!/bin/sh\nfor i in 0 1 2 3 4 5 6 7; do echo \"GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i)\"; done\n")
+    stub.chmod(0o755)
+    proc = _script("B32", data_root.parent, path_prefix=bin_dir)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "this node has 8 GPU(s) (nvidia-smi -L) but" in proc.stderr and "a CPU-only build" in proc.stderr
+    assert "install a CUDA build of torch" in proc.stderr and "nvidia-dali-cuda120 for CUDA 12" in proc.stderr
+    # Training on the CPU on purpose is still possible.
+    assert _script("B32", data_root.parent, "--device", "cpu", path_prefix=bin_dir).returncode == 0
+
+
+def _fake_cuda_torch(monkeypatch, visible: int, listed: int, dali: list[int]):
+    # No GPU can run here: torch is made to look like a CUDA 12.4 build that sees `visible` GPUs.
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(launch, "nvidia_smi_gpus", lambda: listed)
+    monkeypatch.setattr(launch, "_dali_cuda_majors", lambda: dali)
+
+
+def test_gpus_are_counted_by_torch_so_cuda_visible_devices_holds(monkeypatch):
+    _fake_cuda_torch(monkeypatch, visible=4, listed=8, dali=[12])
+    assert launch.count_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, []) == 4
+    assert launch.count_gpus({}, ["--device", "cpu"]) == 0
+    _fake_cuda_torch(monkeypatch, visible=8, listed=8, dali=[11])
+    with pytest.raises(launch.LaunchError, match="built for CUDA 12.4 but the installed DALI is nvidia-dali-cuda110; "
+                                                 "install nvidia-dali-cuda120"):
+        launch.count_gpus({}, [])
+    assert launch.count_gpus({}, ["--data-backend", "torch"]) == 8
+    _fake_cuda_torch(monkeypatch, visible=0, listed=8, dali=[12])
+    with pytest.raises(launch.LaunchError, match="sees none of the 8 GPU"):
+        launch.count_gpus({}, [])
+    assert launch.count_gpus({"CUDA_VISIBLE_DEVICES": ""}, []) == 0  # hidden on purpose
+
+
+def test_record_counts_come_from_the_index(tmp_path):
+    idx = tmp_path / "a.idx"
+    idx.write_text("0\t0\n1\t8\n2\t16")  # no newline after the last line
+    assert launch.count_records(idx) == 3
+    idx.write_text("")
+    assert launch.count_records(idx) == 0

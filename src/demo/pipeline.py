@@ -216,7 +216,8 @@ class Demo:
             "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
             "train.py", "--config", str(self.s.config), "--train-data", str(self.out / "shards"),
             "--batch-size", str(self.s.batch_size), "--epochs", str(self.s.epochs), "--lr", str(self.s.lr),
-            "--warmup", "0.05", "--precision", "fp32", "--device", "cpu", "--seed", str(self.s.seed),
+            "--lr-scheduler", "warmup-cosine", "--warmup", "0.05", "--precision", "fp32", "--device", "cpu",
+            "--seed", str(self.s.seed), "--workers", "1",
             "--save-every-n-steps", "0", "--log-every-n-steps", str(max(1, min(10, steps_per_epoch // 2))),
             "--output", str(run_dir), *self.s.extra_train_args,
         ]

@@ -55,11 +55,11 @@ DEFAULTS: dict[str, Any] = {
     "tiny_att_layer": -999,
     "dropout": 0.0,
     "with_cp": False,
-    "precision": "bf16",
     "text_initialization": True,
-    "workers": 10,
-    "data_type": "utf-8",
 }
+# Run settings that older configs and checkpoints carry beside the architecture (the original
+# kept everything in one namespace). They are dropped on reading: the trainer owns them now.
+RUN_SETTING_KEYS = ("precision", "workers", "data_type")
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -92,10 +92,16 @@ def get_model_config(config: str | os.PathLike | Mapping[str, Any], **overrides:
 
     Missing optional keys take the released defaults; `dim_att` and `dim_ffn` given
     as 0 are derived (n_embd and int(n_embd * 3.5 // 32 * 32)); `overrides` replace
-    values (unknown override keys are an error, to catch typos).
+    values (unknown override keys are an error, to catch typos). The run settings of
+    older configs (RUN_SETTING_KEYS) are dropped without a word.
     """
     cfg = dict(config) if isinstance(config, Mapping) else _read_config(config)
+    for key in RUN_SETTING_KEYS:
+        cfg.pop(key, None)
     known = set(REQUIRED_KEYS) | set(DEFAULTS)
+    run_keys = sorted(set(overrides) & set(RUN_SETTING_KEYS))
+    if run_keys:
+        raise ValueError(f"{run_keys} are run settings, not model config keys; give them to the trainer")
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ValueError(f"unknown model config key(s) {unknown}; known keys: {sorted(known)}")
@@ -141,7 +147,6 @@ class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for us
             head_size_divisor=cfg["head_size_divisor"],
             dropout=cfg["dropout"],
             with_cp=bool(cfg["with_cp"]),
-            precision=cfg["precision"],
             text_initialization=bool(cfg["text_initialization"]),
         )
         self.image_model = VisionRWKV(
@@ -169,6 +174,25 @@ class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for us
         if self.image_embed_dim != self.text_embed_dim:
             raise ValueError("the towers have different widths")
         return self.image_embed_dim
+
+    def set_text_decay_dtype(self, dtype: torch.dtype) -> None:
+        """Store the text tower's `time_decay` and `time_faaaa` in `dtype`.
+
+        float32 (the default) keeps master copies that small optimizer steps can move; the
+        forward pass casts them to the compute dtype, so a bf16 forward sees the same values
+        as the original's. bfloat16 is the original's storage, reproduced exactly: AdamW
+        steps below half a bf16 step at the decays' magnitudes (-6 to -1) round away, so
+        those decays stay where they were initialised. Call before building the optimizer.
+        """
+        self.text_model.set_decay_dtype(dtype)
+
+    def released_state_dict(self) -> dict[str, torch.Tensor]:
+        """`state_dict()` in the released checkpoints' layout: same keys and shapes, and the
+        text decays in bfloat16 as the original stores them (docs/model.md)."""
+        state = self.state_dict()
+        for key in self.text_model.decay_keys(prefix="text_model."):
+            state[key] = state[key].to(torch.bfloat16)
+        return state
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         self.image_model.set_with_cp(enabled)
@@ -229,18 +253,23 @@ def strip_wrapper_prefixes(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _tensor_dict(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+
 def _extract_state_dict(obj: Any, where: str) -> dict[str, torch.Tensor]:
-    if isinstance(obj, Mapping):
-        for key in ("state_dict", "model"):
-            inner = obj.get(key)
-            if (
-                isinstance(inner, Mapping)
-                and inner
-                and all(isinstance(v, torch.Tensor) for v in inner.values())
-            ):
-                return dict(inner)
-        if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-            return dict(obj)
+    if isinstance(obj, Mapping) and _tensor_dict(obj.get("state_dict")):
+        # A training checkpoint keeps the released layout under "state_dict" and the full-
+        # precision copies of what that layout rounds under "master_params"; take the latter.
+        state = dict(obj["state_dict"])
+        masters = obj.get("master_params")
+        if _tensor_dict(masters):
+            state.update(masters)
+        return state
+    if isinstance(obj, Mapping) and _tensor_dict(obj.get("model")):
+        return dict(obj["model"])
+    if _tensor_dict(obj):
+        return dict(obj)
     raise CheckpointMismatchError(
         f"{where} holds no state_dict (expected a dict of tensors, or one under 'state_dict' or 'model')"
     )
@@ -270,7 +299,8 @@ def load_checkpoint(
 
     `model` may be wrapped in DDP/DataParallel or torch.compile. Accepts a path
     (read with weights_only=True) or an in-memory dict: a raw
-    state_dict or one under "state_dict"/"model". `module.` and `_orig_mod.`
+    state_dict or one under "state_dict"/"model" (a training checkpoint's "master_params"
+    replace the rounded tensors they belong to). `module.` and `_orig_mod.`
     prefixes are stripped and tensors are cast to the model's dtypes. With `strict`
     any missing, unexpected or shape-mismatched key raises CheckpointMismatchError
     naming them and nothing is loaded; otherwise the fitting tensors are loaded and

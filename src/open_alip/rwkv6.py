@@ -58,8 +58,8 @@ class TimeMix(nn.Module):
         n_head: int,
         gn_eps: float,
         linear_order: tuple[str, ...],
-        decay_dtype: torch.dtype = torch.float32,
         wkv_impl: str = "auto",
+        cast_decays: bool = False,
     ):
         super().__init__()
         if dim_att % n_head:
@@ -67,14 +67,17 @@ class TimeMix(nn.Module):
         self.n_head = n_head
         self.head_size = dim_att // n_head
         self.wkv_impl = wkv_impl
+        # The text tower's decays: float32 masters used in the compute dtype, as the original's
+        # bfloat16-stored ones are (text_rwkv.py).
+        self.cast_decays = cast_decays
         for name in ("x", "w", "k", "v", "r", "g"):
             setattr(self, f"time_maa_{name}", nn.Parameter(torch.zeros(1, 1, n_embd)))
         self.time_maa_w1 = nn.Parameter(torch.zeros(n_embd, MIX_LORA * 5))
         self.time_maa_w2 = nn.Parameter(torch.zeros(5, MIX_LORA, n_embd))
-        self.time_decay = nn.Parameter(torch.zeros(1, 1, dim_att, dtype=decay_dtype))
+        self.time_decay = nn.Parameter(torch.zeros(1, 1, dim_att))
         self.time_decay_w1 = nn.Parameter(torch.zeros(n_embd, DECAY_LORA))
         self.time_decay_w2 = nn.Parameter(torch.zeros(DECAY_LORA, dim_att))
-        self.time_faaaa = nn.Parameter(torch.zeros(n_head, self.head_size, dtype=decay_dtype))
+        self.time_faaaa = nn.Parameter(torch.zeros(n_head, self.head_size))
         shapes = {
             "receptance": (n_embd, dim_att),
             "key": (n_embd, dim_att),
@@ -139,9 +142,14 @@ class TimeMix(nn.Module):
         k = self.key(xk)
         v = self.value(xv)
         g = F.silu(self.gate(xg))
-        w = self.time_decay + torch.tanh(xw @ self.time_decay_w1) @ self.time_decay_w2
+        ww = torch.tanh(xw @ self.time_decay_w1) @ self.time_decay_w2
+        decay, bonus = self.time_decay, self.time_faaaa
+        if self.cast_decays:
+            # Under bf16 autocast the sum below is then rounded to bf16 as in the original.
+            decay, bonus = decay.to(ww.dtype), bonus.to(r.dtype)
+        w = decay + ww
 
-        y = wkv(r, k, v, w, self.time_faaaa, impl=self.wkv_impl)
+        y = wkv(r, k, v, w, bonus, impl=self.wkv_impl)
         y = self.ln_x(y.reshape(batch * time, -1)).reshape(batch, time, -1)
         return self.output(y * g)
 

@@ -1,8 +1,10 @@
 """Text tower of RWKV-CLIP: a bidirectional RWKV-6 over all ctx_len tokens.
 
 Parameter names follow the released checkpoints (`text_model.*`): `emb`,
-`blocks.N.{ln1,ln2,ln0,att,ffn}`, `ln_out`. With precision "bf16" the per-layer
-`time_decay` and `time_faaaa` are bfloat16 parameters, as in the released weights.
+`blocks.N.{ln1,ln2,ln0,att,ffn}`, `ln_out`. The released weights store the per-layer
+`time_decay` and `time_faaaa` in bfloat16; here they are float32 masters by default, cast
+to the compute dtype in the forward pass (`set_decay_dtype` restores the original's
+bfloat16 storage; `RWKV_CLIP.released_state_dict` gives the released layout).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from .rwkv6 import TimeMix, channel_ramp, layer_ratios, orthogonal_scaled_
 
 TEXT_LINEAR_ORDER = ("receptance", "key", "value", "output", "gate")
+DECAY_NAMES = ("time_decay", "time_faaaa")  # bfloat16 in the released checkpoints
 
 # Scale of the orthogonal re-init per weight (by name suffix); unlisted 2-D weights get 1.
 _TEXT_INIT_SCALE = {
@@ -68,7 +71,6 @@ class Block(nn.Module):
         head_size_divisor: int,
         dropout: float,
         with_cp: bool,
-        decay_dtype: torch.dtype,
     ):
         super().__init__()
         self.layer_id = layer_id
@@ -80,9 +82,7 @@ class Block(nn.Module):
             self.ln0 = nn.LayerNorm(n_embd)
         # Only the eps carries head_size_divisor; the WKV output is not divided by it.
         eps = 1e-5 * head_size_divisor**2
-        self.att = TimeMix(
-            n_embd, dim_att, dim_att // head_size, eps, TEXT_LINEAR_ORDER, decay_dtype=decay_dtype
-        )
+        self.att = TimeMix(n_embd, dim_att, dim_att // head_size, eps, TEXT_LINEAR_ORDER, cast_decays=True)
         self.ffn = ChannelMix(n_embd, dim_ffn, head_size)
         self.drop0 = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.drop1 = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
@@ -115,7 +115,6 @@ class TextRWKV(nn.Module):
         head_size_divisor: int = 8,
         dropout: float = 0.0,
         with_cp: bool = False,
-        precision: str = "bf16",
         text_initialization: bool = True,
     ):
         super().__init__()
@@ -124,11 +123,9 @@ class TextRWKV(nn.Module):
                 f"n_embd {n_embd} and dim_att {dim_att} must be multiples of an even head_size {head_size}"
             )
         self.n_embd = n_embd
-        self.precision = precision
-        decay_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.emb = nn.Embedding(vocab_size, n_embd)
         self.blocks = nn.ModuleList(
-            Block(i, n_embd, dim_att, dim_ffn, head_size, head_size_divisor, dropout, with_cp, decay_dtype)
+            Block(i, n_embd, dim_att, dim_ffn, head_size, head_size_divisor, dropout, with_cp)
             for i in range(n_layer)
         )
         self.ln_out = nn.LayerNorm(n_embd)
@@ -148,7 +145,8 @@ class TextRWKV(nn.Module):
 
     @torch.no_grad()
     def reinit_weights(self) -> None:
-        """The original `text_initialization`: orthogonal 2-D weights, small embedding."""
+        """The original `text_initialization`: orthogonal 2-D weights, small embedding, and
+        every value rounded to bfloat16, as the released (bf16) runs initialised them."""
         n_layer = len(self.blocks)
         for name, p in self.named_parameters():
             if name == "emb.weight":
@@ -159,8 +157,18 @@ class TextRWKV(nn.Module):
             elif p.dim() == 2 and ".time_" not in name:
                 scale = next((s for suffix, s in _TEXT_INIT_SCALE.items() if name.endswith(suffix)), 1.0)
                 orthogonal_scaled_(p, scale)
-            if self.precision == "bf16":
-                p.copy_(p.to(torch.bfloat16))
+            p.copy_(p.to(torch.bfloat16))
+
+    def decay_keys(self, prefix: str = "") -> list[str]:
+        """State-dict keys of the per-layer decays (`time_decay`, `time_faaaa`)."""
+        return [f"{prefix}blocks.{i}.att.{name}" for i in range(len(self.blocks)) for name in DECAY_NAMES]
+
+    def set_decay_dtype(self, dtype: torch.dtype) -> None:
+        """Store every layer's decays in `dtype` (see RWKV_CLIP.set_text_decay_dtype)."""
+        for block in self.blocks:
+            for name in DECAY_NAMES:
+                param = getattr(block.att, name)
+                param.data = param.data.to(dtype)
 
     def set_with_cp(self, enabled: bool) -> None:
         for block in self.blocks:

@@ -1,8 +1,9 @@
-"""Training checkpoints: atomic writes, discovery of the latest one, RNG state capture.
+"""Checkpoint files: atomic writes, finding the one to resume from, clearing what killed
+saves left, RNG state capture. What a checkpoint holds is state.py's business.
 
 A checkpoint is a dict that `torch.load(..., weights_only=True)` accepts: tensors,
 numbers, strings, lists, tuples and dicts only. Its `state_dict` holds the unwrapped
-model's parameters (no `module.` / `_orig_mod.` prefixes), so
+model's parameters (no `module.` / `_orig_mod.` prefixes) in the released layout, so
 `create_model(config, pretrained=path)` loads it directly.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from src.fsutil import atomic_path
+from src.fsutil import atomic_path, remove_stale_temp_files
 from src.training.errors import TrainingError
 
 CHECKPOINT_DIR = "checkpoints"
@@ -49,9 +50,10 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
 
 
 def list_checkpoints(output: str | os.PathLike) -> list[tuple[int, Path]]:
-    """(global step, path) of every complete checkpoint, oldest first.
+    """(global step, path) of every checkpoint file, oldest first.
 
-    The step is read from the file name; temporary files never match the pattern.
+    The step is read from the file name (epoch files: from inside); temporary files never
+    match the pattern.
     """
     folder = checkpoint_dir(output)
     if not folder.is_dir():
@@ -60,7 +62,9 @@ def list_checkpoints(output: str | os.PathLike) -> list[tuple[int, Path]]:
     for p in folder.iterdir():
         if _NAME.match(p.name) and p.is_file():
             found.append((_step_of(p), p))
-    return sorted(found, key=lambda sp: (sp[0], sp[1].name.startswith("epoch")))
+    # A file whose step cannot be read sorts as the newest, so that a resume meets it and
+    # says why it is skipped instead of passing over it in silence.
+    return sorted(found, key=lambda sp: (sp[0] if sp[0] >= 0 else float("inf"), sp[1].name.startswith("epoch")))
 
 
 def _step_of(path: Path) -> int:
@@ -75,11 +79,6 @@ def _step_of(path: Path) -> int:
         return -1
 
 
-def latest_checkpoint(output: str | os.PathLike) -> Path | None:
-    found = list_checkpoints(output)
-    return found[-1][1] if found else None
-
-
 def prune_step_checkpoints(output: str | os.PathLike, keep: int) -> None:
     """Delete all but the newest `keep` step checkpoints (epoch checkpoints are kept)."""
     if keep <= 0:
@@ -89,28 +88,69 @@ def prune_step_checkpoints(output: str | os.PathLike, keep: int) -> None:
         p.unlink(missing_ok=True)
 
 
-def resolve_resume(resume: str | None, output: str | os.PathLike) -> Path | None:
-    """`--resume latest` -> newest checkpoint in the output folder (None on a fresh run)."""
-    if not resume:
-        return None
-    if resume == "latest":
-        return latest_checkpoint(output)
-    path = Path(resume)
-    if not path.is_file():
-        raise FileNotFoundError(f"--resume {resume}: no such checkpoint file; pass a .pt path or 'latest'")
-    return path
+# What a file must hold to continue a run (the first format had "args" and "epoch_complete"
+# where the current one has "run" and "batch"; both continue).
+REQUIRED_KEYS = ("state_dict", "optimizer", "step", "epoch", "epoch_step", "data", "rng")
 
 
 def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a training checkpoint; TrainingError (one line) if it cannot be read or is incomplete."""
     # mmap: eight ranks of a node resuming at once share the page cache instead of
     # each holding a private copy of a multi-GB file.
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:
-        raise TrainingError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise TrainingError(f"checkpoint {path} has no 'state_dict'; it is not a training checkpoint")
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise TrainingError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {reason})") from exc
+    if not isinstance(ckpt, dict):
+        raise TrainingError(f"checkpoint {path} holds no dict; it is not a training checkpoint")
+    missing = [k for k in REQUIRED_KEYS if k not in ckpt]
+    if missing:
+        raise TrainingError(
+            f"checkpoint {path} lacks {', '.join(missing)}; it is not a training checkpoint of train.py "
+            "(start a new run from its weights with --pretrained)"
+        )
     return ckpt
+
+
+def find_resume_checkpoint(resume: str | None, output: str | os.PathLike) -> tuple[Path | None, list[str]]:
+    """The checkpoint `--resume` names, and warnings about the newer ones passed over.
+
+    'latest' takes the newest checkpoint in `output` that can be read; an unreadable newer
+    one (a disk error, a copy cut short) is skipped with a warning. A path given
+    explicitly must be readable (TrainingError otherwise). None: a fresh run.
+    """
+    if not resume:
+        return None, []
+    if resume != "latest":
+        path = Path(resume)
+        if not path.is_file():
+            raise TrainingError(f"--resume {resume}: no such checkpoint file; pass a .pt path or 'latest'")
+        load_checkpoint_file(path)
+        return path, []
+    warnings = []
+    for _, path in reversed(list_checkpoints(output)):
+        try:
+            load_checkpoint_file(path)
+        except TrainingError as exc:
+            warnings.append(f"{exc}; skipping it")
+            continue
+        if warnings:
+            warnings.append(f"resuming from {path.name}, the newest checkpoint that can be read")
+        return path, warnings
+    if warnings:
+        raise TrainingError(
+            f"--resume latest: no checkpoint in {checkpoint_dir(output)} can be read ({'; '.join(warnings)}); "
+            "start a new run with another --output"
+        )
+    return None, []
+
+
+def remove_interrupted_saves(output: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files that saves killed midway left in the run folder."""
+    removed = remove_stale_temp_files(checkpoint_dir(output), "*.pt")
+    removed += remove_stale_temp_files(output)
+    return removed
 
 
 # --- RNG state --------------------------------------------------------------------------

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from src.devices import resolve_device
 
@@ -35,6 +37,9 @@ def launched_by_torchrun() -> bool:
 
 def init_distributed(device: str = "auto", timeout_s: int = 1800) -> DistEnv:
     """Join the process group torchrun describes: NCCL on GPUs, gloo on CPUs.
+
+    `timeout_s` bounds every collective (train.py --dist-timeout): a rank that waits
+    longer, e.g. for others still evaluating at an epoch end, fails instead of hanging.
 
     Without torchrun's variables this is a single process and no group is made, so
     `python train.py ...` works as it is.
@@ -84,6 +89,31 @@ def any_rank(flag: bool, env: DistEnv) -> bool:
     t = torch.tensor([1.0 if flag else 0.0], device=env.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item() > 0)
+
+
+def gather_object(obj: Any, env: DistEnv) -> list[Any]:
+    """`obj` of every rank, in rank order, on every rank (a collective)."""
+    if not env.distributed:
+        return [obj]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def wrap_ddp(model: nn.Module, env: DistEnv, *, static_graph: bool) -> nn.Module:
+    """`model` in DistributedDataParallel when there is a process group, else as it is.
+
+    Every parameter gets a gradient in every step (docs/model.md), so no
+    find_unused_parameters. Gradients live in the communication buckets
+    (gradient_as_bucket_view: no copy between the two). `static_graph` lets DDP skip
+    per-step bookkeeping when every step runs the same graph.
+    """
+    if not env.distributed:
+        return model
+    ids = [env.device.index] if env.device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(
+        model, device_ids=ids, bucket_cap_mb=32, gradient_as_bucket_view=True, static_graph=static_graph
+    )
 
 
 def broadcast_object(obj, env: DistEnv, src: int = 0):

@@ -4,8 +4,13 @@ With `accum_freq` > 1 the step is *real* accumulation, as open_clip does it: the
 features of all micro-batches are first computed without gradients, then each
 micro-batch is recomputed with gradients and its features swapped into the cached
 set, so the loss contrasts the whole accumulated batch and the summed gradient equals
-that of one big batch (the temperature's gradient is taken in the last pass only). The RNG state is replayed for each recompute so that drop-path
-masks are the same in both passes.
+that of one big batch (the temperature's gradient is taken in the last pass only). The RNG
+state is replayed for each recompute so that drop-path masks are the same in both passes.
+
+Nothing here waits for the device: the loss stays a device tensor, and a non-finite loss
+is only recorded (on the device) with its step. The caller reads it with
+`raise_if_nonfinite()` on logging steps and before every save, so a NaN never reaches a
+checkpoint and the host never stalls on a per-step `.item()`.
 """
 
 from __future__ import annotations
@@ -20,14 +25,15 @@ from torch import nn
 from src.open_alip.model import unwrap_model
 from src.training.distributed import DistEnv, all_reduce_mean
 from src.training.errors import NonFiniteLossError
+from src.training.schedule import Schedule
 
 LOGIT_SCALE_MAX = math.log(100)
 
 
 @dataclass
 class StepResult:
-    loss: float  # mean over ranks of the step's loss
-    grad_norm: torch.Tensor | None  # global norm before clipping (tensor: read it only when logging)
+    loss: torch.Tensor  # mean over ranks of the step's loss, on the device: read it only when logging
+    grad_norm: torch.Tensor | None  # global norm before clipping, likewise
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
@@ -59,7 +65,7 @@ class Trainer:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        schedule: Schedule,
         loss_fn: nn.Module,
         env: DistEnv,
         *,
@@ -71,7 +77,7 @@ class Trainer:
         self.model = model
         self.raw_model = unwrap_model(model)
         self.optimizer = optimizer
-        self.scheduler = scheduler
+        self.schedule = schedule
         self.loss_fn = loss_fn
         self.env = env
         self.device = env.device
@@ -79,6 +85,11 @@ class Trainer:
         self.grad_clip_norm = grad_clip_norm
         self.accum_freq = accum_freq
         self.scaler = scaler
+        # DDP, when there is one, may sit inside a torch.compile wrapper.
+        self.ddp = _find_ddp(model)
+        # The first step whose loss was not finite (-1: none yet) and that loss.
+        self._bad_step = torch.full((), -1, dtype=torch.int64, device=self.device)
+        self._bad_loss = torch.zeros((), dtype=torch.float32, device=self.device)
 
     def _autocast(self):
         if self.dtype is None:
@@ -86,8 +97,8 @@ class Trainer:
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
     def _no_sync(self, last: bool):
-        if not last and isinstance(self.model, nn.parallel.DistributedDataParallel):
-            return self.model.no_sync()
+        if not last and self.ddp is not None:
+            return self.ddp.no_sync()
         return contextlib.nullcontext()
 
     def _backward(self, loss: torch.Tensor) -> None:
@@ -130,14 +141,15 @@ class Trainer:
                 self._backward(loss)
         return loss.detach()
 
-    def step(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
-        """One optimizer step over `micro` (accum_freq micro-batches)."""
+    def step(self, micro: list[tuple[torch.Tensor, torch.Tensor]], step: int) -> StepResult:
+        """Optimizer step number `step` (0-based) over `micro` (accum_freq micro-batches)."""
         self.model.train()
+        self.schedule.apply(self.optimizer, step)
         local_loss = self._forward_backward(micro)
-        loss = all_reduce_mean(local_loss, self.env).item()
-        if not math.isfinite(loss):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError(f"loss is {loss}")
+        loss = all_reduce_mean(local_loss, self.env)
+        newly_bad = ~torch.isfinite(loss) & (self._bad_step < 0)
+        self._bad_step.masked_fill_(newly_bad, step)
+        self._bad_loss = torch.where(newly_bad, loss, self._bad_loss)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grad_norm = None
@@ -151,5 +163,21 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
             self.raw_model.logit_scale.clamp_(0, LOGIT_SCALE_MAX)
-        self.scheduler.step()
         return StepResult(loss=loss, grad_norm=grad_norm)
+
+    def raise_if_nonfinite(self) -> None:
+        """Raise NonFiniteLossError naming the first step whose loss was NaN or infinite since
+        the start (a host sync: call it where the loss is read anyway). Every rank holds the
+        same all-reduced loss, so all ranks raise together."""
+        bad_step = int(self._bad_step.item())
+        if bad_step >= 0:
+            raise NonFiniteLossError(f"loss is {self._bad_loss.item()} at step {bad_step + 1}")
+
+
+def _find_ddp(model: nn.Module) -> nn.parallel.DistributedDataParallel | None:
+    """The DistributedDataParallel in `model`, looking through torch.compile's wrapper."""
+    while model is not None:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            return model
+        model = getattr(model, "_orig_mod", None)
+    return None

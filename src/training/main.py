@@ -1,12 +1,15 @@
-"""The training run: wire model, loader, optimizer, schedule and checkpoints together.
+"""The training run. `run(config)` is what train.py calls; `_run` reads as the outline:
 
-`run(args)` is what train.py calls. It is written to be read top to bottom:
-set-up, resume, the epoch loop, clean-up.
+    prepare the output folder and pick the checkpoint to resume from
+    build: batch plan, loader, model, optimizer, schedule, training state
+    resume: put the checkpoint back (TrainState.load_state_dict)
+    for each epoch: train_one_epoch, save, epoch-end hooks
+
+Everything the run needs to know comes in one TrainConfig (config.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
 from collections.abc import Callable
@@ -15,25 +18,154 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from src.fsutil import atomic_write_json
-from src.open_alip.model import strip_wrapper_prefixes, unwrap_model
+from src.open_alip.model import unwrap_model
 from src.training import checkpoint as ckpt_io
-from src.training.distributed import DistEnv, barrier, broadcast_object, cleanup, init_distributed
+from src.training.batching import BatchPlan, plan_batches
+from src.training.config import TrainConfig
+from src.training.distributed import DistEnv, barrier, broadcast_object, cleanup, init_distributed, wrap_ddp
 from src.training.errors import NonFiniteLossError, TrainingError
 from src.training.loop import Trainer, make_grad_scaler
-from src.training.observe import LOG, RunLog, Throughput, format_duration, setup_logging
-from src.training.params import check_args, resolve_model_config
-from src.training.schedule import build_scheduler
+from src.training.observe import LOG, RunLog, Throughput, close_logging, setup_logging
+from src.training.progress import Progress
+from src.training.schedule import FORMER_MEANING, ONECYCLE, Schedule
+from src.training.state import TrainState
 
-# Called at the end of each epoch on every rank with the unwrapped model (in eval mode,
-# under no_grad), the number of completed epochs, the arguments and the process group.
-# Metrics it returns are logged (rank 0) under "eval/". A hook decides itself whether
-# this epoch is one to evaluate (e.g. from args.zeroshot_frequency) and may return None.
-# train.py passes `run(args, epoch_end_hooks=[...])`; the zero-shot evaluation plugs in here.
-EpochEndHook = Callable[[nn.Module, int, argparse.Namespace, DistEnv], "dict[str, float] | None"]
+# Called at the end of each epoch on every rank as hook(model, epochs_done, config, env), with
+# the unwrapped model in eval mode under no_grad. Metrics it returns are logged (rank 0)
+# under "eval/". A hook decides itself whether this epoch is one to evaluate (e.g. from
+# config.zeroshot_frequency) and may return None. train.py passes `run(config, [hook, ...])`.
+EpochEndHook = Callable[[nn.Module, int, TrainConfig, DistEnv], "dict[str, float] | None"]
+
+# Settings a resume may change; it says which ones did (they take effect at once).
+_RESUME_MAY_CHANGE = ("lr", "lr_scheduler", "warmup", "epochs", "max_steps", "beta1", "beta2", "eps",
+                      "weight_decay", "grad_clip_norm", "precision", "text_decay_dtype")
+
+
+def run(config: TrainConfig, epoch_end_hooks: list[EpochEndHook] | None = None) -> None:
+    """Train as `config` says. Raises TrainingError / NonFiniteLossError with a user-facing message."""
+    env = init_distributed(config.device, timeout_s=config.dist_timeout)
+    try:
+        _run(config, env, list(epoch_end_hooks or []))
+    finally:
+        close_logging()
+        cleanup(env)
+
+
+def _run(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook]) -> None:
+    if cfg.zeroshot_data and not hooks:
+        raise TrainingError("--zeroshot-data was given but no zero-shot evaluation is wired into this "
+                            "train.py; leave the flag out")
+    resume_path = _prepare_output(cfg, env)
+
+    plan = plan_batches(per_process_max=cfg.batch_size, world_size=env.world_size,
+                        global_batch=cfg.global_batch_size, accum_freq=cfg.accum_freq)
+    loader = _build_loader(cfg, plan, env)  # first: a wrong data path fails before the model is built
+    steps_per_epoch = _steps_per_epoch(cfg, plan, loader)
+    seed_everything(cfg.seed, env.rank)
+    model = _build_model(cfg, env)
+    optimizer = _build_optimizer(cfg, model, env)
+    schedule = Schedule(cfg.lr_scheduler, cfg.lr, steps_per_epoch * cfg.epochs, cfg.warmup, cfg.beta1)
+    state = TrainState(model, optimizer, make_grad_scaler(cfg.precision, env.device), loader, env)
+    if resume_path is not None:
+        _resume(state, resume_path, cfg, plan, schedule)
+    trainer = _build_trainer(cfg, state, schedule, plan, env)
+    _announce(cfg, env, plan, model, loader, steps_per_epoch, schedule)
+
+    stop_step = min(schedule.total_steps, cfg.max_steps or schedule.total_steps)
+    run_log = RunLog(cfg.output, enabled=env.is_master)
+    meter = Throughput(plan.per_process, env.world_size, stop_step, state.step)
+    progress = Progress(cfg, env, trainer, run_log, meter, steps_per_epoch, stop_step)
+    saver = _Saver(cfg, env, state, trainer, plan, last=resume_path)
+    try:
+        while state.epoch < cfg.epochs and state.step < stop_step:
+            train_one_epoch(state, trainer, plan, steps_per_epoch, stop_step, progress, saver)
+            if state.epoch_step < steps_per_epoch:  # --max-steps ended the run inside the epoch
+                saver.save_step(final=True)
+                break
+            state.finish_epoch()
+            saver.save(ckpt_io.epoch_checkpoint_path(cfg.output, state.epoch))
+            _run_hooks(hooks, model, state.epoch, cfg, env, run_log, state.step)
+        trainer.raise_if_nonfinite()
+    except NonFiniteLossError as exc:
+        where = f"the last good checkpoint is {saver.last}" if saver.last else "no checkpoint was written yet"
+        raise NonFiniteLossError(
+            f"{exc}; stopped without saving, {where}; resume from it with --resume latest and a lower --lr, "
+            "bf16 instead of fp16, or a smaller --grad-clip-norm (each takes effect on resume)"
+        ) from None
+    finally:
+        run_log.close()
+    LOG.info("finished at step %d", state.step)
+
+
+def train_one_epoch(state: TrainState, trainer: Trainer, plan: BatchPlan, steps_per_epoch: int, stop_step: int,
+                    progress: Progress, saver: _Saver) -> None:
+    """Optimizer steps from the state's position to the epoch's end (or to `stop_step`)."""
+    if state.epoch_step == 0:
+        state.loader.set_epoch(state.epoch)
+    batches = iter(state.loader)
+    device = state.env.device
+    while state.epoch_step < steps_per_epoch and state.step < stop_step:
+        t0 = time.perf_counter()
+        micro = []
+        for _ in range(plan.accum_freq):
+            images, tokens = next(batches)
+            micro.append((images.to(device, non_blocking=True), tokens.to(device, non_blocking=True)))
+        progress.meter.add_data_wait(time.perf_counter() - t0)
+        result = trainer.step(micro, state.step)
+        state.step += 1
+        state.epoch_step += 1
+        progress.after_step(state, result)
+        saver.save_step()
+
+
+# --- prepare -------------------------------------------------------------------------------
+
+
+def _prepare_output(cfg: TrainConfig, env: DistEnv) -> Path | None:
+    """Create the run folder, clear what killed saves left, pick the checkpoint to resume from.
+
+    Rank 0 decides and tells the others, so all ranks resume from the same file, and all
+    stop together when something is wrong (instead of the others waiting forever).
+    """
+    decision: tuple[str, Any] = ("ok", (None, []))
+    if env.is_master:
+        try:
+            decision = ("ok", _prepare_on_master(cfg))
+        except TrainingError as exc:
+            decision = ("error", str(exc))
+    decision = broadcast_object(decision, env)
+    if decision[0] == "error":
+        raise TrainingError(decision[1])
+    setup_logging(cfg.output, env.rank)
+    path, notices = decision[1]
+    for notice in notices:
+        LOG.warning("%s", notice)
+    return path
+
+
+def _prepare_on_master(cfg: TrainConfig) -> tuple[Path | None, list[str]]:
+    try:
+        cfg.output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TrainingError(f"--output {cfg.output}: cannot create it ({exc.strerror or exc}); "
+                            "pass a folder you can write") from exc
+    notices = []
+    removed = ckpt_io.remove_interrupted_saves(cfg.output)
+    if removed:
+        notices.append(f"removed {len(removed)} temporary file(s) of interrupted saves: "
+                       + ", ".join(p.name for p in removed))
+    path, skipped = ckpt_io.find_resume_checkpoint(cfg.resume, cfg.output)
+    if not cfg.resume and ckpt_io.list_checkpoints(cfg.output):
+        # Mixing two runs' checkpoints would make a later `--resume latest` pick either.
+        raise TrainingError(f"--output {cfg.output} already holds checkpoints; pass --resume latest to "
+                            "continue that run, or choose another --output")
+    return path, notices + skipped
+
+
+# --- build ---------------------------------------------------------------------------------
 
 
 def seed_everything(seed: int, rank: int) -> None:
@@ -44,339 +176,219 @@ def seed_everything(seed: int, rank: int) -> None:
     torch.manual_seed(s)
 
 
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+def _build_loader(cfg: TrainConfig, plan: BatchPlan, env: DistEnv):
+    import inspect
+
+    from dataloaders.imagenet import build_loader
+
+    data = cfg.train_data[0] if len(cfg.train_data) == 1 else list(cfg.train_data)
+    skipping = {}
+    if "max_bad_records" in inspect.signature(build_loader).parameters:
+        skipping["max_bad_records"] = cfg.max_bad_records
+    else:
+        LOG.warning("this loader cannot skip undecodable records: --max-bad-records has no effect, and the first "
+                    "bad record stops the run")
+    return build_loader(
+        data,
+        plan.micro_batch,
+        input_size=int(cfg.model["input_size"]),
+        train=True,
+        backend=cfg.data_backend,
+        device=env.device,
+        num_threads=cfg.workers,
+        rank=env.rank,
+        world_size=env.world_size,
+        seed=cfg.seed,
+        all_captions=False,
+        drop_last=True,
+        **skipping,
+    )
 
 
-def _gather(obj: Any, env: DistEnv) -> list[Any]:
-    if not env.distributed:
-        return [obj]
-    out: list[Any] = [None] * env.world_size
-    dist.all_gather_object(out, obj)
-    return out
+def _data_label(cfg: TrainConfig) -> str:
+    return " ".join(cfg.train_data)
 
 
-def _jsonable_args(args: argparse.Namespace) -> dict[str, Any]:
-    plain = (str, int, float, bool, type(None))
-    return {
-        k: list(v) if isinstance(v, (list, tuple)) else v
-        for k, v in vars(args).items()
-        if isinstance(v, plain) or (isinstance(v, (list, tuple)) and all(isinstance(x, plain) for x in v))
-    }
-
-
-def _data_label(args: argparse.Namespace) -> str:
-    return " ".join(args.train_data)
-
-
-def _steps_per_epoch(args: argparse.Namespace, loader, env: DistEnv) -> int:
+def _steps_per_epoch(cfg: TrainConfig, plan: BatchPlan, loader) -> int:
     records = int(loader.total_records)
     micro_per_epoch = len(loader)
-    if args.train_num_samples is not None:
-        if args.train_num_samples > records:
+    if cfg.train_num_samples is not None:
+        if cfg.train_num_samples > records:
             raise TrainingError(
-                f"--train-num-samples {args.train_num_samples} is more than the {records} records in "
-                f"{_data_label(args)}; pass {records} or leave the flag out"
+                f"--train-num-samples {cfg.train_num_samples} is more than the {records} records in "
+                f"{_data_label(cfg)}; pass {records} or leave the flag out"
             )
-        if args.train_num_samples < records:
+        if cfg.train_num_samples < records:
             LOG.warning(
                 "--train-num-samples %d is less than the %d records in %s: each epoch uses %d samples",
-                args.train_num_samples, records, _data_label(args), args.train_num_samples,
+                cfg.train_num_samples, records, _data_label(cfg), cfg.train_num_samples,
             )
-            micro_per_epoch = min(micro_per_epoch, args.train_num_samples // (args.batch_size * env.world_size))
-    steps = micro_per_epoch // args.accum_freq
+            micro_per_epoch = min(micro_per_epoch, cfg.train_num_samples // (plan.micro_batch * plan.world_size))
+    steps = micro_per_epoch // plan.accum_freq
     if steps < 1:
-        global_batch = args.batch_size * env.world_size * args.accum_freq
         raise TrainingError(
-            f"{_data_label(args)} has {records} records, fewer than one optimizer step's {global_batch} "
-            "(batch-size x processes x accum-freq); lower --batch-size or --accum-freq"
+            f"{_data_label(cfg)} has {records} records, fewer than one optimizer step's {plan.global_batch} "
+            "(the global batch); lower --batch-size, --accum-freq or --global-batch-size"
         )
     return steps
 
 
-def _build_model(args: argparse.Namespace, model_cfg: dict[str, Any], env: DistEnv) -> nn.Module:
+def _build_model(cfg: TrainConfig, env: DistEnv) -> nn.Module:
     from src.open_alip import create_model
     from src.open_alip.model import CheckpointMismatchError
+    from src.open_alip.wkv import resolve_wkv_impl
 
+    try:  # resolved here so that an implementation this device cannot run fails before any work
+        wkv_impl = resolve_wkv_impl(cfg.wkv_impl, env.device)
+    except ValueError as exc:
+        raise TrainingError(f"--wkv-impl {cfg.wkv_impl}: {exc}") from exc
     try:
-        model = create_model(model_cfg, pretrained=args.pretrained)
+        model = create_model(cfg.model, pretrained=cfg.pretrained, wkv_impl=wkv_impl)
     except (FileNotFoundError, CheckpointMismatchError) as exc:
-        raise TrainingError(f"--pretrained {args.pretrained}: {exc}") from exc
+        raise TrainingError(f"--pretrained {cfg.pretrained}: {exc}") from exc
+    if cfg.text_decay_dtype == "bf16":
+        model.set_text_decay_dtype(torch.bfloat16)
     return model.to(env.device)
 
 
-def _build_loader(args: argparse.Namespace, model_cfg: dict[str, Any], env: DistEnv):
-    from dataloaders.imagenet import build_loader
-
-    data = args.train_data[0] if len(args.train_data) == 1 else list(args.train_data)
-    return build_loader(
-        data,
-        args.batch_size,
-        input_size=int(model_cfg.get("input_size", 224)),
-        train=True,
-        backend=args.data_backend,
-        device=env.device,
-        num_threads=int(model_cfg.get("workers") or 4),
-        rank=env.rank,
-        world_size=env.world_size,
-        seed=args.seed,
-        all_captions=False,
-        drop_last=True,
-    )
+def _build_optimizer(cfg: TrainConfig, model: nn.Module, env: DistEnv) -> torch.optim.Optimizer:
+    # One kernel for all parameters on CUDA (fused); torch's default elsewhere.
+    fused = True if env.device.type == "cuda" else None
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                             weight_decay=cfg.weight_decay, fused=fused)
 
 
-def _check_resumable(state: dict[str, Any], args: argparse.Namespace, env: DistEnv, path: Path) -> None:
-    saved = state.get("args", {})
-    for key in ("batch_size", "accum_freq"):
-        if key in saved and saved[key] != getattr(args, key):
-            raise TrainingError(
-                f"--resume {path}: the checkpoint was trained with --{key.replace('_', '-')} {saved[key]}, "
-                f"not {getattr(args, key)}; resume with the same value"
-            )
-    if state.get("world_size", env.world_size) != env.world_size:
-        raise TrainingError(
-            f"--resume {path}: the checkpoint was written by {state['world_size']} processes, this run has "
-            f"{env.world_size}; resume with the same number, or start a new run from it with --pretrained"
-        )
+def _build_trainer(cfg: TrainConfig, state: TrainState, schedule: Schedule, plan: BatchPlan,
+                   env: DistEnv) -> Trainer:
+    from src.open_alip import ClipLoss
 
-
-def run(args: argparse.Namespace, epoch_end_hooks: list[EpochEndHook] | None = None) -> None:
-    """Train as `args` say. Raises TrainingError / NonFiniteLossError with a user-facing message."""
-    check_args(args)
-    env = init_distributed(args.device)
-    try:
-        _run(args, env, list(epoch_end_hooks or []))
-    finally:
-        cleanup(env)
-
-
-def _run(args: argparse.Namespace, env: DistEnv, hooks: list[EpochEndHook]) -> None:
-    from src.open_alip import ClipLoss, get_model_config
-
-    output = Path(args.output)
-    if env.is_master:
-        output.mkdir(parents=True, exist_ok=True)
-    barrier(env)
-    setup_logging(output, env.rank)
-    if args.zeroshot_data and not hooks:
-        raise TrainingError(
-            "--zeroshot-data was given but no zero-shot evaluation is wired into this train.py; leave the flag out"
-        )
-
-    try:
-        base_cfg = get_model_config(args.config)
-    except (FileNotFoundError, KeyError, ValueError) as exc:
-        raise TrainingError(f"--config {args.config}: {exc}") from exc
-    model_cfg = resolve_model_config(args, base_cfg)
-    precision = model_cfg["precision"]
-    if precision == "tf32":
+    if cfg.precision == "tf32":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-
-    # Rank 0 picks the checkpoint so that every rank resumes from the same one (and all
-    # ranks stop together when the path is wrong, instead of the others waiting forever).
-    choice: tuple[str, Any] = ("ok", None)
-    if env.is_master:
-        try:
-            choice = ("ok", ckpt_io.resolve_resume(args.resume, output))
-        except FileNotFoundError as exc:
-            choice = ("error", str(exc))
-        if not args.resume and ckpt_io.list_checkpoints(output):
-            # Mixing two runs' checkpoints would make a later `--resume latest` pick either.
-            choice = ("error", f"--output {output} already holds checkpoints; pass --resume latest to "
-                               "continue that run, or choose another --output")
-    choice = broadcast_object(choice, env)
-    if choice[0] == "error":
-        raise TrainingError(choice[1])
-    resume_path = choice[1]
-    state = ckpt_io.load_checkpoint_file(resume_path) if resume_path else None
-    if state is not None:
-        _check_resumable(state, args, env, resume_path)
-
-    # The loader first: a wrong data path should not wait for a large model to be built.
-    loader = _build_loader(args, model_cfg, env)
-    steps_per_epoch = _steps_per_epoch(args, loader, env)
-    seed_everything(args.seed, env.rank)
-    model = _build_model(args, model_cfg, env)
-    total_steps = steps_per_epoch * args.epochs
-    stop_step = min(total_steps, args.max_steps) if args.max_steps else total_steps
-
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, weight_decay=args.weight_decay
-    )
-    scheduler = build_scheduler(optimizer, kind=args.lr_scheduler, total_steps=total_steps, warmup=args.warmup)
-    scaler = make_grad_scaler(precision, env.device)
-
-    global_step, start_epoch, epoch_step = 0, 0, 0
-    if state is not None:
-        try:
-            unwrap_model(model).load_state_dict(strip_wrapper_prefixes(state["state_dict"]), strict=True)
-        except RuntimeError as exc:
-            first = str(exc).strip().splitlines()[-1].strip()[:300]
-            raise TrainingError(
-                f"--resume {resume_path}: its weights do not fit this model ({first}); "
-                "resume with the model flags and --config the run was started with"
-            ) from exc
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        if scaler is not None and state.get("scaler"):
-            scaler.load_state_dict(state["scaler"])
-        global_step = int(state["step"])
-        start_epoch = int(state["epoch"])
-        epoch_step = int(state["epoch_step"])
-        if state["epoch_complete"]:
-            start_epoch, epoch_step = start_epoch + 1, 0
-        else:
-            loader.load_state_dict(state["data"][env.rank])
-        ckpt_io.restore_rng_state(state["rng"][env.rank])
-        LOG.info("resumed from %s at step %d (epoch %d, step %d of it)", resume_path, global_step,
-                 start_epoch + 1, epoch_step)
-        del state
-
-    train_model: nn.Module = model
-    if env.distributed:
-        ids = [env.device.index] if env.device.type == "cuda" else None
-        # Every parameter gets a gradient (docs/model.md), so no find_unused_parameters.
-        train_model = nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=32)
-    if args.compile:
-        train_model = torch.compile(train_model)
-
-    loss_fn = ClipLoss(
-        local_loss=args.local_loss, gather_with_grad=args.gather_with_grad, rank=env.rank, world_size=env.world_size
-    )
-    if args.local_loss and not args.gather_with_grad and env.world_size > 1:
+    # static_graph: every step runs the same graph, except that accumulation's non-final
+    # passes skip the gradient sync, which static graphs do not allow for.
+    train_model = wrap_ddp(state.model, env, static_graph=plan.accum_freq == 1)
+    if cfg.compile:
+        train_model = torch.compile(train_model, backend=cfg.compile_backend)
+    loss_fn = ClipLoss(local_loss=cfg.local_loss, gather_with_grad=cfg.gather_with_grad,
+                       rank=env.rank, world_size=env.world_size)
+    if cfg.local_loss and not cfg.gather_with_grad and env.world_size > 1:
         LOG.warning("--local-loss without --gather-with-grad drops cross-rank gradient terms (an approximation)")
-    trainer = Trainer(
-        train_model, optimizer, scheduler, loss_fn, env,
-        precision=precision, grad_clip_norm=args.grad_clip_norm, accum_freq=args.accum_freq, scaler=scaler,
-    )
+    return Trainer(train_model, state.optimizer, schedule, loss_fn, env, precision=cfg.precision,
+                   grad_clip_norm=cfg.grad_clip_norm, accum_freq=plan.accum_freq, scaler=state.scaler)
 
-    global_batch = args.batch_size * env.world_size * args.accum_freq
-    resolved = {
-        "args": _jsonable_args(args),
-        "model": model_cfg,
-        "world_size": env.world_size,
-        "global_batch_size": global_batch,
-        "steps_per_epoch": steps_per_epoch,
-        "total_steps": total_steps,
-        "records": int(loader.total_records),
-        "torch": torch.__version__,
-    }
+
+def _announce(cfg: TrainConfig, env: DistEnv, plan: BatchPlan, model: nn.Module, loader,
+              steps_per_epoch: int, schedule: Schedule) -> None:
+    """Log what this run is and write params.json (the resolved configuration)."""
+    params = sum(p.numel() for p in model.parameters())
+    wkv = {m.wkv_impl for m in model.modules() if hasattr(m, "wkv_impl")}
+    LOG.info("model %s: %s parameters, WKV %s, text decays stored in %s | %d process(es) on %s, %s%s",
+             cfg.config, f"{params:,}", "/".join(sorted(wkv)), cfg.text_decay_dtype, env.world_size,
+             env.device.type, cfg.precision, f", compiled ({cfg.compile_backend})" if cfg.compile else "")
+    LOG.info("%s | %d records, %d steps per epoch, %d steps in all", plan.describe(), int(loader.total_records),
+             steps_per_epoch, schedule.total_steps)
+    shortfall = plan.shortfall_notice()
+    if shortfall:
+        LOG.warning("NOTICE: %s", shortfall)
+    LOG.info("lr schedule %s", schedule.describe())
+    if cfg.lr_scheduler in FORMER_MEANING:
+        LOG.info("(--lr-scheduler %s means what it meant in the original; this toolkit's former '%s' is now '%s')",
+                 cfg.lr_scheduler, cfg.lr_scheduler, FORMER_MEANING[cfg.lr_scheduler])
+    if cfg.lr_scheduler in ONECYCLE and "beta1" in cfg.given:
+        LOG.warning("NOTICE: --beta1 %g has no effect: --lr-scheduler %s cycles beta1 (0.95 -> 0.85 -> 0.95), "
+                    "as the original's schedule did", cfg.beta1, cfg.lr_scheduler)
+    if cfg.lr_scheduler == "linear" and "warmup" in cfg.given:
+        LOG.warning("NOTICE: --warmup has no effect: --lr-scheduler linear is the original's decay without "
+                    "warmup; use --lr-scheduler warmup-linear for a warmup")
     if env.is_master:
-        atomic_write_json(output / "params.json", resolved, sort_keys=True, default=str)
-    LOG.info(
-        "model %s: %s parameters | %d process(es) on %s, %s | global batch %d (%d x %d x accum %d) | "
-        "%d records, %d steps per epoch, %d steps in all",
-        args.config, f"{count_params(model):,}", env.world_size, env.device.type, precision, global_batch,
-        args.batch_size, env.world_size, args.accum_freq, int(loader.total_records), steps_per_epoch, total_steps,
-    )
+        atomic_write_json(cfg.output / "params.json", {
+            **cfg.to_json(),
+            "world_size": env.world_size,
+            "batch": plan.to_json(),
+            "steps_per_epoch": steps_per_epoch,
+            "total_steps": schedule.total_steps,
+            "records": int(loader.total_records),
+            "torch": torch.__version__,
+        }, sort_keys=True, default=str)
 
-    run_log = RunLog(output, enabled=env.is_master)
-    meter = Throughput(args.batch_size * args.accum_freq, env.world_size, stop_step, global_step)
-    last_saved: Path | None = resume_path
 
-    def save(path: Path, epoch: int, epoch_done: bool) -> None:
-        nonlocal last_saved
-        payload_data = _gather(loader.state_dict(), env)
-        payload_rng = _gather(ckpt_io.capture_rng_state(), env)
-        if env.is_master:
-            ckpt_io.atomic_save(
-                {
-                    "state_dict": unwrap_model(model).state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "scaler": scaler.state_dict() if scaler is not None else None,
-                    "step": global_step,
-                    "epoch": epoch,
-                    "epoch_step": epoch_step,
-                    "epoch_complete": epoch_done,
-                    "data": payload_data,
-                    "rng": payload_rng,
-                    "world_size": env.world_size,
-                    "config": model_cfg,
-                    "args": _jsonable_args(args),
-                },
-                path,
-            )
-            ckpt_io.prune_step_checkpoints(output, args.keep_checkpoints)
+# --- resume --------------------------------------------------------------------------------
+
+
+def _resume(state: TrainState, path: Path, cfg: TrainConfig, plan: BatchPlan, schedule: Schedule) -> None:
+    ckpt = ckpt_io.load_checkpoint_file(path)
+    notices = state.load_state_dict(ckpt, where=path, plan=plan)
+    LOG.info("resumed from %s at step %d (epoch %d, step %d of it)", path, state.step, state.epoch + 1,
+             state.epoch_step)
+    for notice in notices + _setting_changes(ckpt, cfg, schedule, state.step):
+        LOG.warning("NOTICE: %s", notice)
+    LOG.info("a resume keeps the weights, the AdamW moments, the step, the data position and the random "
+             "streams; the lr schedule and the optimizer settings are this command line's")
+
+
+def _setting_changes(ckpt: dict[str, Any], cfg: TrainConfig, schedule: Schedule, step: int) -> list[str]:
+    saved = ckpt.get("run")
+    old_format = saved is None
+    saved = saved if saved is not None else ckpt.get("args", {})
+    now = cfg.to_json()
+    changed = [f"--{k.replace('_', '-')} {now[k]} (was {saved[k]})"
+               for k in _RESUME_MAY_CHANGE if k in saved and saved[k] != now[k]]
+    notices = []
+    if changed:
+        notices.append(f"changed on resume, in effect from step {step + 1} (lr there {schedule.lr_at(step):.4g}): "
+                       + ", ".join(changed))
+    old_kind = saved.get("lr_scheduler")
+    if old_format and old_kind in FORMER_MEANING:
+        notices.append(
+            f"this checkpoint's run used --lr-scheduler {old_kind} when the name meant "
+            f"{FORMER_MEANING[old_kind]}; '{old_kind}' now means the original's schedule, so pass "
+            f"--lr-scheduler {FORMER_MEANING[old_kind]} to continue the schedule it had"
+        )
+    return notices
+
+
+# --- save and evaluate ---------------------------------------------------------------------
+
+
+class _Saver:
+    """Writes checkpoints: never one holding a non-finite step, always atomically, on rank 0."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, state: TrainState, trainer: Trainer, plan: BatchPlan,
+                 last: Path | None) -> None:
+        self.cfg, self.env, self.state, self.trainer, self.plan = cfg, env, state, trainer, plan
+        self.last = last  # the newest good checkpoint, for the NaN message
+        self._saved_step = state.step
+
+    def save_step(self, final: bool = False) -> None:
+        """A step checkpoint every --save-every-n-steps, and (`final`) when the run stops early."""
+        every = self.cfg.save_every_n_steps
+        due = bool(every) and self.state.step % every == 0
+        if (due or final) and self._saved_step != self.state.step:
+            self.save(ckpt_io.step_checkpoint_path(self.cfg.output, self.state.step))
+
+    def save(self, path: Path) -> None:
+        self.trainer.raise_if_nonfinite()
+        ckpt = self.state.state_dict(plan=self.plan, run=self.cfg.to_json())
+        if ckpt is not None:
+            ckpt_io.atomic_save(ckpt, path)
+            ckpt_io.prune_step_checkpoints(self.cfg.output, self.cfg.keep_checkpoints)
             LOG.info("saved %s", path)
-        last_saved = path
-        barrier(env)
-
-    loss_sum, loss_count = 0.0, 0
-    try:
-        for epoch in range(start_epoch, args.epochs):
-            if global_step >= stop_step:
-                break
-            if epoch_step == 0:
-                loader.set_epoch(epoch)
-            batches = iter(loader)
-            while epoch_step < steps_per_epoch and global_step < stop_step:
-                t0 = time.perf_counter()
-                micro = []
-                for _ in range(args.accum_freq):
-                    images, tokens = next(batches)
-                    micro.append((images.to(env.device, non_blocking=True), tokens.to(env.device, non_blocking=True)))
-                meter.add_data_wait(time.perf_counter() - t0)
-                result = trainer.step(micro)
-                global_step += 1
-                epoch_step += 1
-                loss_sum += result.loss
-                loss_count += 1
-                if global_step % args.log_every_n_steps == 0 or epoch_step == steps_per_epoch:
-                    speed = meter.report(global_step)
-                    values = {
-                        "loss": result.loss,
-                        "loss_avg": loss_sum / loss_count,
-                        "lr": optimizer.param_groups[0]["lr"],
-                        "logit_scale": float(unwrap_model(model).logit_scale.detach().exp()),
-                        "epoch": epoch + epoch_step / steps_per_epoch,
-                        **speed,
-                    }
-                    if result.grad_norm is not None:
-                        values["grad_norm"] = float(result.grad_norm)
-                    if scaler is not None:
-                        values["amp_scale"] = float(scaler.get_scale())
-                    LOG.info(
-                        "epoch %d/%d step %d/%d (%.1f%%) | loss %.4f (avg %.4f) | lr %.3e | logit_scale %.2f | "
-                        "%.1f samples/s per rank, %.1f total | data wait %.0f%% | elapsed %s | ETA %s",
-                        epoch + 1, args.epochs, global_step, stop_step, 100.0 * global_step / stop_step,
-                        values["loss"], values["loss_avg"], values["lr"], values["logit_scale"],
-                        speed["samples_per_s_per_rank"], speed["samples_per_s"], 100 * speed["data_wait_frac"],
-                        format_duration(speed["elapsed_s"]), format_duration(speed["eta_s"]),
-                    )
-                    run_log.scalars(global_step, values)
-                    loss_sum, loss_count = 0.0, 0
-                if args.save_every_n_steps and global_step % args.save_every_n_steps == 0:
-                    save(ckpt_io.step_checkpoint_path(output, global_step), epoch, epoch_step == steps_per_epoch)
-            if epoch_step < steps_per_epoch:
-                # Stopped by --max-steps inside the epoch: leave a checkpoint to go on from.
-                if not (args.save_every_n_steps and global_step % args.save_every_n_steps == 0):
-                    save(ckpt_io.step_checkpoint_path(output, global_step), epoch, False)
-                break
-            epoch_step = 0
-            save(ckpt_io.epoch_checkpoint_path(output, epoch + 1), epoch, True)
-            _run_hooks(hooks, model, epoch + 1, args, env, run_log, global_step)
-    except NonFiniteLossError as exc:
-        where = f"the last good checkpoint is {last_saved}" if last_saved else "no checkpoint was written yet"
-        raise NonFiniteLossError(
-            f"{exc} at step {global_step + 1} (epoch {epoch + 1}); stopped without saving, {where}; "
-            "resume from it with a lower --lr, fp32/bf16 instead of fp16, or a smaller --grad-clip-norm"
-        ) from None
-    finally:
-        run_log.close()
-    LOG.info("finished at step %d", global_step)
+        self.last, self._saved_step = path, self.state.step
+        barrier(self.env)
 
 
-def _run_hooks(hooks, model, epochs_done, args, env, run_log: RunLog, step: int) -> None:
+def _run_hooks(hooks: list[EpochEndHook], model: nn.Module, epochs_done: int, cfg: TrainConfig, env: DistEnv,
+               run_log: RunLog, step: int) -> None:
     if not hooks:
         return
+    model = unwrap_model(model)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             for hook in hooks:
-                metrics = hook(model, epochs_done, args, env)
+                metrics = hook(model, epochs_done, cfg, env)
                 if metrics:
                     LOG.info("eval after epoch %d: %s", epochs_done,
                              ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
@@ -386,4 +398,4 @@ def _run_hooks(hooks, model, epochs_done, args, env, run_log: RunLog, step: int)
         barrier(env)
 
 
-__all__ = ["EpochEndHook", "TrainingError", "run"]
+__all__ = ["EpochEndHook", "TrainingError", "run", "train_one_epoch"]

@@ -16,10 +16,14 @@ from typing import Any
 LOG = logging.getLogger("rwkv_clip.train")
 
 
+# The loaders' messages (e.g. a bad record skipped) belong in the run's log too; their
+# loggers keep their own level and propagation, and lose these handlers when the run ends.
+_ALSO_LOGGED = ("dataloaders",)
+
+
 def setup_logging(output: Path | None, rank: int) -> None:
     """Rank 0: INFO to stdout and `<output>/train.log`; other ranks: WARNING to stderr."""
-    LOG.handlers.clear()
-    LOG.propagate = False
+    close_logging()
     fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
     stream = logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)
     stream.setFormatter(fmt)
@@ -28,7 +32,20 @@ def setup_logging(output: Path | None, rank: int) -> None:
         file_handler = logging.FileHandler(output / "train.log")
         file_handler.setFormatter(fmt)
         LOG.addHandler(file_handler)
+    LOG.propagate = False
     LOG.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    for name in _ALSO_LOGGED:
+        for handler in LOG.handlers:
+            logging.getLogger(name).addHandler(handler)
+
+
+def close_logging() -> None:
+    """Detach and close the run's handlers (a new run in the same process sets up its own)."""
+    for handler in list(LOG.handlers):
+        for name in _ALSO_LOGGED:
+            logging.getLogger(name).removeHandler(handler)
+        LOG.removeHandler(handler)
+        handler.close()
 
 
 def format_duration(seconds: float) -> str:

@@ -1,0 +1,90 @@
+"""How the contrastive (global) batch is split into processes, micro-batches and accumulation.
+
+The loss contrasts every image with every caption of one optimizer step, so the global
+batch is a property of the recipe: the original B/32 run used 512 per GPU on 8 GPUs, a
+global batch of 4,096. `--global-batch-size` keeps that number whatever the number of
+processes: each process takes global / processes samples per step, in as few micro-batches
+of at most `--batch-size` as divide it evenly (real accumulation, loop.py). When the global
+batch cannot be split evenly, the nearest smaller one is used and the run says so loudly.
+
+Without `--global-batch-size`, the global batch is what the flags multiply to:
+`--batch-size` x processes x `--accum-freq`.
+
+`per_process_max` (today `--batch-size`) is the one number that depends on the GPU's
+memory; a memory model can supply it here without touching the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from src.training.errors import TrainingError
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    micro_batch: int  # samples per process per forward pass (the loader's batch)
+    accum_freq: int  # micro-batches per optimizer step
+    world_size: int
+    requested: int | None  # --global-batch-size, if given
+
+    @property
+    def per_process(self) -> int:
+        return self.micro_batch * self.accum_freq
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_process * self.world_size
+
+    def to_json(self) -> dict[str, int]:
+        """What params.json and a checkpoint record of the split."""
+        return {"micro_batch": self.micro_batch, "accum_freq": self.accum_freq, "global_batch": self.global_batch}
+
+    def describe(self) -> str:
+        return (f"global batch {self.global_batch} = {self.micro_batch} per micro-batch x {self.world_size} "
+                f"process(es) x accumulation {self.accum_freq}")
+
+    def shortfall_notice(self) -> str | None:
+        """A loud sentence when the run's global batch is not the one asked for."""
+        if self.requested is None or self.global_batch == self.requested:
+            return None
+        return (f"the global batch is {self.global_batch}, not the --global-batch-size {self.requested} asked for: "
+                f"{self.requested} does not split into equal micro-batches over {self.world_size} process(es); "
+                "choose a global batch divisible by the number of processes to keep it exact")
+
+
+def _even_split(per_process: int, at_most: int) -> int | None:
+    """The fewest micro-batches of at most `at_most` that divide `per_process` evenly, if a
+    split within twice the minimum count exists."""
+    least = math.ceil(per_process / at_most)
+    for count in range(least, 2 * least + 1):
+        if per_process % count == 0:
+            return count
+    return None
+
+
+def plan_batches(
+    *, per_process_max: int, world_size: int, global_batch: int | None = None, accum_freq: int | None = None
+) -> BatchPlan:
+    """Resolve --batch-size / --global-batch-size / --accum-freq for `world_size` processes."""
+    if global_batch is None:
+        return BatchPlan(per_process_max, accum_freq or 1, world_size, None)
+    per_process = global_batch // world_size
+    if per_process < 1:
+        raise TrainingError(
+            f"--global-batch-size {global_batch} is smaller than the {world_size} processes; "
+            "give at least one sample per process"
+        )
+    if accum_freq is not None:
+        micro = per_process // accum_freq
+        if micro < 1:
+            raise TrainingError(
+                f"--accum-freq {accum_freq} splits the {per_process} samples per process of --global-batch-size "
+                f"{global_batch} into empty micro-batches; lower --accum-freq or leave it out"
+            )
+        return BatchPlan(micro, accum_freq, world_size, global_batch)
+    count = _even_split(per_process, per_process_max)
+    if count is None:  # no even split near the minimum: round the micro-batch down
+        count = math.ceil(per_process / per_process_max)
+    return BatchPlan(per_process // count, count, world_size, global_batch)

@@ -1,0 +1,295 @@
+"""What shell/_launch_train.sh does before it starts torchrun, in Python so it can be tested:
+read the environment, count this node's GPUs, find the training shards under DATA_ROOT,
+and build the torchrun command.
+
+    python -m src.training.launch [train.py flags...]     (the shell script runs this)
+
+Environment: DATA_ROOT [./YFCC15M], NNODES [1], NODE_RANK [0], MASTER_ADDR [127.0.0.1],
+MASTER_PORT [23760], NPROC_PER_NODE [the GPUs torch sees, else 1], DRY_RUN [print the
+command instead of running it], TRAIN_SCRIPT_NAME [the name errors start with].
+
+DATA_ROOT is one or more folders, `.rec` files or shard prefixes, separated by spaces or
+colons. A folder means the `.rec` files directly in it (no deeper), each with its `.idx`.
+What is plainly not training data there is left out, and the launcher says so: parquet
+files (data2rec.py's input), evaluation shards named `val*`, and a `.rec` without its `.idx`.
+A file or prefix named explicitly is taken as it is.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from src.errors import UserError
+
+REPO = Path(__file__).resolve().parents[2]
+_LISTED = 20  # shards listed one per line; more are summarised
+
+
+class LaunchError(UserError):
+    """A launch setting that cannot work (the message names the variable and the fix)."""
+
+
+# --- the environment ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    data_root: str
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    nproc_per_node: int | None  # None: count this node's GPUs
+
+
+def _whole(environ: Mapping[str, str], name: str, default: str) -> int:
+    value = environ.get(name) or default
+    if not re.fullmatch(r"[0-9]+", value):
+        raise LaunchError(f"{name}={value} is not a whole number; fix the environment variable")
+    return int(value)
+
+
+def unreachable_kind(address: str) -> str | None:
+    """What `address` is when no other machine can reach it ('a loopback address'), else None."""
+    if address.strip().lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return "a loopback address"
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return None  # a host name: only the network knows
+    return "a loopback address" if ip.is_loopback else "the unspecified address" if ip.is_unspecified else None
+
+
+def read_env(environ: Mapping[str, str]) -> LaunchEnv:
+    nnodes = _whole(environ, "NNODES", "1")
+    node_rank = _whole(environ, "NODE_RANK", "0")
+    port = _whole(environ, "MASTER_PORT", "23760")
+    nproc = _whole(environ, "NPROC_PER_NODE", "0") if environ.get("NPROC_PER_NODE") else None
+    if nnodes < 1:
+        raise LaunchError(f"NNODES={nnodes} must be at least 1")
+    if node_rank >= nnodes:
+        raise LaunchError(f"NODE_RANK={node_rank} must be below NNODES={nnodes}")
+    if nproc == 0:
+        raise LaunchError("NPROC_PER_NODE=0 starts no process; leave it unset to use every GPU")
+    addr = environ.get("MASTER_ADDR") or "127.0.0.1"
+    kind = unreachable_kind(addr)
+    if nnodes > 1 and kind:
+        raise LaunchError(
+            f"MASTER_ADDR={addr} is {kind}, so with NNODES={nnodes} every node would wait for "
+            "itself; set MASTER_ADDR to node 0's address that the other nodes reach (its hostname or IP)"
+        )
+    return LaunchEnv(environ.get("DATA_ROOT") or "./YFCC15M", nnodes, node_rank, addr, port, nproc)
+
+
+# --- GPUs -----------------------------------------------------------------------------------
+
+
+def nvidia_smi_gpus() -> int:
+    """GPUs the driver lists (`nvidia-smi -L`), whatever CUDA_VISIBLE_DEVICES says; 0 without it."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return 0
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def _dali_cuda_majors() -> list[int]:
+    """CUDA major versions of the installed nvidia-dali-cuda1xx packages."""
+    from importlib import metadata
+
+    majors = []
+    for dist in metadata.distributions():
+        m = re.fullmatch(r"nvidia[-_]dali[-_]cuda(\d\d)0", (dist.metadata.get("Name") or "").lower())
+        if m:
+            majors.append(int(m.group(1)))
+    return sorted(set(majors))
+
+
+def count_gpus(environ: Mapping[str, str], train_args: Sequence[str], *, needed: bool = True) -> int:
+    """The GPUs this node's processes can use, counted by torch (so CUDA_VISIBLE_DEVICES holds).
+
+    A node whose driver lists GPUs while torch cannot use them would otherwise train on
+    the CPU without a word: that fails here, with the fix. `needed=False` (the process
+    count is set) skips importing torch when the driver lists no GPU.
+    """
+    if _flag_value(train_args, "--device") == "cpu":
+        return 0
+    listed = nvidia_smi_gpus()
+    if not listed and not needed:
+        return 0
+    import torch
+
+    cuda = torch.version.cuda
+    if cuda is None:
+        if listed:
+            raise LaunchError(
+                f"this node has {listed} GPU(s) (nvidia-smi -L) but {sys.executable} has torch {torch.__version__}, "
+                "a CPU-only build: install a CUDA build of torch (pip install torch --index-url "
+                "https://download.pytorch.org/whl/cu124) and the nvidia-dali-cuda1xx that matches its CUDA major "
+                "version (nvidia-dali-cuda120 for CUDA 12), or pass --device cpu to train on the CPU"
+            )
+        return 0
+    count = torch.cuda.device_count()
+    hidden = environ.get("CUDA_VISIBLE_DEVICES") is not None
+    if count == 0 and listed and not hidden:
+        raise LaunchError(
+            f"torch {torch.__version__} (CUDA {cuda}) sees none of the {listed} GPU(s) nvidia-smi lists; check "
+            "that the driver supports CUDA " + cuda + " (nvidia-smi shows the highest it supports)"
+        )
+    if count and _flag_value(train_args, "--data-backend") in (None, "dali"):
+        majors = _dali_cuda_majors()
+        want = int(cuda.split(".")[0])
+        if want not in majors:
+            have = ", ".join(f"nvidia-dali-cuda{m}0" for m in majors) or "none"
+            raise LaunchError(
+                f"torch {torch.__version__} is built for CUDA {cuda} but the installed DALI is {have}; install "
+                f"nvidia-dali-cuda{want}0 (pip install nvidia-dali-cuda{want}0), or pass --data-backend torch"
+            )
+    return count
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of the last `flag VALUE` / `flag=VALUE` in `args` (as argparse keeps the last)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+# --- shards ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ShardScan:
+    shards: list[tuple[Path, int]] = field(default_factory=list)  # (.rec, records)
+    ignored: list[tuple[Path, str]] = field(default_factory=list)  # (path, why)
+
+    @property
+    def records(self) -> int:
+        return sum(n for _, n in self.shards)
+
+
+def count_records(idx: Path) -> int:
+    """Records in a shard: its index has one line per record."""
+    lines, last = 0, b"\n"
+    with open(idx, "rb") as f:
+        while chunk := f.read(1 << 20):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines + (last != b"\n")
+
+
+def _split_data_root(spec: str) -> list[str]:
+    return [part for part in re.split(r"[\s:]+", spec.strip()) if part]
+
+
+def _scan_folder(folder: Path, scan: ShardScan) -> None:
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    parquet = [p for p in files if p.suffix == ".parquet"]
+    if parquet:
+        scan.ignored.append((folder, f"{len(parquet)} parquet file(s): data2rec.py's input, not training shards"))
+    before = len(scan.shards)
+    for rec in (p for p in files if p.suffix == ".rec"):
+        idx = rec.with_suffix(".idx")
+        if rec.name.lower().startswith("val"):
+            scan.ignored.append((rec, "named like an evaluation shard (val*); name it in DATA_ROOT to train on it"))
+        elif not idx.is_file():
+            scan.ignored.append((rec, f"no {idx.name} beside it (an unfinished or partial copy)"))
+        else:
+            scan.shards.append((rec, count_records(idx)))
+    if len(scan.shards) == before:
+        below = sorted({p.parent for p in folder.glob("*/*.rec")})
+        hint = f"; .rec files are in {', '.join(map(str, below[:3]))}: put that folder in DATA_ROOT" if below else \
+            "; convert the data with data2rec.py first"
+        raise LaunchError(f"DATA_ROOT={folder} holds no training .rec/.idx shards{hint}")
+
+
+def _take_file(item: str, scan: ShardScan) -> None:
+    path = Path(item)
+    rec = path.with_suffix(".rec") if path.suffix in (".rec", ".idx") else Path(item + ".rec")
+    idx = rec.with_suffix(".idx")
+    if not rec.is_file():
+        raise LaunchError(f"DATA_ROOT entry {item} is neither a folder nor a .rec file or prefix; "
+                          "export DATA_ROOT=<folder of .rec/.idx shards>")
+    if not idx.is_file():
+        raise LaunchError(f"DATA_ROOT entry {item}: {rec} has no {idx.name} beside it; rebuild it with data2rec.py")
+    scan.shards.append((rec, count_records(idx)))
+
+
+def find_shards(data_root: str) -> ShardScan:
+    """The training shards DATA_ROOT names (see the module docstring)."""
+    items = _split_data_root(data_root)
+    if not items:
+        raise LaunchError("DATA_ROOT is empty; export DATA_ROOT=<folder of .rec/.idx shards>")
+    scan = ShardScan()
+    for item in items:
+        if Path(item).is_dir():
+            _scan_folder(Path(item), scan)
+        else:
+            _take_file(item, scan)
+    return scan
+
+
+def describe_shards(scan: ShardScan) -> list[str]:
+    lines = [f"training on {len(scan.shards)} shard(s), {scan.records:,} records:"]
+    for rec, n in scan.shards[:_LISTED]:
+        lines.append(f"  {rec}  {n:,} records")
+    if len(scan.shards) > _LISTED:
+        lines.append(f"  ... and {len(scan.shards) - _LISTED} more")
+    for path, why in scan.ignored:
+        lines.append(f"ignored {path}: {why}")
+    return lines
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+def torchrun_command(env: LaunchEnv, nproc: int, shards: list[Path], train_args: Sequence[str]) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", str(env.nnodes), "--node_rank", str(env.node_rank), "--nproc_per_node", str(nproc),
+        "--master_addr", env.master_addr, "--master_port", str(env.master_port),
+        str(REPO / "train.py"), "--train-data", *map(str, shards), *train_args,
+    ]
+
+
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
+    train_args = list(sys.argv[1:] if argv is None else argv)
+    prog = environ.get("TRAIN_SCRIPT_NAME") or "launch"
+    try:
+        env = read_env(environ)
+        scan = find_shards(env.data_root)
+        gpus = count_gpus(environ, train_args, needed=env.nproc_per_node is None)
+        nproc = env.nproc_per_node or max(1, gpus)
+    except UserError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    for line in describe_shards(scan):
+        print(f"{prog}: {line}", file=sys.stderr)
+    cmd = torchrun_command(env, nproc, [rec for rec, _ in scan.shards], train_args)
+    if environ.get("DRY_RUN"):
+        print(shlex.join(cmd))
+        return 0
+    sys.stderr.flush()
+    os.execv(cmd[0], cmd)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

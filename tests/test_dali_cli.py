@@ -41,7 +41,8 @@ def test_checks_pass_and_grid_is_written(data, tmp_path, capsys):
         "--device", "cpu", "--workers", "2", "--save-grid", str(grid), "--cache-dir", str(tmp_path / "c"),
     )
     assert code == 0, err
-    assert "all checks passed" in out and "images/s after the first batch (checks not timed)" in out
+    assert "all checks passed" in out and "checked 40 images in 5 batch(es)" in out
+    assert "images/s (40 images in 5 batches after the first, timed back to back without the checks)" in out
     assert "34 records in 2 shard(s)" in out
     with Image.open(grid) as img:
         # 8 images in 4 columns, 160-pixel cells with a caption strip under each.

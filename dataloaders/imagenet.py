@@ -12,7 +12,7 @@ DALI does not install.
 How the DALI backend is fed. The loader reads the records itself
 (dataloaders/records.py, a thread reading ahead) and hands DALI the encoded images
 through an external source, with each sample's crop box and flip
-(dataloaders/augment.py); DALI decodes, crops and resizes in one `resize` with a region
+(dataloaders/augment.py: the draws of the PyTorch fallback's augmentation); DALI decodes, crops and resizes in one `resize` with a region
 of interest, flips and normalises. Nothing random runs inside DALI, which gives:
 
 - one pipeline for the whole run, kept across epochs (each epoch only resets it);
@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dataloaders.augment import crop_boxes
+from dataloaders.augment import crop_and_flip
 from dataloaders.base import (
     DEFAULT_MAX_BAD_RECORDS,
     LOG,
@@ -67,6 +67,7 @@ __all__ = ["DEFAULT_MAX_BAD_RECORDS", "BadRecordLimitError", "CorruptRecordError
 
 # The original's DALI settings (deepglint/RWKV-CLIP dataloaders): nvJPEG's device and pinned-host
 # buffers preallocated large enough that big images cause no reallocation, three batches in flight.
+# (Its 100 crop attempts are transform.TRAIN_CROP_ATTEMPTS, shared with the PyTorch fallback.)
 DEVICE_MEMORY_PADDING = 211025920
 HOST_MEMORY_PADDING = 140544512
 PREFETCH_DEPTH = 3
@@ -74,6 +75,33 @@ PREFETCH_DEPTH = 3
 # setting is ignored). DALI's own tuning for A100; measure with benchmarks/gpu.py before changing.
 HW_DECODER_LOAD = 0.65
 READ_AHEAD = 2  # batches read (from disk, in a thread) before DALI asks for them
+
+
+_ABANDONED: list = []  # DALI pipeline backends a forked child must never shut down
+_FORK_HOOK = False
+
+
+def _abandon_dali_pipelines_in_child() -> None:
+    """After fork: DALI's worker threads were not copied, so shutting a pipeline down in the child
+    (its destructor, run by the garbage collector in, say, a DataLoader worker) waits forever.
+    The child cannot use the pipelines anyway; keep their backends alive and unreachable instead."""
+    try:
+        from nvidia.dali import Pipeline
+
+        for ref in list(getattr(Pipeline, "_pipes", ())):
+            pipe = ref()
+            if pipe is not None and getattr(pipe, "_pipe", None) is not None:
+                _ABANDONED.append(pipe._pipe)
+                pipe._pipe = None
+    except Exception:  # a DALI without these internals: nothing to do here
+        pass
+
+
+def _guard_forks() -> None:
+    global _FORK_HOOK
+    if not _FORK_HOOK and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_abandon_dali_pipelines_in_child)
+        _FORK_HOOK = True
 
 
 @dataclass
@@ -107,12 +135,14 @@ def _read_batch(reader: RecordReader, records: np.ndarray, seeds: np.ndarray, tr
         padded[i, : lab.size] = lab
     inputs = [[np.frombuffer(p, np.uint8) for p in payloads]]
     if train:
-        w_img, h_img = (np.array(v, np.float64) for v in zip(*sizes))
-        x, y, w, h, flip = crop_boxes(w_img, h_img, seeds)
-        # Relative (y, x) corners: the resize's region of interest, in the image's shape order.
-        start = np.stack([y / h_img, x / w_img], axis=1).astype(np.float32)
-        end = np.stack([(y + h) / h_img, (x + w) / w_img], axis=1).astype(np.float32)
-        inputs += [list(start), list(end), list(flip.astype(np.int32))]
+        starts, ends, mirrors = [], [], []
+        for (width, height), seed in zip(sizes, seeds.tolist()):
+            left, top, right, bottom, mirror = crop_and_flip(width, height, seed)
+            # Relative (y, x) corners: the resize's region of interest, in the image's shape order.
+            starts.append(np.array([top / height, left / width], np.float32))
+            ends.append(np.array([bottom / height, right / width], np.float32))
+            mirrors.append(np.array(mirror, np.int32))
+        inputs += [starts, ends, mirrors]
     return (padded, payloads, inputs), bad
 
 
@@ -176,6 +206,7 @@ class DaliLoader(BaseLoader):
     def _build_pipeline(self):
         from nvidia.dali import Pipeline, fn, types
 
+        _guard_forks()
         size = self.input_size
         pipe = Pipeline(
             batch_size=self.batch_size,

@@ -2,8 +2,9 @@
 
 For machines where DALI does not install (macOS, Windows). It reads records with
 dataloaders/records.py, decodes with PIL and applies the DALI pipeline's transforms:
-the crop box and flip of dataloaders/augment.py, bilinear resize, CLIP normalisation;
-eval: shorter side resize and centre crop. Batches hold the records BaseLoader assigns,
+`transform.augment_pil` seeded with the sample's own seed (the crop box and flip the DALI
+backend gets from dataloaders/augment.py), CLIP normalisation; eval: shorter side resize
+and centre crop. Batches hold the records BaseLoader assigns,
 so both backends deliver the same records, crops and captions.
 
 A record a worker cannot read or decode comes back marked instead of raising; the
@@ -13,6 +14,7 @@ stream has that record left out.
 
 from __future__ import annotations
 
+import gc
 import io
 from typing import Any
 
@@ -21,11 +23,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from dataloaders.augment import crop_boxes
 from dataloaders.base import BaseLoader
 from dataloaders.records import BadRecord, RecordReader
 from dataloaders.shards import ShardSet
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
+from src.open_alip.transform import augment_pil
 
 __all__ = ["RecordDataset", "TorchLoader"]
 
@@ -53,10 +55,7 @@ class RecordDataset(Dataset):
     def transform(self, img: Image.Image, aug_seed: int) -> torch.Tensor:
         size = self.input_size
         if self.train:
-            x, y, w, h, flip = (int(v[0]) for v in crop_boxes([img.width], [img.height], [aug_seed]))
-            img = img.resize((size, size), Image.BILINEAR, box=(x, y, x + w, y + h))
-            if flip:
-                img = img.transpose(Image.FLIP_LEFT_RIGHT)
+            img = augment_pil(img, size, np.random.default_rng(aug_seed))
         else:
             scale = size / min(img.width, img.height)
             new = (max(size, round(img.width * scale)), max(size, round(img.height * scale)))
@@ -111,6 +110,10 @@ class TorchLoader(BaseLoader):
 
     def _start(self) -> None:
         workers = max(0, self.num_threads)
+        if workers:
+            # Garbage left in this process would be collected in the forked workers: a DALI
+            # pipeline among it would wait there forever for threads the fork did not copy.
+            gc.collect()
         loader = DataLoader(
             self.dataset,
             batch_sampler=self.epoch_batches(self.epoch, self.batch),

@@ -21,6 +21,7 @@ import threading
 from collections import OrderedDict
 
 import numpy as np
+from PIL import Image
 
 from dataloaders.shards import ShardError, ShardSet
 from src.open_alip.constants import CONTEXT_LENGTH, SOT_TOKEN, VOCAB_SIZE
@@ -108,8 +109,6 @@ def image_size(payload: bytes) -> tuple[int, int]:
     size = _jpeg_size(payload)
     if size is not None:
         return size
-    from PIL import Image
-
     try:
         with Image.open(io.BytesIO(payload)) as img:
             return img.size
@@ -122,6 +121,10 @@ class RecordReader:
     """Record number -> (label float32 [K*77], image bytes) for one ShardSet; thread- and fork-safe."""
 
     def __init__(self, shardset: ShardSet, max_open: int = _MAX_OPEN) -> None:
+        # PIL imports its format plugins on first use; do it here, in the thread that builds the
+        # loader: an import under way in a reader thread when the process forks would leave
+        # the module locked in the child.
+        Image.init()
         self.shardset = shardset
         self.max_open = max_open
         self._local = threading.local()

@@ -3,21 +3,26 @@
 
 Both loaders read the same shards with the same number of CPU workers (DALI
 threads vs DataLoader processes), apply the training transform (random-resized
-crop, resize, flip, normalise) and pick captions. Each loader is warmed up once
-(libraries loaded), then timed over whole epochs, per-epoch start-up included.
-CPU time (this process and its reaped workers) is reported beside wall time, as
-it is the steadier figure on a machine shared with other jobs.
+crop, resize, flip, normalise) and pick captions. Each loader's first batch pays
+for its start-up and is not timed (as in dali.py); the rest of `--epochs` whole
+epochs is, epoch changes included. CPU time (this process and its reaped workers)
+is reported beside wall time, as it is the steadier figure on a machine shared
+with other jobs. `--vs-dali-py` also runs `dali.py` on the same shards with the
+same settings and prints its rate beside this one's: the two must agree.
 Without --data it writes synthetic photo-like JPEGs (YFCC-like size) to a
-temporary folder.
+temporary folder (or to --synthetic-out, kept).
 
   python -m benchmarks.loader                      # synthetic shards
   python -m benchmarks.loader --data /data/rec/    # your shards
+  python -m benchmarks.loader --vs-dali-py         # and dali.py's figure on the same shards
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -61,15 +66,30 @@ def _cpu_seconds() -> float:
 def measure(loader, epochs: int) -> tuple[float, float, int]:
     """(images/s of wall time, images per CPU second, images) over `epochs` whole epochs.
 
-    Each epoch's start-up (DALI pipeline build, DataLoader worker start) is included:
-    a training run pays it every epoch too.
+    The clock starts after the first batch, which pays for building the pipeline or
+    starting the workers once per run; later epochs' start-up (a pipeline reset, new
+    DataLoader workers) is timed, as a training run pays it every epoch.
     """
+    it = iter(loader)
+    next(it)
     images, cpu0, wall0 = 0, _cpu_seconds(), time.perf_counter()
-    for _ in range(epochs):
-        for batch, _tokens in loader:
+    for epoch in range(epochs):
+        for batch, _tokens in (it if epoch == 0 else loader):
             images += batch.shape[0]
     wall = time.perf_counter() - wall0
     return images / wall, images / (_cpu_seconds() - cpu0), images
+
+
+def dali_py_rate(data, args: argparse.Namespace, steps: int) -> float:
+    """The images/s dali.py prints for the same shards and settings (a process of its own)."""
+    cmd = [sys.executable, "dali.py", "--data", str(data), "--batch-size", str(args.batch_size),
+           "--input-size", str(args.input_size), "--workers", str(args.workers), "--steps", "1", "--time-steps", str(steps),
+           "--device", "cpu", "--cache-dir", str(Path(tempfile.gettempdir()) / "rwkv-clip-bench-cache")]
+    ran = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    found = re.search(r"delivers ([0-9.]+) images/s", ran.stdout)
+    if ran.returncode or not found:
+        raise RuntimeError(f"dali.py failed ({ran.returncode}): {ran.stderr[-500:]}")
+    return float(found.group(1))
 
 
 def stage_costs(data, input_size: int, batch_size: int, batches: int = 8) -> None:
@@ -84,27 +104,27 @@ def stage_costs(data, input_size: int, batch_size: int, batches: int = 8) -> Non
 
     shardset = load_shards(data, cache_dir=Path(tempfile.gettempdir()) / "rwkv-clip-bench-cache")
     n = min(shardset.total_records, batch_size * batches)
+    payloads = [RecordDataset(shardset, input_size, True).read(i)[1] for i in range(n)]
+    batches_of = [[np.frombuffer(p, np.uint8) for p in payloads[i : i + batch_size]]
+                  for i in range(0, n - batch_size + 1, batch_size)]
 
     def dali_rate(resize: bool, antialias: bool = True) -> float:
         @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None, prefetch_queue_depth=1)
         def pipe():
-            jpegs, _ = fn.readers.mxnet(path=[str(s.rec) for s in shardset.shards],
-                                        index_path=[str(shardset.index_path)])
-            images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
-                                                   random_area=[0.7, 1.0], random_aspect_ratio=[0.8, 1.25])
-            if resize:
-                images = fn.resize(images, resize_x=input_size, resize_y=input_size, antialias=antialias)
+            jpegs = fn.external_source(name="jpegs", dtype=types.UINT8, ndim=1)
+            images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+            if resize:  # the loader's crop-and-resize: a region of interest of the resize
+                images = fn.resize(images, resize_x=input_size, resize_y=input_size, roi_start=[0.05, 0.05],
+                                   roi_end=[0.95, 0.95], roi_relative=True, antialias=antialias)
             return images
 
         p = pipe()
         p.build()
-        p.run()
+        p.run(jpegs=batches_of[0])
         t = time.process_time()
-        for _ in range(n // batch_size):
-            p.run()
-        return (n // batch_size) * batch_size / (time.process_time() - t)
-
-    payloads = [RecordDataset(shardset, input_size, True).read(i)[1] for i in range(n)]
+        for batch in batches_of:
+            p.run(jpegs=batch)
+        return len(batches_of) * batch_size / (time.process_time() - t)
 
     def pil_rate(resize: bool) -> float:
         t = time.process_time()
@@ -117,7 +137,7 @@ def stage_costs(data, input_size: int, batch_size: int, batches: int = 8) -> Non
         return len(payloads) / (time.process_time() - t)
 
     print("stage costs, one thread, images per CPU-second (higher is better):")
-    print(f"  decode + random crop            DALI {dali_rate(False):7.1f}   PIL {pil_rate(False):7.1f}")
+    print(f"  decode                          DALI {dali_rate(False):7.1f}   PIL {pil_rate(False):7.1f}")
     print(f"  + resize to {input_size:<4d}(antialiased)   DALI {dali_rate(True):7.1f}   PIL {pil_rate(True):7.1f}")
     print(f"  + resize, DALI antialias=False  DALI {dali_rate(True, False):7.1f}")
 
@@ -132,10 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2, help="alternate the two loaders this many times")
     p.add_argument("--stages", action="store_true", help="also time decode and resize alone, DALI vs PIL")
+    p.add_argument("--vs-dali-py", action="store_true",
+                   help="also run dali.py on the same shards (same batch, workers, images) and compare its rate")
+    p.add_argument("--synthetic-out", metavar="DIR", help="write the synthetic shards here and keep them")
     args = p.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp:
-        data = args.data or synthetic_shards(Path(tmp), args.records)
+        if args.data:
+            data = args.data
+        else:
+            out = Path(args.synthetic_out or tmp)
+            out.mkdir(parents=True, exist_ok=True)
+            data = synthetic_shards(out, args.records)
         common = dict(input_size=args.input_size, train=True, device="cpu", num_threads=args.workers,
                       cache_dir=Path(tmp) / "cache", rank=0, world_size=1)
         wall: dict[str, list[float]] = {"dali": [], "torch": []}
@@ -144,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             warm = iter(build_loader(data, args.batch_size, backend=backend, **common))
             next(warm)
             del warm
+        shape = build_loader(data, args.batch_size, **common)
         # Alternating runs spread the machine's noise over both loaders.
+        cli: list[float] = []
         for _ in range(args.repeats):
             for backend in wall:
                 loader = build_loader(data, args.batch_size, backend=backend, **common)
@@ -153,12 +183,21 @@ def main(argv: list[str] | None = None) -> int:
                 cpu[backend].append(per_cpu)
                 print(f"{backend:>5}: {rate:8.1f} images/s, {per_cpu:8.1f} images per CPU-second "
                       f"({n} images timed)", flush=True)
-        print(f"records {loader.total_records}, batch {args.batch_size}, input {args.input_size}, "
+                del loader
+            if args.vs_dali_py:
+                # dali.py times the batches after its first: the same images this run times.
+                cli.append(dali_py_rate(data, args, args.epochs * len(shape) - 1))
+                print(f"dali.py: {cli[-1]:8.1f} images/s (its own process, same shards and settings)", flush=True)
+        print(f"records {shape.total_records}, batch {args.batch_size}, input {args.input_size}, "
               f"workers {args.workers}, epochs {args.epochs}, repeats {args.repeats}")
         for name, table, unit in (("wall", wall, "images/s"), ("cpu", cpu, "images per CPU-second")):
             dali, fallback = (float(np.median(table[b])) for b in ("dali", "torch"))
             print(f"median {unit}: DALI CPU {dali:.1f}, PyTorch fallback {fallback:.1f}; "
                   f"ratio DALI / fallback ({name}): {dali / fallback:.2f}x")
+        if cli:
+            bench = float(np.median(wall["dali"]))
+            print(f"median images/s: dali.py {np.median(cli):.1f}, this benchmark's DALI {bench:.1f}; "
+                  f"ratio dali.py / benchmark: {np.median(cli) / bench:.2f}")
         if args.stages:
             stage_costs(data, args.input_size, args.batch_size)
     return 0

@@ -4,112 +4,231 @@
 `for images, tokens in loader`: images float32 [B, 3, S, S] normalised with the
 CLIP mean/std on the loader's device, tokens int64 [B, 77] (one caption per
 sample, drawn uniformly among its non-empty ones) or [B, K, 77] with
-`all_captions`. Two backends read the same files in the same per-rank record
-ranges: DALI (this module; `fn.readers.mxnet`, GPU decoding when there is a
-GPU) and a pure-PyTorch fallback (`dataloaders.torch_loader`) for machines
-where DALI does not install.
+`all_captions`. Two backends deliver the same records in the same batches: DALI
+(this module; GPU decoding with the `mixed` decoder when the loader's device is a
+GPU) and a pure-PyTorch fallback (`dataloaders.torch_loader`) for machines where
+DALI does not install.
 
-Determinism: everything random in an epoch (shuffle, crops, flips, caption
-choice) is seeded from (seed, epoch, rank, world_size), and the DALI pipeline is
-rebuilt at each epoch with those seeds, so `set_epoch(e)` reproduces epoch `e`
-without replaying the earlier ones. Mid-epoch resume restores a DALI pipeline
-checkpoint (readers and random ops both support it in DALI 2.4); if a checkpoint
-cannot be restored the loader replays the consumed batches instead (costs the
-time of decoding them once).
+How the DALI backend is fed. The loader reads the records itself
+(dataloaders/records.py, a thread reading ahead) and hands DALI the encoded images
+through an external source, with each sample's crop box and flip
+(dataloaders/augment.py: the draws of the PyTorch fallback's augmentation); DALI decodes, crops and resizes in one `resize` with a region
+of interest, flips and normalises. Nothing random runs inside DALI, which gives:
 
-DALI is imported only when a DALI pipeline is built, so the fallback backend and
-the helpers here work without it.
+- one pipeline for the whole run, kept across epochs (each epoch only resets it);
+- `set_epoch(e)` reproduces epoch `e` without replaying earlier ones;
+- an exact mid-epoch resume from (epoch, batch, bad records) alone, no DALI checkpoint;
+- a record DALI cannot decode is skipped: a failed batch kills a DALI pipeline, so the
+  loader finds the record (each image of the batches in flight decoded alone), leaves it
+  out of the epoch's order (dataloaders/base.py) and continues with a new pipeline from
+  the same batch.
+
+The order of an epoch is a full permutation of the rank's records (not a shuffle buffer
+over the file order), so batches mix the whole share of the data; records are read at
+random offsets, which wants storage that serves random reads (local disk, page cache).
+The full image is decoded (the crop keeps 70-100% of it anyway) so that JPEGs can go to
+the GPU's hardware decoder, which does not decode regions.
+
+DALI is imported only when a DALI pipeline is built, so the fallback backend and the
+helpers here work without it.
 """
 
 from __future__ import annotations
 
-import io
 import os
-import sys
-import warnings
+import weakref
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from dataloaders.augment import crop_and_flip
 from dataloaders.base import (
-    _SEED_CROP,
-    _SEED_FLIP,
-    _SEED_PIPE,
-    _SEED_READER,
+    DEFAULT_MAX_BAD_RECORDS,
+    LOG,
+    BadRecordLimitError,
     BaseLoader,
     CorruptRecordError,
+    derive_seed,
     dist_env,
     select_captions,
 )
+from dataloaders.records import BadRecord, RecordReader, image_size, probe_shards
 from dataloaders.shards import load_shards
 from dataloaders.torch_loader import TorchLoader
 from src.devices import resolve_device
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
-from src.open_alip.transform import TRAIN_AREA, TRAIN_ASPECT, TRAIN_CROP_ATTEMPTS
 
-__all__ = ["CorruptRecordError", "DaliLoader", "build_loader", "select_captions"]
+__all__ = ["DEFAULT_MAX_BAD_RECORDS", "BadRecordLimitError", "CorruptRecordError", "DaliLoader", "build_loader",
+           "select_captions"]
 
-DEFAULT_SHUFFLE_BUFFER = 16384
+# The original's DALI settings (deepglint/RWKV-CLIP dataloaders): nvJPEG's device and pinned-host
+# buffers preallocated large enough that big images cause no reallocation, three batches in flight.
+# (Its 100 crop attempts are transform.TRAIN_CROP_ATTEMPTS, shared with the PyTorch fallback.)
+DEVICE_MEMORY_PADDING = 211025920
+HOST_MEMORY_PADDING = 140544512
+PREFETCH_DEPTH = 3
+# Share of JPEG work given to the GPU's hardware decoder (A100, H100, H200 have one; elsewhere the
+# setting is ignored). DALI's own tuning for A100; measure with benchmarks/gpu.py before changing.
+HW_DECODER_LOAD = 0.65
+READ_AHEAD = 2  # batches read (from disk, in a thread) before DALI asks for them
+
+
+_ABANDONED: list = []  # DALI pipeline backends a forked child must never shut down
+_FORK_HOOK = False
+
+
+def _abandon_dali_pipelines_in_child() -> None:
+    """After fork: DALI's worker threads were not copied, so shutting a pipeline down in the child
+    (its destructor, run by the garbage collector in, say, a DataLoader worker) waits forever.
+    The child cannot use the pipelines anyway; keep their backends alive and unreachable instead."""
+    try:
+        from nvidia.dali import Pipeline
+
+        for ref in list(getattr(Pipeline, "_pipes", ())):
+            pipe = ref()
+            if pipe is not None and getattr(pipe, "_pipe", None) is not None:
+                _ABANDONED.append(pipe._pipe)
+                pipe._pipe = None
+    except Exception:  # a DALI without these internals: nothing to do here
+        pass
+
+
+def _guard_forks() -> None:
+    global _FORK_HOOK
+    if not _FORK_HOOK and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_abandon_dali_pipelines_in_child)
+        _FORK_HOOK = True
+
+
+@dataclass
+class _Batch:
+    """One batch handed to DALI: what it is, and what DALI does not carry."""
+
+    epoch: int
+    index: int
+    records: np.ndarray
+    labels: np.ndarray  # float32 [n, K*77], padded with empty captions
+    payloads: list[bytes]  # kept to find an undecodable image after a failure
+
+
+def _read_batch(reader: RecordReader, records: np.ndarray, seeds: np.ndarray, train: bool):
+    """Read one batch (in the read-ahead thread): labels, payloads, crop inputs, and the bad records."""
+    labels, payloads, sizes, bad = [], [], [], []
+    for record in records.tolist():
+        try:
+            label, payload = reader.read(record)
+            sizes.append(image_size(payload) if train else (0, 0))
+        except BadRecord as e:
+            bad.append((record, e.reason))
+            continue
+        labels.append(label)
+        payloads.append(payload)
+    if bad:
+        return None, bad
+    width = max(lab.size for lab in labels)
+    padded = np.zeros((len(labels), width), np.float32)
+    for i, lab in enumerate(labels):
+        padded[i, : lab.size] = lab
+    inputs = [[np.frombuffer(p, np.uint8) for p in payloads]]
+    if train:
+        starts, ends, mirrors = [], [], []
+        for (width, height), seed in zip(sizes, seeds.tolist()):
+            left, top, right, bottom, mirror = crop_and_flip(width, height, seed)
+            # Relative (y, x) corners: the resize's region of interest, in the image's shape order.
+            starts.append(np.array([top / height, left / width], np.float32))
+            ends.append(np.array([bottom / height, right / width], np.float32))
+            mirrors.append(np.array(mirror, np.int32))
+        inputs += [starts, ends, mirrors]
+    return (padded, payloads, inputs), bad
+
+
+class _Source:
+    """The pipeline's external source, holding its loader weakly.
+
+    A pipeline that held the loader (a bound method) would make a reference cycle, and a cycle
+    is freed by the garbage collector whenever it runs, even inside a forked DataLoader worker,
+    where freeing a DALI pipeline waits forever for threads the fork did not copy.
+    """
+
+    def __init__(self, loader: DaliLoader) -> None:
+        self.loader = weakref.ref(loader)
+
+    def __call__(self):
+        loader = self.loader()
+        if loader is None:
+            raise StopIteration
+        return loader._source()
 
 
 class DaliLoader(BaseLoader):
-    """DALI pipeline over `.rec` shards, wrapped like the original DALIWarper."""
+    """DALI pipeline over `.rec` shards, fed by the loader, kept for the whole run."""
 
     backend = "dali"
 
-    def __init__(self, *args: Any, shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.shuffle_buffer = shuffle_buffer
+        self.reader = RecordReader(self.shardset)
         self._pipe = None
-        self._checkpoint: str | None = None  # to restore on the next pipeline build
+        self._pipe_dirty = False  # scheduled since it was built or last reset
+        self._fed: deque[_Batch] = deque()  # handed to DALI, not yet delivered
+        self._feed_at: tuple[int, int] = (0, 0)  # (epoch, batch) the source hands DALI next
+        self._feed_stop = False
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: dict[tuple, Future] = {}
+        self.pipelines_built = 0  # how many times a pipeline was built (kept across epochs: 1)
 
     # -- pipeline --------------------------------------------------------------------------
-    def _build_pipeline(self, epoch: int, checkpoint: str | None = None, probe: bool = False):
+    def _device_id(self) -> int | None:
+        if self.device.type != "cuda":
+            return None
+        # resolve_device gives an index; a bare torch.device("cuda") means the current GPU.
+        return self.device.index if self.device.index is not None else torch.cuda.current_device()
+
+    def _decoder_args(self, probe: bool = False) -> dict[str, Any]:
+        from nvidia.dali import types
+
+        # Orientation as stored, as the PyTorch fallback and the evaluation transform see the
+        # image, and as the crop box (computed from the stored size) assumes.
+        args: dict[str, Any] = {"output_type": types.RGB, "adjust_orientation": False}
+        if self.device.type == "cuda":
+            args["device"] = "mixed"
+            if not probe:
+                args.update(device_memory_padding=DEVICE_MEMORY_PADDING, host_memory_padding=HOST_MEMORY_PADDING,
+                            hw_decoder_load=HW_DECODER_LOAD)
+        else:
+            args["device"] = "cpu"
+        return args
+
+    def _build_pipeline(self):
         from nvidia.dali import Pipeline, fn, types
 
-        lo, hi = self.record_range(epoch)
-        gpu = self.device.type == "cuda"
+        _guard_forks()
+        size = self.input_size
         pipe = Pipeline(
             batch_size=self.batch_size,
             num_threads=max(1, self.num_threads),
-            device_id=self.device.index if gpu else None,
-            seed=self.seed_for(epoch, _SEED_PIPE),
-            enable_checkpointing=not probe,
-            checkpoint=checkpoint,
+            device_id=self._device_id(),
+            prefetch_queue_depth=PREFETCH_DEPTH,
+            seed=derive_seed(self.seed, self.rank),  # nothing in the pipeline draws from it
         )
         with pipe:
-            jpegs, labels = fn.readers.mxnet(
-                path=[str(s.rec) for s in self.shardset.shards],
-                index_path=[str(self.shardset.index_path)],
-                shard_id=self.shard_id(epoch),
-                num_shards=self.world_size,
-                stick_to_shard=True,
-                random_shuffle=self.train,
-                initial_fill=max(1, min(self.shuffle_buffer, hi - lo)),
-                pad_last_batch=not self.drop_last,
-                seed=self.seed_for(epoch, _SEED_READER),
-                name="reader",
-            )
-            if probe:
-                pipe.set_outputs(jpegs, labels)
-                return pipe
-            decoder = "mixed" if gpu else "cpu"
-            size = self.input_size
             if self.train:
-                images = fn.decoders.image_random_crop(
-                    jpegs,
-                    device=decoder,
-                    output_type=types.RGB,
-                    random_area=list(TRAIN_AREA),
-                    random_aspect_ratio=list(TRAIN_ASPECT),
-                    num_attempts=TRAIN_CROP_ATTEMPTS,
-                    seed=self.seed_for(epoch, _SEED_CROP),
+                jpegs, roi_start, roi_end, mirror = fn.external_source(
+                    source=_Source(self), num_outputs=4, batch=True,
+                    dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32], ndim=[1, 1, 1, 0],
                 )
-                images = fn.resize(images, resize_x=size, resize_y=size, interp_type=types.INTERP_LINEAR)
-                mirror = fn.random.coin_flip(probability=0.5, seed=self.seed_for(epoch, _SEED_FLIP))
+                images = fn.decoders.image(jpegs, **self._decoder_args())
+                # Crop and resize in one pass: the region of interest is the crop box.
+                images = fn.resize(images, resize_x=size, resize_y=size, roi_start=roi_start, roi_end=roi_end,
+                                   roi_relative=True, interp_type=types.INTERP_LINEAR)
             else:
-                images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
+                (jpegs,) = fn.external_source(source=_Source(self), num_outputs=1, batch=True,
+                                              dtype=[types.UINT8], ndim=[1])
+                images = fn.decoders.image(jpegs, **self._decoder_args())
                 images = fn.resize(images, resize_shorter=size, interp_type=types.INTERP_LINEAR)
                 mirror = 0
             images = fn.crop_mirror_normalize(
@@ -121,133 +240,151 @@ class DaliLoader(BaseLoader):
                 std=[s * 255 for s in CLIP_STD],
                 mirror=mirror,
             )
-            # Shards may hold different numbers of captions per record; shorter label
-            # arrays get zero (empty) captions so the batch is one tensor.
-            labels = fn.pad(labels, fill_value=0)
-            pipe.set_outputs(images, labels.gpu() if gpu else labels)
+            pipe.set_outputs(images)
+        pipe.build()
+        self.pipelines_built += 1
         return pipe
 
-    def _make_iterator(self, pipe):
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    # -- the external source ---------------------------------------------------------------
+    def _submit(self, epoch: int, batch: int) -> Future | None:
+        if batch >= self.batches_in(epoch):
+            return None
+        key = (epoch, batch, self.bad_records)
+        fut = self._ahead.get(key)
+        if fut is None:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="rec-read")
+            records, seeds = self.batch_items(epoch, batch)
+            fut = self._ahead[key] = self._pool.submit(_read_batch, self.reader, records, seeds, self.train)
+        return fut
 
-        policy = LastBatchPolicy.DROP if self.drop_last else LastBatchPolicy.PARTIAL
-        return DALIGenericIterator(
-            [pipe], ["images", "labels"], reader_name="reader", last_batch_policy=policy, auto_reset=False
-        )
+    def _source(self):
+        """DALI's external source: the next batch of the stream, or StopIteration at the epoch's end."""
+        epoch, batch = self._feed_at
+        if self._feed_stop or batch >= self.batches_in(epoch):
+            raise StopIteration
+        while True:
+            result, bad = self._submit(epoch, batch).result()
+            self._ahead.pop((epoch, batch, self.bad_records), None)
+            if not bad:
+                break
+            # Unreadable records: leave them out; this batch and all later ones change.
+            self._ahead.clear()
+            for record, reason in bad:
+                self.skip(record, reason)
+            if batch >= self.batches_in(epoch):
+                raise StopIteration
+        labels, payloads, inputs = result
+        self._fed.append(_Batch(epoch, batch, self.batch_items(epoch, batch)[0], labels, payloads))
+        self._feed_at = (epoch, batch + 1)
+        for ahead in range(batch + 1, batch + 1 + READ_AHEAD):
+            self._submit(epoch, ahead)
+        return tuple(inputs)
+
+    # -- positioning -----------------------------------------------------------------------
+    def _discard_pipeline(self) -> None:
+        self._pipe, self._pipe_dirty = None, False
+        self._fed.clear()
+
+    def _settle(self) -> None:
+        """Bring a used pipeline back to an epoch start: deliver (and drop) what is in flight, reset."""
+        if self._pipe is None or not self._pipe_dirty:
+            return
+        self._feed_stop = True
+        try:
+            self._pipe.schedule_run()  # lets the source say StopIteration if it has not yet
+            while not self._pipe.empty():
+                self._pipe.outputs()
+            self._pipe.reset()
+            self._pipe_dirty = False
+            self._fed.clear()
+        except Exception:  # a bad record in a dropped batch, say: a new pipeline is cheaper than care
+            self._discard_pipeline()
+        finally:
+            self._feed_stop = False
 
     def _start(self) -> None:
-        checkpoint, self._checkpoint = self._checkpoint, None
-        if self.batch and checkpoint is not None:
-            try:
-                self._pipe = self._build_pipeline(self.epoch, checkpoint=checkpoint)
-                self._iter = self._make_iterator(self._pipe)
-                return
-            except RuntimeError as e:
-                warnings.warn(
-                    f"could not restore the DALI checkpoint ({str(e).splitlines()[0]}); "
-                    f"replaying {self.batch} batches instead",
-                    stacklevel=3,
-                )
-        self._pipe = self._build_pipeline(self.epoch)
-        try:
-            self._iter = self._make_iterator(self._pipe)
-            # Without a checkpoint, replay the consumed batches: same seeds, same batches.
-            for _ in range(self.batch):
-                next(self._iter)
-        except RuntimeError as e:
-            raise self._diagnose(e, self.batch) from None
+        self._settle()
+        self._feed_at = (self.epoch, self.batch)
+        self._iter = True  # positioned; the pipeline itself is built on first use
 
     def _drop_iterator(self) -> None:
         super()._drop_iterator()
-        self._pipe = None
-        self._checkpoint = None
+        self._ahead.clear()
 
     # -- iteration -------------------------------------------------------------------------
     def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        try:
-            out = next(self._iter)[0]
-        except StopIteration:
-            # The reader ran dry before len() batches: a bookkeeping bug, not an epoch end.
-            raise RuntimeError(
-                f"DALI reader ended after {self.batch} of {self._len} batches (rank {self.rank})"
-            ) from None
-        except RuntimeError as e:
-            raise self._diagnose(e, self.batch) from None
-        return out["images"], out["labels"]
+        from nvidia.dali.plugin.pytorch.torch_utils import to_torch_tensor
 
-    # -- resume ----------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        state["dali_checkpoint"] = None
-        if self._iter is not None and 0 < self.batch < self._len:
-            state["dali_checkpoint"] = self._iter.checkpoints()[0]
-        elif self._checkpoint is not None:
-            state["dali_checkpoint"] = self._checkpoint
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if state.get("backend") == "dali":
-            self._checkpoint = state.get("dali_checkpoint")
-
-    # -- corrupt records -------------------------------------------------------------------
-    def _diagnose(self, error: RuntimeError, batch: int) -> RuntimeError:
-        """Turn DALI's anonymous decode failure into an error naming shard and record.
-
-        DALI aborts the pipeline without saying which sample failed, so a reader-only
-        pipeline with the same seeds replays this epoch's order up to the failing batch
-        (reading, not decoding) and each of its samples is checked with PIL.
-        """
-        text = str(error)
-        self._iter = self._pipe = None  # DALI pipelines are unusable after a critical error
-        if "decoder" not in text and "nvImageCodec" not in text:
-            return error
-        where = f"rank {self.rank}, epoch {self.epoch}, batch {batch}"
-        print(f"DALI failed to decode an image at {where}; locating the record "
-              f"(reading {batch + 1} batches without decoding)...", file=sys.stderr)
-        bad = []
-        try:
-            bad = self._find_undecodable(batch)
-        except Exception as e:  # the diagnosis must not hide the original failure
-            print(f"could not locate the record: {e}", file=sys.stderr)
-        reason = next((ln.strip() for ln in text.splitlines() if "failure" in ln or "rror" in ln), "")
-        if bad:
-            names = "; ".join(f"{rec} record key {key} at byte {off}" for rec, key, off in bad[:3])
-            msg = f"undecodable image in {names} ({where})"
-        else:
-            msg = f"DALI could not decode an image at {where} ({reason}), and the record was not located"
-        return CorruptRecordError(
-            msg + ". Check the shard with data2rec's verification and reconvert it, or leave it out of --data"
-        )
-
-    def _find_undecodable(self, batch: int) -> list[tuple[str, int, int]]:
-        from PIL import Image
-
-        pipe = self._build_pipeline(self.epoch, probe=True)
-        pipe.build()
-        found = []
-        # DALI runs a few iterations ahead; the failing sample is in this batch or the next ones.
-        for i in range(batch + 3):
-            if i >= self._len:
-                break
-            jpegs, _ = pipe.run()
-            if i < batch:
+        while True:
+            if self._pipe is None:
+                self._pipe = self._build_pipeline()
+            try:
+                self._pipe_dirty = True
+                self._pipe.schedule_run()
+                out = self._pipe.outputs()
+            except (BadRecordLimitError, KeyboardInterrupt):
+                self._discard_pipeline()
+                raise
+            except RuntimeError:
+                # DALI stops the whole pipeline for one undecodable image and does not say which.
+                suspects = list(self._fed)
+                self._discard_pipeline()
+                self._ahead.clear()
+                bad = self._find_undecodable(suspects)
+                if not bad:
+                    raise
+                for record, reason in bad:
+                    self.skip(record, reason)
+                if self.batch >= self.batches_in(self.epoch):
+                    raise StopIteration from None
+                self._feed_at = (self.epoch, self.batch)
                 continue
-            for j in range(len(jpegs)):
-                sample = jpegs[j]
+            entry = self._fed.popleft()
+            if (entry.epoch, entry.index) != (self.epoch, self.batch):  # a bookkeeping bug, never data
+                raise RuntimeError(f"DALI delivered batch {entry.index} of epoch {entry.epoch}, "
+                                   f"expected {self.batch} of {self.epoch}")
+            images = to_torch_tensor(out[0].as_tensor(), copy=True)
+            return images, torch.from_numpy(entry.labels)
+
+    # -- undecodable records ---------------------------------------------------------------
+    def _find_undecodable(self, suspects: list[_Batch]) -> list[tuple[int, str]]:
+        """Decode each image of the batches in flight alone, with the same decoder: the ones that fail."""
+        from nvidia.dali import Pipeline, fn, types
+
+        if not suspects:
+            return []
+        LOG.info("DALI failed to decode a batch on rank %d; decoding its %d images one by one to find the bad one",
+                 self.rank, sum(len(s.payloads) for s in suspects))
+
+        def probe_pipe():
+            pipe = Pipeline(batch_size=1, num_threads=1, device_id=self._device_id(), prefetch_queue_depth=1)
+            with pipe:
+                jpegs = fn.external_source(name="jpegs", dtype=types.UINT8, ndim=1)
+                pipe.set_outputs(fn.decoders.image(jpegs, **self._decoder_args(probe=True)))
+            pipe.build()
+            return pipe
+
+        found = []
+        pipe = None
+        for batch in suspects:
+            for record, payload in zip(batch.records.tolist(), batch.payloads):
+                pipe = pipe or probe_pipe()
                 try:
-                    with Image.open(io.BytesIO(np.array(sample).tobytes())) as img:
-                        img.convert("RGB").load()
-                    continue
-                except Exception:
-                    pass
-                rec_name, _, offset = sample.source_info().rpartition(" at index ")
-                hit = self.shardset.key_at(rec_name, int(offset)) if offset.isdigit() else None
-                if hit is not None:
-                    found.append((str(hit[0].rec), hit[1], int(offset)))
-            if found:
+                    pipe.run(jpegs=[np.frombuffer(payload, np.uint8)])
+                except RuntimeError as e:
+                    found.append((record, f"DALI cannot decode its image ({_dali_reason(e)})"))
+                    pipe = None  # a failed pipeline is unusable
+            if found:  # DALI reports a failure at the batch it belongs to
                 break
         return found
+
+
+def _dali_reason(error: Exception) -> str:
+    """The line of a DALI error that says what went wrong (its text is mostly a traceback)."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    useful = [ln for ln in lines if "failure" in ln.lower() or ("error" in ln.lower() and "pipeline" not in ln.lower())]
+    return (useful or lines or ["unknown error"])[-1][:200]
 
 
 def build_loader(
@@ -264,20 +401,25 @@ def build_loader(
     all_captions: bool = False,
     drop_last: bool | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
-    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
+    max_bad_records: int = DEFAULT_MAX_BAD_RECORDS,
 ) -> BaseLoader:
     """A loader over the shards named by `data` (prefix, .rec, folder, glob, or a list).
 
-    Raises `ShardError` (one-line message) for missing, empty or unmatched input.
-    Building is cheap: shards are indexed (or the cached index is read) but no
-    pipeline or worker starts before the first iteration.
+    Raises `ShardError` (one-line message) for missing, empty or unmatched input, and for
+    shards whose first or last record is not an image-caption record (classification
+    records, captions of another context length, an index that belongs to another .rec).
+    A record that cannot be read or decoded later is skipped and named once; more than
+    `max_bad_records` of them raise `BadRecordLimitError`. Building is cheap: shards are
+    indexed (or the cached index is read) and probed, but no pipeline or worker starts
+    before the first iteration.
     """
     if backend not in ("dali", "torch"):
         raise ValueError(f"backend {backend!r}: use dali or torch")
     shardset = load_shards(data, cache_dir=cache_dir)
+    probe_shards(shardset)
     rank, world_size = dist_env(rank, world_size)
     args = (shardset, batch_size, input_size, train, resolve_device(device), num_threads,
-            rank, world_size, seed, all_captions, train if drop_last is None else drop_last)
+            rank, world_size, seed, all_captions, train if drop_last is None else drop_last, max_bad_records)
     if backend == "torch":
         return TorchLoader(*args)
-    return DaliLoader(*args, shuffle_buffer=shuffle_buffer)
+    return DaliLoader(*args)

@@ -1,14 +1,13 @@
-"""Which `.rec/.idx` shards a loader reads, and the one combined index DALI needs.
+"""Which `.rec/.idx` shards a loader reads, and where every record of them starts.
 
-DALI's `fn.readers.mxnet` takes many `.rec` files but exactly one index whose
-offsets run over the files as if concatenated (docs/formats.md, section 1), and it reads
-records in offset order whatever the line order. So the order of records here
-(shard after shard, each by ascending offset) is the order DALI sees; both
-loader backends index records by that position.
+Records are numbered shard after shard, each shard by ascending offset; both loader
+backends address records by that number (dataloaders/records.py reads one). A record's
+bytes run from its offset to the next record's offset in the same shard (or the end of
+the file), the same rule DALI's RecordIO reader uses.
 
-Building the combined index reads every per-shard index, which takes a while for
-thousands of shards; the result is cached under a key made of the shards' paths,
-sizes and modification times, so a changed or rewritten shard gets a new index.
+Collecting the offsets reads every per-shard index, which takes a while for thousands
+of shards; the arrays are cached under a key made of the shards' paths, sizes and
+modification times, so a changed or rewritten shard gets a new entry.
 """
 
 from __future__ import annotations
@@ -27,12 +26,12 @@ from src.errors import UserError
 from src.fsutil import atomic_open
 from src.recordio import RecordIOError, read_index
 
-__all__ = ["Shard", "ShardError", "ShardSet", "default_cache_dir", "load_shards", "resolve_shards"]
+__all__ = ["Shard", "ShardError", "ShardSet", "default_cache_dir", "find_rec_file", "load_shards", "resolve_shards"]
 
 _MAGIC_BYTES = b"\x0a\x23\xd7\xce"
 _GLOB_CHARS = re.compile(r"[*?\[]")
 # Bump when the cached files' layout changes, so old caches are not misread.
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 
 
 class ShardError(UserError):
@@ -118,8 +117,26 @@ def resolve_shards(data) -> list[Shard]:
     return shards
 
 
+def find_rec_file(data_dir: str | os.PathLike[str] | None, rec_file: str) -> Path:
+    """The guide's `--data-dir DIR --rec-file NAME`: NAME under DIR, else NAME from the working folder.
+
+    NAME may be a `.rec` file or a prefix; its `.idx` is looked up beside it later.
+    """
+    name = Path(rec_file).expanduser()
+    tried = [] if name.is_absolute() or data_dir is None else [Path(data_dir).expanduser() / name]
+    tried.append(name)
+    for path in tried:
+        rec = path if path.suffix in (".rec", ".idx") else Path(f"{path}.rec")
+        if rec.with_suffix(".rec").is_file():
+            return path
+    where = " nor in the working folder ".join(str((p.parent if p.is_absolute() else Path.cwd() / p.parent).resolve())
+                                              for p in tried)
+    raise ShardError(f"--rec-file {rec_file}: not found in {where}; give the name of a .rec file in --data-dir "
+                     "(data2rec.py writes datarec.rec by default) or a path to one")
+
+
 def default_cache_dir() -> Path:
-    """Where combined indexes are cached: $RWKV_CLIP_CACHE, else $XDG_CACHE_HOME or ~/.cache."""
+    """Where record indexes are cached: $RWKV_CLIP_CACHE, else $XDG_CACHE_HOME or ~/.cache."""
     env = os.environ.get("RWKV_CLIP_CACHE")
     if env:
         return Path(env).expanduser() / "loader"
@@ -129,38 +146,37 @@ def default_cache_dir() -> Path:
 
 @dataclass
 class ShardSet:
-    """Shards plus the combined index; record `i` is the i-th record DALI reads."""
+    """Shards plus every record's key and offset; record `i` is the i-th in shard order."""
 
     shards: list[Shard]
-    index_path: Path  # the combined .idx handed to DALI
     counts: np.ndarray  # records per shard
     keys: np.ndarray  # per record: its key in its shard's own index
     offsets: np.ndarray  # per record: byte offset inside its shard
+    sizes: np.ndarray  # per shard: size of the .rec file in bytes
+
+    def __post_init__(self) -> None:
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
 
     @property
     def total_records(self) -> int:
         return int(self.counts.sum())
 
-    @property
-    def starts(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum(self.counts)])
+    def shard_of(self, record: int) -> int:
+        return int(np.searchsorted(self.starts, record, side="right")) - 1
 
     def locate(self, record: int) -> tuple[Shard, int, int]:
         """(shard, key, offset) of record number `record`."""
-        shard = int(np.searchsorted(self.starts, record, side="right")) - 1
-        return self.shards[shard], int(self.keys[record]), int(self.offsets[record])
+        return self.shards[self.shard_of(record)], int(self.keys[record]), int(self.offsets[record])
 
-    def key_at(self, rec_name: str, offset: int) -> tuple[Shard, int] | None:
-        """The shard and key of the record at `offset` in the shard file `rec_name` (path or name)."""
-        starts = self.starts
-        for i, shard in enumerate(self.shards):
-            if rec_name not in (str(shard.rec), shard.name):
-                continue
-            lo, hi = starts[i], starts[i + 1]
-            j = lo + int(np.searchsorted(self.offsets[lo:hi], offset))
-            if j < hi and self.offsets[j] == offset:
-                return shard, int(self.keys[j])
-        return None
+    def describe(self, record: int) -> str:
+        shard, key, offset = self.locate(record)
+        return f"{shard.rec} record key {key} at byte {offset}"
+
+    def span(self, record: int) -> tuple[int, int, int]:
+        """(shard number, first byte, end byte) of record `record`: up to the next record or the file's end."""
+        shard = self.shard_of(record)
+        end = int(self.offsets[record + 1]) if record + 1 < self.starts[shard + 1] else int(self.sizes[shard])
+        return shard, int(self.offsets[record]), end
 
 
 def _cache_key(shards: list[Shard]) -> str:
@@ -194,36 +210,30 @@ def _read_shard_index(shard: Shard) -> tuple[np.ndarray, np.ndarray]:
                          f"({size} bytes); the .rec is truncated or the index is stale")
     if np.any(np.diff(offsets) == 0):
         raise ShardError(f"{shard.idx}: two entries share one offset; rebuild the index")
+    misaligned = np.flatnonzero(offsets & 3)
+    if len(misaligned):
+        # Every RecordIO part starts on a 4-byte boundary (docs/formats.md), so this offset is not a record's.
+        j = misaligned[0]
+        raise ShardError(f"{shard.idx}: offset {offsets[j]} (key {keys[j]}) is not the start of a record in "
+                         f"{shard.rec.name}; the index belongs to another .rec or is damaged: rebuild the shard")
     if len(np.unique(keys)) != len(keys):
         raise ShardError(f"{shard.idx}: duplicate keys; rebuild the index")
     return keys, offsets
 
 
-def _write_combined(path: Path, shards: list[Shard], offsets: np.ndarray, counts: np.ndarray) -> None:
-    bases = np.repeat(np.concatenate([[0], np.cumsum([s.rec.stat().st_size for s in shards])[:-1]]), counts)
-    combined = (offsets + bases).tolist()
-
-    with atomic_open(path, "wb") as f:
-        # Keys are record numbers: unique even when shards reuse keys; DALI ignores them anyway.
-        for lo in range(0, len(combined), 1 << 20):
-            chunk = combined[lo:lo + (1 << 20)]
-            f.write("".join(f"{lo + i}\t{o}\n" for i, o in enumerate(chunk)).encode())
-
-
 def load_shards(data, cache_dir: str | os.PathLike[str] | None = None) -> ShardSet:
-    """Resolve `data` and return its shards with a (cached) combined index."""
+    """Resolve `data` and return its shards with every record's key and offset (cached)."""
     shards = resolve_shards(data)
+    sizes = np.array([s.rec.stat().st_size for s in shards], dtype=np.int64)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key = _cache_key(shards)
-    idx_path = cache / f"{key}.idx"
     arrays = {name: cache / f"{key}.{name}.npy" for name in ("keys", "offsets", "counts")}
-    if idx_path.is_file() and all(p.is_file() for p in arrays.values()):
+    if all(p.is_file() for p in arrays.values()):
         try:
-            # Memory-mapped: with 15M records these are 240 MB a rank would otherwise hold,
-            # and only diagnostics and the fallback loader read them.
+            # Memory-mapped: with 15M records these are 240 MB a rank would otherwise hold.
             loaded = {name: np.load(p, mmap_mode="r") for name, p in arrays.items()}
             if len(loaded["keys"]) == len(loaded["offsets"]) == int(loaded["counts"].sum()):
-                return ShardSet(shards, idx_path, np.asarray(loaded["counts"]), loaded["keys"], loaded["offsets"])
+                return ShardSet(shards, np.asarray(loaded["counts"]), loaded["keys"], loaded["offsets"], sizes)
         except (OSError, ValueError):
             pass  # a damaged cache entry is rebuilt below
     per_shard = [_read_shard_index(s) for s in shards]
@@ -232,12 +242,11 @@ def load_shards(data, cache_dir: str | os.PathLike[str] | None = None) -> ShardS
     offsets = np.concatenate([o for _, o in per_shard])
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        _write_combined(idx_path, shards, offsets, counts)
         # counts goes last: its presence marks a complete cache entry.
         for name, value in (("keys", keys), ("offsets", offsets), ("counts", counts)):
             with atomic_open(arrays[name], "wb") as f:
                 np.save(f, value)
     except OSError as e:
-        raise ShardError(f"{cache}: cannot write the combined index cache ({e.strerror}); "
+        raise ShardError(f"{cache}: cannot write the record index cache ({e.strerror}); "
                          "set RWKV_CLIP_CACHE to a writable folder") from None
-    return ShardSet(shards, idx_path, counts, keys, offsets)
+    return ShardSet(shards, counts, keys, offsets, sizes)

@@ -1,20 +1,21 @@
 """Pure-PyTorch fallback loader over the same `.rec/.idx` shards (no DALI needed).
 
 For machines where DALI does not install (macOS, Windows). It reads records with
-`src.recordio`, decodes with PIL and applies the DALI pipeline's transforms
-(src/open_alip/transform.py: random-resized crop over area [0.7, 1] and aspect [0.8, 1.25],
-resize, flip with p=0.5, CLIP normalisation; eval: shorter side resize and centre crop). Each rank
-reads the same record range as the DALI backend and chooses captions with the
-same per-batch seeds, so both backends give the same captions for the same
-records. Augmentation parameters are drawn per sample from (seed, epoch, rank,
-position), so results do not depend on the number of workers, and a mid-epoch
-resume skips the consumed batches without decoding them.
+dataloaders/records.py, decodes with PIL and applies the DALI pipeline's transforms:
+`transform.augment_pil` seeded with the sample's own seed (the crop box and flip the DALI
+backend gets from dataloaders/augment.py), CLIP normalisation; eval: shorter side resize
+and centre crop. Batches hold the records BaseLoader assigns,
+so both backends deliver the same records, crops and captions.
+
+A record a worker cannot read or decode comes back marked instead of raising; the
+loader skips it (BaseLoader.skip) and restarts its workers at the same batch, whose
+stream has that record left out.
 """
 
 from __future__ import annotations
 
+import gc
 import io
-import os
 from typing import Any
 
 import numpy as np
@@ -22,14 +23,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from dataloaders.base import _SEED_AUG, _SEED_ORDER, BaseLoader, CorruptRecordError
+from dataloaders.base import BaseLoader
+from dataloaders.records import BadRecord, RecordReader
 from dataloaders.shards import ShardSet
-
-# Records are read by byte offset, not through MXIndexedRecordIO by key: that would parse
-# each shard's whole index into a dict per worker, ~1.5 GB per worker at 15M records.
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
 from src.open_alip.transform import augment_pil
-from src.recordio import read_record_at, unpack
 
 __all__ = ["RecordDataset", "TorchLoader"]
 
@@ -38,57 +36,23 @@ _STD = np.asarray(CLIP_STD, np.float32) * 255
 
 
 class RecordDataset(Dataset):
-    """Record `i` of a ShardSet -> (image float32 [3, S, S], label float32 [K*77]).
-
-    Items are addressed by (record, augmentation seed) pairs so that a sample's crop
-    and flip do not depend on which worker process decodes it.
-    """
+    """(record, augmentation seed) -> (image float32 [3, S, S], label float32 [K*77]), or, for a
+    record that cannot be used, (None, record, reason)."""
 
     def __init__(self, shardset: ShardSet, input_size: int, train: bool) -> None:
         self.shardset = shardset
         self.input_size = input_size
         self.train = train
-        self._handles: dict[int, Any] = {}
-        self._pid = os.getpid()
+        self.reader = RecordReader(shardset)
 
     def __len__(self) -> int:
         return self.shardset.total_records
 
-    def __getstate__(self) -> dict[str, Any]:
-        # Worker processes open their own file handles.
-        state = dict(self.__dict__)
-        state["_handles"] = {}
-        return state
-
-    def _file(self, shard: int):
-        if self._pid != os.getpid():
-            self._handles, self._pid = {}, os.getpid()
-        handle = self._handles.get(shard)
-        if handle is None:
-            handle = self._handles[shard] = open(self.shardset.shards[shard].rec, "rb")
-        return handle
-
     def read(self, record: int) -> tuple[np.ndarray, bytes]:
-        """The label array and image bytes of record number `record`."""
-        shard = int(np.searchsorted(self.shardset.starts, record, side="right")) - 1
-        offset = int(self.shardset.offsets[record])
-        data = read_record_at(self._file(shard), offset, str(self.shardset.shards[shard].rec))
-        header, payload = unpack(data)
-        label = np.array(header.label, dtype=np.float32).reshape(-1)  # a writable copy
-        return label, payload
+        """The label array and image bytes of record number `record` (BadRecord if unusable)."""
+        return self.reader.read(record)
 
-    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        record, aug_seed = item
-        label, payload = self.read(record)
-        try:
-            with Image.open(io.BytesIO(payload)) as img:
-                img = img.convert("RGB")
-        except Exception as e:
-            shard, key, offset = self.shardset.locate(record)
-            raise CorruptRecordError(
-                f"undecodable image in {shard.rec} record key {key} at byte {offset} ({e}). "
-                "Check the shard with data2rec's verification and reconvert it, or leave it out of --data"
-            ) from None
+    def transform(self, img: Image.Image, aug_seed: int) -> torch.Tensor:
         size = self.input_size
         if self.train:
             img = augment_pil(img, size, np.random.default_rng(aug_seed))
@@ -99,17 +63,35 @@ class RecordDataset(Dataset):
             left, top = (new[0] - size) // 2, (new[1] - size) // 2
             img = img.crop((left, top, left + size, top + size))
         pixels = (np.asarray(img, dtype=np.float32) - _MEAN) / _STD
-        return torch.from_numpy(pixels.transpose(2, 0, 1).copy()), torch.from_numpy(label)
+        return torch.from_numpy(pixels.transpose(2, 0, 1).copy())
+
+    def __getitem__(self, item: tuple[int, int]):
+        record, aug_seed = item
+        try:
+            label, payload = self.read(record)
+        except BadRecord as e:
+            return None, record, e.reason
+        try:
+            with Image.open(io.BytesIO(payload)) as img:
+                img = img.convert("RGB")
+        except Exception as e:  # PIL raises many kinds for undecodable data
+            text = str(e).splitlines()[0] if str(e) else type(e).__name__
+            return None, record, f"PIL cannot decode its image ({text})"
+        return self.transform(img, aug_seed), torch.from_numpy(label)
 
 
-def _collate(items: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    images = torch.stack([im for im, _ in items])
-    # Records with fewer captions are padded with empty (all-zero) ones, as in the DALI pipeline.
-    width = max(lab.numel() for _, lab in items)
-    labels = torch.zeros(len(items), width, dtype=torch.float32)
-    for i, (_, lab) in enumerate(items):
+def _collate(items: list) -> tuple[torch.Tensor | None, torch.Tensor | None, list[tuple[int, str]]]:
+    bad = [(item[1], item[2]) for item in items if item[0] is None]
+    good = [i for i in items if i[0] is not None]
+    if bad or not good:
+        return None, None, bad  # the loader skips and asks again: no point stacking this batch
+    images = torch.stack([im for im, _ in good])
+    # Records with fewer captions are padded with empty (all-zero) ones, as in the DALI backend.
+    width = max(lab.numel() for _, lab in good)
+    labels = torch.zeros(len(good), width, dtype=torch.float32)
+    for i, (_, lab) in enumerate(good):
         labels[i, : lab.numel()] = lab
-    return images, labels
+    return images, labels, bad
 
 
 class TorchLoader(BaseLoader):
@@ -121,24 +103,20 @@ class TorchLoader(BaseLoader):
         super().__init__(*args, **kwargs)
         self.dataset = RecordDataset(self.shardset, self.input_size, self.train)
 
-    def epoch_batches(self, epoch: int) -> list[list[tuple[int, int]]]:
-        """The (record, augmentation seed) items of each batch of `epoch` on this rank."""
-        lo, hi = self.record_range(epoch)
-        records = np.arange(lo, hi)
-        if self.train:
-            records = np.random.default_rng(self.seed_for(epoch, _SEED_ORDER)).permutation(records)
-        records = records[: self.num_samples]
-        aug = np.random.default_rng(self.seed_for(epoch, _SEED_AUG)).integers(0, 2**63 - 1, len(records))
-        items = list(zip(records.tolist(), aug.tolist()))
-        b = self.batch_size
-        return [items[i : i + b] for i in range(0, len(items), b)][: self._len]
+    def epoch_batches(self, epoch: int, start: int = 0) -> list[list[tuple[int, int]]]:
+        """The (record, augmentation seed) items of batches `start`.. of `epoch` on this rank."""
+        return [list(zip(*(a.tolist() for a in self.batch_items(epoch, b))))
+                for b in range(start, self.batches_in(epoch))]
 
     def _start(self) -> None:
-        batches = self.epoch_batches(self.epoch)[self.batch :]
         workers = max(0, self.num_threads)
+        if workers:
+            # Garbage left in this process would be collected in the forked workers: a DALI
+            # pipeline among it would wait there forever for threads the fork did not copy.
+            gc.collect()
         loader = DataLoader(
             self.dataset,
-            batch_sampler=batches,
+            batch_sampler=self.epoch_batches(self.epoch, self.batch),
             num_workers=workers,
             collate_fn=_collate,
             pin_memory=self.device.type == "cuda",
@@ -147,12 +125,14 @@ class TorchLoader(BaseLoader):
         self._iter = iter(loader)
 
     def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        try:
-            images, labels = next(self._iter)
-        except CorruptRecordError as e:
-            # A worker's error arrives wrapped in its traceback; keep the one line that matters.
-            lines = [ln for ln in str(e).splitlines() if "CorruptRecordError: " in ln]
-            if not lines:
-                raise
-            raise CorruptRecordError(lines[-1].split("CorruptRecordError: ", 1)[1]) from None
-        return images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+        while True:
+            images, labels, bad = next(self._iter)
+            if not bad:
+                return images.to(self.device, non_blocking=True), labels
+            # Every batch behind this one shifts: restart the workers on the new stream.
+            self._drop_iterator()
+            for record, reason in bad:
+                self.skip(record, reason)
+            if self.batch >= self.batches_in(self.epoch):
+                raise StopIteration
+            self._start()

@@ -1,7 +1,12 @@
 """The DALI loader (real CPU pipelines) and the PyTorch fallback, on small shards written here."""
 
 
+import gc
+import logging
 import os
+import re
+import signal
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -9,11 +14,21 @@ import numpy as np
 import pytest
 import torch
 
-from dataloaders.base import CorruptRecordError, select_captions, shard_range
-from dataloaders.imagenet import build_loader
+from dataloaders.augment import crop_and_flip
+from dataloaders.base import BadRecordLimitError, select_captions, shard_range
+from dataloaders.imagenet import (
+    DEVICE_MEMORY_PADDING,
+    HOST_MEMORY_PADDING,
+    HW_DECODER_LOAD,
+    PREFETCH_DEPTH,
+    DaliLoader,
+    build_loader,
+)
+from dataloaders.records import BadRecord, check_label
 from dataloaders.shards import ShardError, load_shards, resolve_shards
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
-from tests._loader_helpers import caption_index, record_colour, record_id, write_shard
+from src.open_alip.transform import random_resized_box
+from tests._loader_helpers import caption_index, caption_tokens, record_colour, record_id, write_shard
 
 S = 32  # input size: small keeps the CPU pipelines fast
 ALL_IDS = [*range(0, 20), *range(100, 113), *range(200, 207)]
@@ -67,6 +82,8 @@ def test_inputs_prefix_folder_glob_list_agree(shards):
         (lambda d: (write_shard(d / "a", range(3)), (d / "a.idx").write_text(""), d)[-1], "lists no records"),
         (lambda d: (write_shard(d / "a", range(3)), (d / "a.rec").write_bytes(b"junk" * 9), d)[-1],
          "not a RecordIO file"),
+        (lambda d: (write_shard(d / "a", range(3)), (d / "a.idx").write_text("0\t0\n1\t1234\n2\t2468\n"), d)[-1],
+         "offset 1234 (key 1) is not the start of a record"),
     ],
 )
 def test_bad_inputs_give_one_line_errors(tmp_path, make_bad, fragment):
@@ -84,25 +101,23 @@ def test_empty_list_and_duplicate_shard_are_refused(shards):
         resolve_shards([shards / "part-0", shards / "part-0.rec"])
 
 
-def test_combined_index_is_cached_and_follows_the_files(tmp_path):
+def test_record_index_is_cached_and_follows_the_files(tmp_path):
     write_shard(tmp_path / "d" / "a", range(5))
     write_shard(tmp_path / "d" / "b", range(10, 13))
     first = load_shards(tmp_path / "d", cache_dir=tmp_path / "c")
     assert first.total_records == 8
-    lines = first.index_path.read_text().splitlines()
     a_size = (tmp_path / "d" / "a.rec").stat().st_size
-    offsets = [int(ln.split("\t")[1]) for ln in lines]
-    # b's records are offset by a's size: the index spans the concatenation.
-    assert offsets[5] == a_size and offsets == sorted(offsets)
+    # A record runs to the next one in its shard, the last one to the end of its file.
+    assert first.span(4) == (0, int(first.offsets[4]), a_size)
+    assert first.span(5) == (1, 0, int(first.offsets[6]))
     again = load_shards(tmp_path / "d", cache_dir=tmp_path / "c")
-    assert again.index_path == first.index_path
     assert sorted(p.name.split(".", 1)[1] for p in (tmp_path / "c").iterdir()) == [
-        "counts.npy", "idx", "keys.npy", "offsets.npy"]
+        "counts.npy", "keys.npy", "offsets.npy"]
     assert isinstance(again.keys, np.memmap) and list(again.keys) == [0, 1, 2, 3, 4, 10, 11, 12]
     write_shard(tmp_path / "d" / "b", range(10, 14))  # rewritten shard: a new cache entry
     os.utime(tmp_path / "d" / "b.rec", ns=(1, 1))
     changed = load_shards(tmp_path / "d", cache_dir=tmp_path / "c")
-    assert changed.total_records == 9 and changed.index_path != first.index_path
+    assert changed.total_records == 9 and len(list((tmp_path / "c").iterdir())) == 6
     assert changed.locate(8)[0].name == "b.rec" and changed.locate(8)[1] == 13
 
 
@@ -135,6 +150,7 @@ def test_train_epochs_shuffle_without_repeats_and_set_epoch_reproduces(shards, c
     e0, e1 = ids_of(epochs[0]), ids_of(epochs[1])
     assert sorted(e0) == sorted(e1) == sorted(ALL_IDS)
     assert e0 != e1 and e0 != ALL_IDS
+    assert loader.pipelines_built == 1  # one DALI pipeline for both epochs
     other = make(shards, cache, train=True, seed=3)
     other.set_epoch(1)
     replay = list(other)
@@ -204,24 +220,156 @@ def test_select_captions_never_picks_an_empty_caption():
         select_captions(torch.zeros(2, 100), 0)
 
 
-def test_corrupt_record_is_named(tmp_path, cache):
-    write_shard(tmp_path / "good", range(10))
-    write_shard(tmp_path / "bad", range(50, 60), corrupt={55})
-    # In training order too: the shuffled position of the bad record is found by replaying the reader.
-    for backend, train in (("dali", False), ("dali", True), ("torch", True)):
-        loader = make([tmp_path / "good", tmp_path / "bad"], cache, train=train, batch_size=4, backend=backend,
-                      num_threads=1, seed=5)
-        with pytest.raises(CorruptRecordError) as err:
-            list(loader)
-        text = str(err.value)
-        assert "bad.rec" in text and "record key 55" in text and "\n" not in text, (backend, train, text)
+def test_mixed_caption_counts_in_one_shard_on_both_backends(tmp_path, cache):
+    # Records hold 1, 2 or 3 captions side by side in one shard, as the hub's rows may.
+    counts = {i: 1 + i % 3 for i in range(30)}
+    write_shard(tmp_path / "mixed", range(30), k=counts)
+    for backend in ("dali", "torch"):
+        for train in (False, True):
+            loader = make(tmp_path / "mixed", cache, train=train, batch_size=6, backend=backend, seed=2)
+            seen = 0
+            for _ in range(2):
+                for _, tokens in loader:
+                    for t in tokens.numpy():
+                        # The caption is one of this record's own, never an empty padding block.
+                        assert 0 <= caption_index(t) < counts[record_id(t)], (backend, train)
+                        seen += 1
+            assert seen == 60, (backend, train)
+            full = make(tmp_path / "mixed", cache, train=False, batch_size=6, backend=backend, all_captions=True)
+            _, tokens = next(iter(full))
+            assert tokens.shape == (6, 3, 77)
+            assert [int((block[:, 0] != 0).sum()) for block in tokens] == [1, 2, 3, 1, 2, 3]
+
+
+def test_backends_deliver_the_same_records_crops_and_captions(tmp_path, cache):
+    write_shard(tmp_path / "wide", range(24), size=(96, 40))  # elongated: some crops are the fallback
+    runs = {b: list(make(tmp_path / "wide", cache, train=True, batch_size=8, backend=b, seed=1))
+            for b in ("dali", "torch")}
+    for (a, ta), (b, tb) in zip(runs["dali"], runs["torch"]):
+        assert torch.equal(ta, tb)
+        # Same crop box and flip per sample; only the decoders' and resamplers' rounding differs.
+        assert float((a - b).abs().mean()) < 0.01
+
+
+def test_crop_and_flip_are_the_fallbacks_draws_with_100_attempts():
+    rng = np.random.default_rng(0)
+    for seed in rng.integers(0, 2**63 - 1, 200).tolist():
+        width, height = int(rng.integers(20, 800)), int(rng.integers(20, 800))
+        left, top, right, bottom, mirror = crop_and_flip(width, height, seed)
+        # The draws of transform.augment_pil, which the PyTorch fallback applies with the same seed.
+        same = np.random.default_rng(seed)
+        assert (left, top, right, bottom) == random_resized_box(width, height, same)
+        assert mirror == (same.random() < 0.5)
+        assert 0 <= left < right <= width and 0 <= top < bottom <= height
+    # 100 attempts, as the original's DALI crop: a 4:3 photo practically never falls back to the
+    # centred crop, which 10 attempts gave 180 of these 3000 seeds.
+    assert sum(crop_and_flip(500, 375, s)[:4] == (15, 0, 484, 375) for s in range(3000)) == 0
+
+
+def test_label_checks_tell_captions_from_other_records():
+    good = caption_tokens(3, 2).ravel()
+    assert np.array_equal(check_label(good.size, good), good)
+    for flag, label, fragment in [
+        (0, 5.0, "single number (flag 0)"),
+        (64, np.ones(64, np.float32), "64 caption token values, not a multiple of 77"),
+        (77, np.arange(77, dtype=np.float32), "begin with the start token"),
+        (154, np.concatenate([good[:77], np.full(77, 7, np.float32)]), "begin with the start token"),
+        (77, np.where(np.arange(77) == 0, 49406, 60000).astype(np.float32), "outside 0..49407"),
+    ]:
+        with pytest.raises(BadRecord, match=re.escape(fragment)):
+            check_label(flag, label)
+
+
+# -- records that cannot be read or decoded -----------------------------------------------
+
+
+def _bad_shards(tmp_path, kind: str) -> list[Path]:
+    write_shard(tmp_path / "good", range(12))
+    write_shard(tmp_path / "bad", range(50, 62), corrupt={55: kind})
+    return [tmp_path / "good", tmp_path / "bad"]
+
+
+def _skips(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+
+
+@pytest.mark.parametrize("backend, kind", [("dali", "truncated"), ("torch", "truncated"), ("torch", "bogus_marker")])
+def test_a_bad_record_is_skipped_once_and_a_resume_never_meets_it(tmp_path, cache, caplog, backend, kind):
+    data = _bad_shards(tmp_path, kind)
+    caplog.set_level(logging.WARNING, logger="dataloaders")
+    kw = dict(train=True, backend=backend, seed=11, num_threads=1)
+    first = make(data, cache, **kw)
+    first.set_epoch(1)
+    batches, states = [], [first.state_dict()]
+    for batch in first:
+        batches.append(batch)
+        states.append(first.state_dict())
+    # Training continued: every batch full (DDP ranks stay in step), the bad record never in one.
+    assert len(batches) == len(first) == 6 and all(im.shape[0] == 4 for im, _ in batches)
+    assert 55 not in ids_of(batches) and len(set(ids_of(batches))) == 23
+    skips = _skips(caplog)
+    assert len(skips) == 1 and "bad.rec record key 55 at byte" in skips[0] and "\n" not in skips[0]
+    record = first.shardset.keys.tolist().index(55, 12)
+    assert first.bad_records == 1 and first.skipped_records == [record]
+    # The skip happened at the batch that held the record; take states after and before it.
+    at = next(i for i, st in enumerate(states) if st["bad_records"])
+    assert 1 < at < len(states) - 1, "pick a seed that puts the bad record mid-epoch"
+    after, before = states[at], states[at - 2]
+    assert (after["epoch"], after["batch"], after["skipped_records"]) == (1, at, [record])
+    caplog.clear()
+    resumed = make(data, cache, **kw)
+    resumed.load_state_dict(after)
+    tail = list(resumed)
+    assert len(tail) == len(batches) - at
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(tail, batches[at:]))
+    list(resumed)  # the next epoch, too, leaves it out without meeting it
+    assert not _skips(caplog) and resumed.bad_records == 1
+    # From a state taken before the skip, the resumed run meets it at the same place: same batches.
+    again = make(data, cache, **kw)
+    again.load_state_dict(before)
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(list(again), batches[at - 2 :]))
+    assert len(_skips(caplog)) == 1
+
+
+def test_dali_cpu_decodes_what_pil_refuses_and_skips_nothing(tmp_path, cache, caplog):
+    # libjpeg-turbo, DALI's CPU decoder, only warns about a bogus marker inside the scan.
+    loader = make(_bad_shards(tmp_path, "bogus_marker"), cache, train=True, seed=11, num_threads=1)
+    assert 55 in ids_of(list(loader)) and loader.bad_records == 0 and not _skips(caplog)
+
+
+@pytest.mark.parametrize("backend", ["dali", "torch"])
+def test_too_many_bad_records_stop_with_one_line(tmp_path, cache, backend):
+    write_shard(tmp_path / "rotten", range(16), corrupt={2, 7, 11})
+    loader = make(tmp_path / "rotten", cache, train=False, backend=backend, max_bad_records=1, num_threads=1)
+    with pytest.raises(BadRecordLimitError) as err:
+        list(loader)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("rank 0: 2 unreadable or undecodable record(s)"), text
+    assert "max_bad_records=1" in text and "rotten.rec record key 7" in text and "--max-bad-records" in text
+    assert loader.bad_records == 2
+
+
+def test_all_ranks_bad_records_are_left_out_on_resume(shards, cache):
+    def rank0():
+        return make(shards, cache, train=True, rank=0, world_size=2, batch_size=3)
+
+    states = [make(shards, cache, train=True, rank=r, world_size=2, batch_size=3).state_dict() for r in range(2)]
+    states[1]["skipped_records"] = [25]  # rank 1 met record 25 in epoch 0; rank 0 reads it in epoch 1
+    resumed = rank0()
+    resumed.load_state_dict(states)
+    assert resumed.skipped_records == [25] and resumed.state_dict()["bad_records"] == 1
+    plain, stream = rank0().epoch_stream(1)[0].tolist(), resumed.epoch_stream(1)[0].tolist()
+    at = plain.index(25)
+    assert stream[:at] == plain[:at] and stream[at : len(plain) - 1] == plain[at + 1 :]
+    with pytest.raises(ShardError, match="2 ranks but this run has 1"):
+        make(shards, cache, train=True).load_state_dict(states)
 
 
 # -- exact resume ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend, drop_checkpoint", [("dali", False), ("dali", True), ("torch", False)])
-def test_mid_epoch_resume_gives_the_same_batches(shards, cache, backend, drop_checkpoint):
+@pytest.mark.parametrize("backend", ["dali", "torch"])
+def test_mid_epoch_resume_gives_the_same_batches(shards, cache, backend):
     reference = make(shards, cache, train=True, backend=backend, seed=7, num_threads=1)
     reference.set_epoch(2)
     expected = list(reference)
@@ -230,9 +378,7 @@ def test_mid_epoch_resume_gives_the_same_batches(shards, cache, backend, drop_ch
     it = iter(first)
     head = [next(it) for _ in range(3)]
     state = first.state_dict()
-    assert (state["epoch"], state["batch"]) == (2, 3)
-    if drop_checkpoint:  # no DALI checkpoint: the loader replays the consumed batches
-        state["dali_checkpoint"] = None
+    assert (state["epoch"], state["batch"], state["bad_records"]) == (2, 3, 0)
     resumed = make(shards, cache, train=True, backend=backend, seed=7, num_threads=1)
     resumed.load_state_dict(state)
     tail = list(resumed)
@@ -241,8 +387,13 @@ def test_mid_epoch_resume_gives_the_same_batches(shards, cache, backend, drop_ch
         assert torch.equal(ia, ib) and torch.equal(ta, tb)
     assert resumed.state_dict()["epoch"] == 3  # the finished epoch moved the loader on
     head_only = make(shards, cache, train=True, backend=backend, seed=7, num_threads=1)
-    head_only.load_state_dict({**state, "batch": len(head_only) - 1, "dali_checkpoint": None})
+    head_only.load_state_dict({**state, "batch": len(head_only) - 1})
     assert len(list(head_only)) == 1 and head_only.state_dict()["batch"] == 0
+    # A jump in the middle of an epoch (the trainer's --train-num-samples does this) keeps the pipeline.
+    first.set_epoch(2)
+    assert [torch.equal(a[1], b[1]) for a, b in zip(first, expected)] == [True] * len(expected)
+    if backend == "dali":
+        assert first.pipelines_built == 1
     with pytest.raises(ShardError, match="world_size"):
         make(shards, cache, train=True, backend=backend, seed=7, rank=0, world_size=2).load_state_dict(state)
 
@@ -271,6 +422,30 @@ def test_fallback_same_augmentation_with_any_worker_count(shards, cache):
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*runs))
 
 
+def test_a_forked_child_can_drop_a_dali_pipeline(shards, cache):
+    # DataLoader workers are forked children; freeing a DALI pipeline there (the garbage collector
+    # does, for one that was garbage at fork time) must not wait for threads the fork did not copy.
+    loader = make(shards, cache, train=True)
+    next(iter(loader))
+    pid = os.fork()
+    if pid == 0:  # the child: drop the loader and its pipeline, then leave at once
+        del loader
+        gc.collect()
+        os._exit(0)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung freeing the DALI pipeline")
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(next(iter(loader))[0]) == 4  # the parent's pipeline still works
+
+
 def test_construction_is_cheap_and_lazy(shards, cache):
     loader = make(shards, cache, train=True)
     # Nothing runs before the first iteration.
@@ -282,8 +457,19 @@ def test_construction_is_cheap_and_lazy(shards, cache):
     np.testing.assert_equal(loader.shardset.counts, [20, 13, 7])
 
 
+def test_gpu_settings_follow_the_resolved_device(shards, cache):
+    # No GPU here: this checks what a GPU loader would hand DALI, without starting a pipeline.
+    loader = DaliLoader(load_shards(shards, cache_dir=cache), 4, S, True, torch.device("cuda", 3), 2, 0, 1, 0,
+                        False, True)
+    args = loader._decoder_args()
+    assert loader._device_id() == 3 and args["device"] == "mixed" and args["adjust_orientation"] is False
+    assert (args["device_memory_padding"], args["host_memory_padding"]) == (DEVICE_MEMORY_PADDING, HOST_MEMORY_PADDING)
+    assert args["hw_decoder_load"] == HW_DECODER_LOAD > 0 and PREFETCH_DEPTH == 3
+    assert make(shards, cache)._decoder_args()["device"] == "cpu"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (DALI 'mixed' decoding)")
-def test_gpu_pipeline_gives_the_cpu_layout_on_the_gpu(shards, cache):
+def test_gpu_pipeline_gives_the_cpu_layout_on_the_gpu(tmp_path, shards, cache, caplog):
     # Runs only where there is a GPU; the CPU suite covers the same code with device='cpu'.
     gpu = list(make(shards, cache, train=False, device="cuda", batch_size=6, all_captions=True))
     cpu = list(make(shards, cache, train=False, device="cpu", batch_size=6, all_captions=True))
@@ -292,6 +478,15 @@ def test_gpu_pipeline_gives_the_cpu_layout_on_the_gpu(shards, cache):
         assert ig.is_cuda and tg.is_cuda and ig.shape == ic.shape and ig.dtype == ic.dtype
         assert torch.equal(tg.cpu(), tc)
         assert float((ig.cpu() - ic).abs().mean()) < 0.1  # nvJPEG vs libjpeg-turbo rounding
-    train = make(shards, cache, train=True, device="cuda")
-    images, tokens = next(iter(train))
-    assert images.is_cuda and tokens.is_cuda and tokens.shape == (4, 77)
+    train = make(shards, cache, train=True, device="cuda", seed=4)
+    gpu_epochs = [list(train) for _ in range(2)]
+    cpu_train = make(shards, cache, train=True, device="cpu", seed=4)
+    for gpu_batches, cpu_batches in zip(gpu_epochs, [list(cpu_train) for _ in range(2)]):
+        for (ig, tg), (ic, tc) in zip(gpu_batches, cpu_batches):
+            assert ig.device == torch.device("cuda", torch.cuda.current_device()) and torch.equal(tg.cpu(), tc)
+            assert float((ig.cpu() - ic).abs().mean()) < 0.1  # same crops, other decoder
+    assert train.pipelines_built == 1
+    # An undecodable image on the GPU is found and skipped as on the CPU.
+    caplog.set_level(logging.WARNING, logger="dataloaders")
+    bad = make(_bad_shards(tmp_path, "truncated"), cache, train=True, device="cuda", seed=11)
+    assert 55 not in ids_of(list(bad)) and bad.bad_records == 1 and len(_skips(caplog)) == 1

@@ -26,7 +26,7 @@ from .constants import CLIP_MEAN, CLIP_STD
 
 TRAIN_AREA = (0.7, 1.0)
 TRAIN_ASPECT = (0.8, 1.25)
-TRAIN_CROP_ATTEMPTS = 10
+TRAIN_CROP_ATTEMPTS = 100  # the original's DALI num_attempts
 
 
 def resized_size(width: int, height: int, size: int) -> tuple[int, int]:

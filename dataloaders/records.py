@@ -1,0 +1,197 @@
+"""One record of a shard set -> (caption labels, image bytes), and the checks that tell a
+damaged record from a dataset the loaders cannot use.
+
+Both loader backends read records here, in the main process (DALI, which is fed the
+encoded images) or in worker processes (the PyTorch fallback). A record is read with one
+`pread` of the bytes between its offset and the next record's, so reader threads share
+nothing but file descriptors, and only a bounded number of those per thread.
+
+A record that cannot be used raises `BadRecord` with a reason; the loader decides
+whether to skip it (dataloaders/base.py). `probe_shards` reads the first and last record
+of every shard before a loader starts, so a whole dataset of the wrong kind (classification
+records from im2rec, captions of another context length, an index that belongs to another
+.rec) stops at once with one line instead of a skip per record.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from collections import OrderedDict
+
+import numpy as np
+from PIL import Image
+
+from dataloaders.shards import ShardError, ShardSet
+from src.open_alip.constants import CONTEXT_LENGTH, SOT_TOKEN, VOCAB_SIZE
+from src.recordio import RecordIOError, read_record_at, unpack
+
+__all__ = ["BadRecord", "RecordReader", "check_label", "image_size", "probe_shards"]
+
+# Open files per reader thread; 15M records come in ~1,500 shards, beyond a default ulimit.
+_MAX_OPEN = 64
+# JPEG start-of-frame markers (they carry the frame size); C4, C8 and CC share the range.
+_SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
+
+
+class BadRecord(Exception):
+    """This record cannot be used; `reason` says why and `advice` what fixes the data."""
+
+    def __init__(self, reason: str, advice: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.advice = advice or ("check the shard with data2rec.py --verify PREFIX --decode and reconvert it, "
+                                 "or leave it out of the data")
+
+
+_FRAMING_ADVICE = ("the .idx does not belong to this .rec, or one of them is damaged; rebuild the shard "
+                   "(data2rec.py writes both files)")
+
+
+def check_label(flag: int, label) -> np.ndarray:
+    """The record's label as float32 caption tokens [K*77], or BadRecord if it holds none."""
+    if flag == 0:
+        raise BadRecord(
+            "its label is a single number (flag 0), as im2rec writes for classification, not caption tokens",
+            "this loader needs image-caption records: convert the images and captions with data2rec.py",
+        )
+    values = np.array(label, dtype=np.float32).reshape(-1)  # a writable copy
+    if values.size % CONTEXT_LENGTH:
+        raise BadRecord(
+            f"it holds {values.size} caption token values, not a multiple of {CONTEXT_LENGTH}",
+            f"its captions were tokenised to another length; reconvert with data2rec.py --context-length "
+            f"{CONTEXT_LENGTH} (the model reads {CONTEXT_LENGTH}-token captions)",
+        )
+    first = values[::CONTEXT_LENGTH]
+    present = first == SOT_TOKEN
+    if not present.any() or not (present | (first == 0)).all():
+        raise BadRecord(
+            f"its label is not caption tokens: a {CONTEXT_LENGTH}-value caption must begin with the start "
+            f"token {SOT_TOKEN} (or be all zeros), and one must be present",
+            "convert the data with data2rec.py",
+        )
+    if values.min() < 0 or values.max() >= VOCAB_SIZE:
+        raise BadRecord(f"its caption tokens fall outside 0..{VOCAB_SIZE - 1}", "reconvert it with data2rec.py")
+    return values
+
+
+def _jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's frame header, or None if this is not a readable JPEG header."""
+    n = len(data)
+    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        return None
+    i = 2
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image or scan before any frame header
+            return None
+        if marker in _SOF:
+            if i + 9 > n:
+                return None
+            height = (data[i + 5] << 8) | data[i + 6]
+            width = (data[i + 7] << 8) | data[i + 8]
+            return (width, height) if width and height else None
+        i += 2 + ((data[i + 2] << 8) | data[i + 3])
+    return None
+
+
+def image_size(payload: bytes) -> tuple[int, int]:
+    """(width, height) of an encoded image from its header, as stored (EXIF orientation not applied)."""
+    size = _jpeg_size(payload)
+    if size is not None:
+        return size
+    try:
+        with Image.open(io.BytesIO(payload)) as img:
+            return img.size
+    except Exception as e:  # PIL raises many kinds for data that is not an image
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise BadRecord(f"its image header cannot be read ({text})") from None
+
+
+class RecordReader:
+    """Record number -> (label float32 [K*77], image bytes) for one ShardSet; thread- and fork-safe."""
+
+    def __init__(self, shardset: ShardSet, max_open: int = _MAX_OPEN) -> None:
+        # PIL imports its format plugins on first use; do it here, in the thread that builds the
+        # loader: an import under way in a reader thread when the process forks would leave
+        # the module locked in the child.
+        Image.init()
+        self.shardset = shardset
+        self.max_open = max_open
+        self._local = threading.local()
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_local"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def _fd(self, shard: int) -> int:
+        if self._pid != os.getpid():  # a forked worker: its own descriptors from here on
+            self._local, self._pid = threading.local(), os.getpid()
+        fds = getattr(self._local, "fds", None)
+        if fds is None:
+            fds = self._local.fds = OrderedDict()
+        fd = fds.get(shard)
+        if fd is None:
+            if len(fds) >= self.max_open:
+                os.close(fds.popitem(last=False)[1])
+            fd = fds[shard] = os.open(self.shardset.shards[shard].rec, os.O_RDONLY)
+        else:
+            fds.move_to_end(shard)
+        return fd
+
+    def close(self) -> None:
+        """Close this thread's files (other threads' close when they end)."""
+        for fd in getattr(self._local, "fds", {}).values():
+            os.close(fd)
+        self._local.fds = OrderedDict()
+
+    def read(self, record: int) -> tuple[np.ndarray, bytes]:
+        shard, offset, end = self.shardset.span(record)
+        try:
+            buf = os.pread(self._fd(shard), end - offset, offset)
+        except OSError as e:
+            raise BadRecord(f"reading it failed ({e.strerror})", "check the disk and the file") from None
+        path = str(self.shardset.shards[shard].rec)
+        try:
+            # Errors name offsets inside `buf`, so the message is ours, with the file's offset.
+            data = read_record_at(io.BytesIO(buf), 0, path)
+            header, payload = unpack(data)
+        except RecordIOError as e:
+            if "truncated" in str(e) or "shorter than" in str(e) or "only" in str(e):
+                what = f"the record there runs past byte {end}, where the index puts the next record or the file ends"
+            else:
+                detail = str(e).split(": ", 1)[-1].split(" at byte offset")[0].split(" (expected")[0]
+                what = f"no record starts at this offset ({detail})"
+            raise BadRecord(what, _FRAMING_ADVICE) from None
+        return check_label(header.flag, header.label), payload
+
+
+def probe_shards(shardset: ShardSet, reader: RecordReader | None = None) -> None:
+    """Read the first and last record of every shard; ShardError (one line) if either is unusable."""
+    reader = reader or RecordReader(shardset, max_open=1)
+    starts = shardset.starts
+    try:
+        for i, shard in enumerate(shardset.shards):
+            for record in sorted({int(starts[i]), int(starts[i + 1]) - 1}):
+                try:
+                    reader.read(record)
+                except BadRecord as e:
+                    _, key, offset = shardset.locate(record)
+                    raise ShardError(f"{shard.rec} record key {key} at byte {offset}: {e.reason}; {e.advice}") from None
+    finally:
+        reader.close()

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Train RWKV-CLIP B/16 on YFCC15M: the B/32 recipe (global batch 4,096 and all) with the
 # B/16 architecture (16-pixel patches: 196 image tokens, about 4x the image tower's compute
-# and activation memory). If 512 per GPU does not fit, lower the micro-batch with
-# `--batch-size 128`: accumulation keeps the global batch at 4,096.
+# and activation memory). `--batch-size auto` (the B/32 script's) sizes the micro-batch and
+# turns on gradient checkpointing to fit the GPU; accumulation keeps the global batch at 4,096.
 #
 #   export DATA_ROOT=/data/YFCC15M
 #   bash shell/train_RWKV_CLIP_B16_YFCC15M.sh [extra train.py flags...]

@@ -8,8 +8,10 @@
 #   export DATA_ROOT=/data/YFCC15M          # folder(s) of .rec/.idx shards from data2rec.py
 #   bash shell/train_RWKV_CLIP_B32_YFCC15M.sh [extra train.py flags...]
 #
-# On fewer than 8 GPUs the global batch stays 4,096: each GPU accumulates micro-batches of
-# at most 512 (--batch-size 256 halves the micro-batch on a smaller GPU, same global batch).
+# On fewer than 8 GPUs the global batch stays 4,096: each GPU accumulates micro-batches.
+# --batch-size auto sizes them from the cost model's measured memory per sample for this GPU
+# and WKV implementation (with gradient checkpointing when that is cheaper than accumulating),
+# and logs its choice; --batch-size N sets the largest micro-batch yourself.
 # A --global-batch-size other than 4,096 is the user's choice and is announced loudly.
 #
 # Multi-node: run the same command on every node with the same MASTER_ADDR/MASTER_PORT
@@ -50,7 +52,7 @@ fi
 exec "$(dirname "$0")/_launch_train.sh" \
     --config "$MODEL" \
     --global-batch-size "$RECIPE_GLOBAL_BATCH" \
-    --batch-size 512 \
+    --batch-size auto \
     --epochs 32 \
     --lr 1e-3 \
     --lr-scheduler cosine \

@@ -304,15 +304,6 @@ def test_help_explains_the_flags(capsys):
         assert flag in out
 
 
-def _loader_skips_bad_records() -> bool:
-    import inspect
-
-    from dataloaders.imagenet import build_loader
-
-    return "max_bad_records" in inspect.signature(build_loader).parameters
-
-
-@pytest.mark.skipif(not _loader_skips_bad_records(), reason="this branch's loader cannot skip bad records yet")
 def test_a_bad_record_is_skipped_counted_and_limited(tmp_path, capsys, one_thread):
     import train
     from tests._loader_helpers import write_shard

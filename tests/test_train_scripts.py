@@ -66,7 +66,7 @@ def test_b32_recipe_is_the_config_plus_optimisation_flags(data_root):
     assert [_flag(cmd, f) for f in ("--nnodes", "--node_rank", "--nproc_per_node", "--master_port")] == \
         ["1", "0", "8", "23760"]
     assert _train_data(cmd) == ["YFCC15M/datarec.rec"]
-    want = {"--config": "RWKV_CLIP_B32", "--global-batch-size": "4096", "--batch-size": "512", "--lr": "1e-3",
+    want = {"--config": "RWKV_CLIP_B32", "--global-batch-size": "4096", "--batch-size": "auto", "--lr": "1e-3",
             "--lr-scheduler": "cosine", "--warmup": "0.1", "--beta2": "0.98", "--eps": "1e-8",
             "--weight-decay": "0.2", "--epochs": "32", "--precision": "bf16", "--grad-clip-norm": "1.0",
             "--resume": "latest", "--output": "./output/RWKV_CLIP_B32_YFCC15M"}

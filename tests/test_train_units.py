@@ -439,3 +439,47 @@ def test_progress_formatting():
     out = meter.report(10)
     assert out["samples_per_s"] == pytest.approx(2 * out["samples_per_s_per_rank"])
     assert out["eta_s"] == pytest.approx(90 * out["step_time_s"])
+
+
+# --- --batch-size auto ---------------------------------------------------------------------------
+
+
+def test_batch_size_auto_without_a_gpu_caps_micro_batches_at_the_recipe_batch():
+    from src.training.batching import AUTO_CPU_BATCH, plan_for_device
+
+    plan, checkpointing, why = plan_for_device(
+        model_config={}, wkv_impl="chunked", precision="bf16", device=torch.device("cpu"), world_size=2,
+        global_batch=4096, accum_freq=None, batch_size=None, force_checkpointing=False,
+    )
+    assert (plan.micro_batch, plan.accum_freq, plan.global_batch) == (AUTO_CPU_BATCH, 4, 4096)
+    assert not checkpointing and "no GPU" in why
+
+
+@pytest.mark.parametrize(("gib", "world", "global_batch"), [(4, 1, 512), (80, 3, 4096)])
+def test_batch_size_auto_on_a_gpu_follows_the_cost_model(monkeypatch, gib, world, global_batch):
+    # No GPU can run here: torch is made to report a GPU of `gib` GiB; the cost model itself
+    # measures on FakeTensors and needs none.
+    from src.open_alip import get_model_config
+    from src.training import batching
+    from src.training.cost_model import plan_micro_batch
+
+    class Properties:
+        total_memory = gib << 30
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties())
+    config = get_model_config("RWKV_CLIP_tiny")
+    plan, checkpointing, why = batching.plan_for_device(
+        model_config=config, wkv_impl="chunked", precision="bf16", device=torch.device("cuda", 0),
+        world_size=world, global_batch=global_batch, accum_freq=None, batch_size=None, force_checkpointing=False,
+    )
+    expected = plan_micro_batch(config, wkv_impl="chunked", precision="bf16", device_memory_bytes=gib << 30,
+                                global_batch=global_batch // world * world, world_size=world, bucket_view=True)
+    assert (plan.micro_batch, plan.accum_freq, checkpointing) == (
+        expected.micro_batch, expected.accum_steps, expected.grad_checkpointing)
+    assert plan.global_batch == global_batch // world * world and why.startswith("--batch-size auto: ")
+    assert (plan.shortfall_notice() is None) == (global_batch % world == 0)
+    with pytest.raises(TrainingError, match="--batch-size auto chooses the accumulation itself"):
+        batching.plan_for_device(
+            model_config=config, wkv_impl="chunked", precision="bf16", device=torch.device("cuda", 0),
+            world_size=world, global_batch=global_batch, accum_freq=2, batch_size=None, force_checkpointing=False,
+        )

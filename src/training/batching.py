@@ -10,8 +10,8 @@ batch cannot be split evenly, the nearest smaller one is used and the run says s
 Without `--global-batch-size`, the global batch is what the flags multiply to:
 `--batch-size` x processes x `--accum-freq`.
 
-`per_process_max` (today `--batch-size`) is the one number that depends on the GPU's
-memory; a memory model can supply it here without touching the rest.
+`per_process_max` is the one number that depends on the GPU's memory: `--batch-size N`, or
+with `--batch-size auto` the cost model's choice for this GPU (`plan_for_device`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ import math
 from dataclasses import dataclass
 
 from src.training.errors import TrainingError
+
+# `--batch-size auto` without a GPU: the recipe's per-GPU batch, as the limit of a micro-batch.
+AUTO_CPU_BATCH = 512
 
 
 @dataclass(frozen=True)
@@ -88,3 +91,48 @@ def plan_batches(
     if count is None:  # no even split near the minimum: round the micro-batch down
         count = math.ceil(per_process / per_process_max)
     return BatchPlan(per_process // count, count, world_size, global_batch)
+
+
+def plan_for_device(
+    *, model_config: dict, wkv_impl: str, precision: str, device, world_size: int,
+    global_batch: int | None, accum_freq: int | None, batch_size: int | None, force_checkpointing: bool,
+) -> tuple[BatchPlan, bool, str | None]:
+    """(plan, gradient checkpointing, a line saying why) for this run on `device`.
+
+    `batch_size` None is `--batch-size auto`: on a GPU the cost model (src/training/cost_model.py)
+    picks the largest micro-batch that its measured per-sample memory says fits the GPU, and
+    turns on gradient checkpointing when that is cheaper than accumulating; the global batch
+    stays exact. A given `--batch-size N` is used as it is.
+    """
+    if batch_size is not None:
+        plan = plan_batches(per_process_max=batch_size, world_size=world_size, global_batch=global_batch,
+                            accum_freq=accum_freq)
+        return plan, force_checkpointing, None
+    if device.type != "cuda":
+        plan = plan_batches(per_process_max=AUTO_CPU_BATCH, world_size=world_size, global_batch=global_batch,
+                            accum_freq=accum_freq)
+        return plan, force_checkpointing, f"--batch-size auto: no GPU, so micro-batches of at most {AUTO_CPU_BATCH}"
+    if accum_freq is not None:
+        raise TrainingError("--batch-size auto chooses the accumulation itself; leave out --accum-freq, "
+                            "or give --batch-size N")
+    import torch
+
+    from src.training.cost_model import CostModelError, plan_micro_batch
+
+    target = global_batch if global_batch is not None else AUTO_CPU_BATCH * world_size
+    if target < world_size:
+        raise TrainingError(f"--global-batch-size {target} is smaller than the {world_size} processes; "
+                            "give at least one sample per process")
+    memory = torch.cuda.get_device_properties(device).total_memory
+    try:
+        # Planned for the part that splits evenly; plan_batches below announces any shortfall.
+        chosen = plan_micro_batch(
+            model_config, wkv_impl=wkv_impl, precision=precision, device_memory_bytes=memory,
+            global_batch=target // world_size * world_size, world_size=world_size, device_type="cuda",
+            allow_checkpointing=True, bucket_view=True,  # the trainer's DDP uses gradient_as_bucket_view
+        )
+    except CostModelError as exc:
+        raise TrainingError(f"--batch-size auto: {exc}; give --batch-size N") from exc
+    plan = plan_batches(per_process_max=chosen.micro_batch, world_size=world_size, global_batch=target,
+                        accum_freq=None)
+    return plan, force_checkpointing or chosen.grad_checkpointing, f"--batch-size auto: {chosen.explanation}"

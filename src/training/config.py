@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dataloaders.base import DEFAULT_MAX_BAD_RECORDS
 from src.training.errors import TrainingError
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 DECAY_DTYPES = ("fp32", "bf16")
-DEFAULT_MAX_BAD_RECORDS = 100
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class TrainConfig:
     text_decay_dtype: str = "fp32"
     wkv_impl: str = "auto"
     # batch: see src/training/batching.py for how these three resolve
-    batch_size: int = 512
+    batch_size: int | None = 512  # None: --batch-size auto (the cost model's choice on a GPU)
     global_batch_size: int | None = None
     accum_freq: int | None = None
     # optimisation
@@ -89,7 +89,7 @@ _NONE_DEFAULTS = {"warmup": 0.1, "beta1": 0.9}
 def _check_ranges(args: argparse.Namespace) -> None:
     """Impossible values, one clear sentence each."""
     for name in ("batch_size", "epochs", "log_every_n_steps", "zeroshot_frequency", "workers", "dist_timeout"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise TrainingError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
     for name in ("accum_freq", "global_batch_size", "max_steps", "train_num_samples"):
         value = getattr(args, name)

@@ -754,7 +754,7 @@ def estimate_cost(
         name, cfg = _resolve(config)
     except (ValueError, FileNotFoundError) as exc:
         raise CostModelError(str(exc)) from None
-    precision = precision or cfg["precision"]
+    precision = precision or "bf16"  # the recipe's; model configs hold the architecture only
     if precision not in PRECISIONS:
         raise CostModelError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
     with _MEASURE_LOCK:
@@ -764,8 +764,8 @@ def estimate_cost(
 @functools.lru_cache(maxsize=32)
 def _measure(config_json: str, impl: str, precision: str, device_type: str) -> CostModel:
     """The model measured running `impl` (named "custom"; `estimate_cost` names it)."""
-    cfg = get_model_config(json.loads(config_json), precision=precision)
-    small = get_model_config(dict(cfg), image_depth=_DEPTH, n_layer=_DEPTH, precision=precision)
+    cfg = get_model_config(json.loads(config_json))
+    small = get_model_config(dict(cfg), image_depth=_DEPTH, n_layer=_DEPTH)
     plain, cp = (
         {
             b: _run_step(small, b, impl=impl, precision=precision, device_type=device_type, checkpointing=c)
@@ -836,7 +836,7 @@ def _measure(config_json: str, impl: str, precision: str, device_type: str) -> C
 def _estimate_cost(
     name: str, config_json: str, wkv_impl: str, precision: str, device_type: str, wkv_apart: bool
 ) -> CostModel:
-    cfg = get_model_config(json.loads(config_json), precision=precision)
+    cfg = get_model_config(json.loads(config_json))
     shapes = [tower_wkv_shape(cfg, tower) for tower in TOWERS]
     direct = not wkv_apart and all(
         wkv_footprint(wkv_impl, s, precision).measured_on.startswith("FakeTensors") for s in shapes

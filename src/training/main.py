@@ -23,7 +23,7 @@ from torch import nn
 from src.fsutil import atomic_write_json
 from src.open_alip.model import unwrap_model
 from src.training import checkpoint as ckpt_io
-from src.training.batching import BatchPlan, plan_batches
+from src.training.batching import BatchPlan, plan_for_device
 from src.training.config import TrainConfig
 from src.training.distributed import DistEnv, barrier, broadcast_object, cleanup, init_distributed, wrap_ddp
 from src.training.errors import NonFiniteLossError, TrainingError
@@ -60,12 +60,18 @@ def _run(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook]) -> None:
                             "train.py; leave the flag out")
     resume_path = _prepare_output(cfg, env)
 
-    plan = plan_batches(per_process_max=cfg.batch_size, world_size=env.world_size,
-                        global_batch=cfg.global_batch_size, accum_freq=cfg.accum_freq)
+    wkv_impl = _resolve_wkv_impl(cfg, env)
+    plan, checkpointing, why = plan_for_device(
+        model_config=cfg.model, wkv_impl=wkv_impl, precision=cfg.precision, device=env.device,
+        world_size=env.world_size, global_batch=cfg.global_batch_size, accum_freq=cfg.accum_freq,
+        batch_size=cfg.batch_size, force_checkpointing=bool(cfg.model.get("with_cp")),
+    )
+    if why:
+        LOG.info("%s", why)
     loader = _build_loader(cfg, plan, env)  # first: a wrong data path fails before the model is built
     steps_per_epoch = _steps_per_epoch(cfg, plan, loader)
     seed_everything(cfg.seed, env.rank)
-    model = _build_model(cfg, env)
+    model = _build_model(cfg, env, wkv_impl, checkpointing)
     optimizer = _build_optimizer(cfg, model, env)
     schedule = Schedule(cfg.lr_scheduler, cfg.lr, steps_per_epoch * cfg.epochs, cfg.warmup, cfg.beta1)
     state = TrainState(model, optimizer, make_grad_scaler(cfg.precision, env.device), loader, env)
@@ -177,17 +183,9 @@ def seed_everything(seed: int, rank: int) -> None:
 
 
 def _build_loader(cfg: TrainConfig, plan: BatchPlan, env: DistEnv):
-    import inspect
-
     from dataloaders.imagenet import build_loader
 
     data = cfg.train_data[0] if len(cfg.train_data) == 1 else list(cfg.train_data)
-    skipping = {}
-    if "max_bad_records" in inspect.signature(build_loader).parameters:
-        skipping["max_bad_records"] = cfg.max_bad_records
-    else:
-        LOG.warning("this loader cannot skip undecodable records: --max-bad-records has no effect, and the first "
-                    "bad record stops the run")
     return build_loader(
         data,
         plan.micro_batch,
@@ -201,7 +199,7 @@ def _build_loader(cfg: TrainConfig, plan: BatchPlan, env: DistEnv):
         seed=cfg.seed,
         all_captions=False,
         drop_last=True,
-        **skipping,
+        max_bad_records=cfg.max_bad_records,
     )
 
 
@@ -233,19 +231,26 @@ def _steps_per_epoch(cfg: TrainConfig, plan: BatchPlan, loader) -> int:
     return steps
 
 
-def _build_model(cfg: TrainConfig, env: DistEnv) -> nn.Module:
-    from src.open_alip import create_model
-    from src.open_alip.model import CheckpointMismatchError
+def _resolve_wkv_impl(cfg: TrainConfig, env: DistEnv) -> str:
+    """The concrete WKV implementation; resolved first, so that one this device cannot run
+    fails before any work."""
     from src.open_alip.wkv import resolve_wkv_impl
 
-    try:  # resolved here so that an implementation this device cannot run fails before any work
-        wkv_impl = resolve_wkv_impl(cfg.wkv_impl, env.device)
+    try:
+        return resolve_wkv_impl(cfg.wkv_impl, env.device)
     except ValueError as exc:
         raise TrainingError(f"--wkv-impl {cfg.wkv_impl}: {exc}") from exc
+
+
+def _build_model(cfg: TrainConfig, env: DistEnv, wkv_impl: str, checkpointing: bool) -> nn.Module:
+    from src.open_alip import create_model
+    from src.open_alip.model import CheckpointMismatchError
+
     try:
         model = create_model(cfg.model, pretrained=cfg.pretrained, wkv_impl=wkv_impl)
     except (FileNotFoundError, CheckpointMismatchError) as exc:
         raise TrainingError(f"--pretrained {cfg.pretrained}: {exc}") from exc
+    model.set_grad_checkpointing(checkpointing)
     if cfg.text_decay_dtype == "bf16":
         model.set_text_decay_dtype(torch.bfloat16)
     return model.to(env.device)

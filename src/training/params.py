@@ -12,6 +12,7 @@ import argparse
 from typing import Any
 
 from src.open_alip.wkv import WKV_IMPL_CHOICES
+from src.training.batching import AUTO_CPU_BATCH
 from src.training.config import DECAY_DTYPES, DEFAULT_MAX_BAD_RECORDS, PRECISIONS, TrainConfig, build_config
 from src.training.schedule import SCHEDULES
 
@@ -49,6 +50,16 @@ _MODEL_BOOL_FLAGS: list[tuple[str, str, str]] = [
 _ALIASES = {"--open-checkpoint": "with_cp"}
 
 MODEL_KEYS = tuple(f[0][2:].replace("-", "_") for f in _MODEL_FLAGS) + tuple(f[1] for f in _MODEL_BOOL_FLAGS)
+
+
+def _batch_size(value: str) -> int | None:
+    """`--batch-size N` or `--batch-size auto` (None)."""
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or auto, got {value!r}") from None
 
 
 def str2bool(value: str) -> bool:
@@ -101,8 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size as divide it (gradient accumulation): the same recipe on 1 GPU or 8. Without it, "
         "the global batch is --batch-size x processes x --accum-freq.",
     )
-    g.add_argument("--batch-size", type=int, default=512,
-                   help="samples per process per micro-batch (with --global-batch-size: the most)")
+    g.add_argument("--batch-size", type=_batch_size, default=512, metavar="N|auto",
+                   help="samples per process per micro-batch (with --global-batch-size: the most); auto: on a GPU "
+                        "the largest micro-batch the cost model predicts fits its memory, with gradient "
+                        "checkpointing when that is cheaper than accumulating (the launch scripts' choice); "
+                        f"on a CPU {AUTO_CPU_BATCH}")
     g.add_argument("--global-batch-size", type=int, default=None, metavar="N",
                    help="samples per optimizer step over all processes (the B/32 recipe: 4096 = 512 x 8 GPUs)")
     g.add_argument("--accum-freq", "--gradient-acc", dest="accum_freq", type=int, default=None,

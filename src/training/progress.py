@@ -73,5 +73,5 @@ class Progress:
 def _bad_records(loader, env: DistEnv) -> int:
     """Records skipped as unreadable so far, over all ranks (a collective). After a resume every
     rank also knows the others' (they are left out everywhere), so count each record once."""
-    found = gather_object(sorted(getattr(loader, "skipped_records", ())), env)
+    found = gather_object(sorted(loader.skipped_records), env)
     return len(set().union(*map(set, found)))

@@ -102,9 +102,9 @@ class TrainState:
             self.finish_epoch()
         notices = []
         saved_loader = ckpt["data"][self.env.rank]
-        # A loader that skips bad records takes every rank's state, so that no rank meets a
-        # record another rank already found bad.
-        state = ckpt["data"] if hasattr(self.loader, "skipped_records") else saved_loader
+        # The loader takes every rank's state, so that no rank meets a record another rank
+        # already found bad.
+        state = ckpt["data"]
         if self.epoch_step:
             self.loader.load_state_dict(state)
         elif all(saved_loader.get(k) == getattr(self.loader, k, None) for k in _LOADER_IDENTITY):

@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image
 
 from dataloaders.shards import ShardError, ShardSet
+from src.jpeg import jpeg_info
 from src.open_alip.constants import CONTEXT_LENGTH, SOT_TOKEN, VOCAB_SIZE
 from src.recordio import RecordIOError, read_record_at, unpack
 
@@ -32,7 +33,6 @@ __all__ = ["BadRecord", "RecordReader", "check_label", "image_size", "probe_shar
 # Open files per reader thread; 15M records come in ~1,500 shards, beyond a default ulimit.
 _MAX_OPEN = 64
 # JPEG start-of-frame markers (they carry the frame size); C4, C8 and CC share the range.
-_SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
 
 
 class BadRecord(Exception):
@@ -76,39 +76,11 @@ def check_label(flag: int, label) -> np.ndarray:
     return values
 
 
-def _jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
-    """(width, height) from a JPEG's frame header, or None if this is not a readable JPEG header."""
-    n = len(data)
-    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
-        return None
-    i = 2
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
-            i += 2
-            continue
-        if marker in (0xD9, 0xDA):  # end of image or scan before any frame header
-            return None
-        if marker in _SOF:
-            if i + 9 > n:
-                return None
-            height = (data[i + 5] << 8) | data[i + 6]
-            width = (data[i + 7] << 8) | data[i + 8]
-            return (width, height) if width and height else None
-        i += 2 + ((data[i + 2] << 8) | data[i + 3])
-    return None
-
-
 def image_size(payload: bytes) -> tuple[int, int]:
     """(width, height) of an encoded image from its header, as stored (EXIF orientation not applied)."""
-    size = _jpeg_size(payload)
-    if size is not None:
-        return size
+    info = jpeg_info(payload)
+    if info is not None and info[0] and info[1]:
+        return info[0], info[1]
     try:
         with Image.open(io.BytesIO(payload)) as img:
             return img.size

@@ -153,7 +153,7 @@ def test_max_pixels_limit_is_configurable():
 
 
 def test_jpeg_frame_header_is_read_without_decoding():
-    from src.convert.images import jpeg_info
+    from src.jpeg import jpeg_info
 
     assert jpeg_info(jpeg(40, 30, 1)) == (40, 30, 3, 8, 0xC0)
     assert jpeg_info(jpeg(64, 48, 4, progressive=True)) == (64, 48, 3, 8, 0xC2)

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from src.jpeg import jpeg_info
+
 from .items import EMPTY_IMAGE, NOT_AN_IMAGE, TOO_LARGE, TRUNCATED, UNDECODABLE
 
 # The decompression-bomb guard is ours (`max_pixels`, checked from the header), not PIL's
@@ -76,41 +78,9 @@ def sniff(data: bytes) -> str | None:
     return None
 
 
-# SOFn markers carry the frame size; C4 (DHT), C8 (reserved) and CC (DAC) share the range.
-_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-
-
 # Huffman-coded baseline, extended and progressive frames: what every JPEG decoder (nvJPEG
 # included) handles. Arithmetic-coded, lossless and hierarchical frames are re-encoded.
 _PLAIN_SOF = frozenset((0xC0, 0xC1, 0xC2))
-
-
-def jpeg_info(data: bytes) -> tuple[int, int, int, int, int] | None:
-    """(width, height, components, bits, SOF marker) from a JPEG's frame header, or None.
-
-    Walking the marker segments costs microseconds; PIL's open parses every table too.
-    """
-    i, n = 2, len(data)
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
-            i += 2
-            continue
-        if marker in (0xD9, 0xDA):  # end of image or start of scan before any frame header
-            return None
-        if marker in _SOF_MARKERS:
-            if i + 10 > n:
-                return None
-            bits, h, w, comps = data[i + 4], int.from_bytes(data[i + 5 : i + 7], "big"), \
-                int.from_bytes(data[i + 7 : i + 9], "big"), data[i + 9]
-            return w, h, comps, bits, marker
-        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
-    return None
 
 
 def _target_size(w: int, h: int, short: int) -> tuple[int, int] | None:

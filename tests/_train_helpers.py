@@ -1,7 +1,7 @@
 """Shared pieces of the training tests: a toy CLIP model and gloo workers.
 
 The workers run in processes started by torch.multiprocessing.spawn; they import this
-module as `tests._train_helpers` (spawn passes the parent's sys.path on, which pytest's
+module as `tests._train_helpers` (spawned children inherit the parent's import path, which pytest's
 `pythonpath` setting starts at the repository root).
 """
 

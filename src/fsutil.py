@@ -73,12 +73,6 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, *, durable: bool 
     return Path(path)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = False) -> Path:
-    with atomic_open(path, "wb", durable=durable) as f:
-        f.write(data)
-    return Path(path)
-
-
 def atomic_write_json(path: str | os.PathLike[str], data: Any, *, durable: bool = False, **dumps: Any) -> Path:
     """JSON with a trailing newline; `dumps` go to json.dumps (default indent=2)."""
     dumps.setdefault("indent", 2)

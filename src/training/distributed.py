@@ -82,15 +82,6 @@ def all_reduce_mean(value: torch.Tensor, env: DistEnv) -> torch.Tensor:
     return out
 
 
-def any_rank(flag: bool, env: DistEnv) -> bool:
-    """True when `flag` is true on at least one rank (a collective: all ranks call it)."""
-    if not env.distributed:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=env.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
-
-
 def gather_object(obj: Any, env: DistEnv) -> list[Any]:
     """`obj` of every rank, in rank order, on every rank (a collective)."""
     if not env.distributed:

@@ -3,7 +3,7 @@
     TRITON_INTERPRET=1 python -m tests._wkv_fla_cases
 
 Triton decides whether a kernel is interpreted when fla's modules are imported, so
-this runs in a process started with the variable set; tests/test_wkv_fla.py starts
+this runs in a process started with the variable set; tests/open_alip/test_wkv_fla.py starts
 it once and checks the numbers. Every case compares the forward and the gradients of
 r, k, v, w, u against the float64 two-scan reference.
 """

@@ -4,7 +4,7 @@ RWKV-CLIP, ALIP and open_clip all feed their text towers with OpenAI CLIP's BPE
 tokenizer. Token ids end up inside training records, so "close enough" is not good
 enough: `tokenize` must give exactly the ids of open_clip's `tokenize` (same
 ftfy version) for every input, however broken. The equivalence test in
-tests/test_tokenizer.py checks that against the real open_clip on a large corpus.
+tests/open_alip/test_tokenizer.py checks that against the real open_clip on a large corpus.
 
 What makes it faster than the reference, without changing a single id:
 
@@ -361,7 +361,7 @@ def _clean_words(text: str) -> list[str]:
     the text is lower-cased, then cut at whitespace. Same words: lower-casing maps
     no character to or from whitespace, and whitespace is neither cased nor
     case-ignorable, so it ends the context scan of a final sigma just as a single
-    space or the text's end does (tests/test_tokenizer.py checks every character).
+    space or the text's end does (tests/open_alip/test_tokenizer.py checks every character).
     """
     if _NEEDS_FULL_CLEAN.search(text) is None:
         return text.lower().split()

@@ -18,8 +18,8 @@ import pytest
 
 from src.hub_server import Faults, serve_in_background
 from tests._processes import alive, command_name, descendants, wait_for
+from tests._repo import REPO as REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 HFD = REPO_ROOT / "data" / "hfd.sh"
 YFCC = REPO_ROOT / "data" / "download_YFCC15M.sh"
 REPO = "testorg/shards"
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def repo_dir(tmp_path_factory) -> Path:
+def shard_repo_dir(tmp_path_factory) -> Path:
     rnd = random.Random(3)
     root = tmp_path_factory.mktemp("repo")
     (root / "data").mkdir()
@@ -72,16 +72,16 @@ def served(server, since: int, part: str) -> list:
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_complete_verified_download_with_transient_failures(repo_dir: Path, tmp_path: Path, tool: str):
+def test_complete_verified_download_with_transient_failures(shard_repo_dir: Path, tmp_path: Path, tool: str):
     faults = Faults(target="/cdn/", fail_503=2, drop_count=2, drop_after=100_000)
     out_dir = tmp_path / "out"
-    with serve_in_background(repo_dir, REPO, faults=faults) as server:
+    with serve_in_background(shard_repo_dir, REPO, faults=faults) as server:
         env = make_env(tmp_path, server.endpoint)
         r = run_hfd([REPO, "--dataset", "--tool", tool, "--local-dir", str(out_dir)], env)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "5 files: 0 already ok, 5 fetched, 0 failed, 0 refused" in r.stdout
         assert f"Files are in {out_dir}" in r.stdout
-        assert repo_files(out_dir) == repo_files(repo_dir)
+        assert repo_files(out_dir) == repo_files(shard_repo_dir)
         # the injected 503s and dropped connections happened and were retried
         assert sum(r.status == 503 for r in server.requests) == 2
         assert faults.dropped == 2
@@ -123,12 +123,12 @@ def kill_mid_file(server, args: list[str], env: dict[str, str]) -> tuple[int, st
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_resume_after_kill_mid_file(repo_dir: Path, tmp_path: Path, tool: str):
+def test_resume_after_kill_mid_file(shard_repo_dir: Path, tmp_path: Path, tool: str):
     # throttled so that the kill lands mid-file; a partial download also shows --include
     faults = Faults(throttle_bps=150_000)
     out_dir = tmp_path / "out"
     args = partial_args(tool, out_dir)
-    with serve_in_background(repo_dir, REPO, faults=faults) as server:
+    with serve_in_background(shard_repo_dir, REPO, faults=faults) as server:
         env = make_env(tmp_path, server.endpoint)
         rc, err = kill_mid_file(server, args, env)
         assert rc != 0
@@ -140,7 +140,7 @@ def test_resume_after_kill_mid_file(repo_dir: Path, tmp_path: Path, tool: str):
         n = len(server.requests)
         r = run_hfd(args, env)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert (out_dir / SHARD0).read_bytes() == (repo_dir / SHARD0).read_bytes()
+        assert (out_dir / SHARD0).read_bytes() == (shard_repo_dir / SHARD0).read_bytes()
         resumed = served(server, n, "/cdn/")
         # continued from where it stopped (aria2c also probes with a plain GET it abandons)
         assert any(x.status == 206 and re.match(r"bytes=[1-9]", x.range or "") for x in resumed)
@@ -150,13 +150,13 @@ def test_resume_after_kill_mid_file(repo_dir: Path, tmp_path: Path, tool: str):
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_kill_9_leaves_no_downloader_and_no_token_behind(repo_dir: Path, tmp_path: Path, tool: str):
+def test_kill_9_leaves_no_downloader_and_no_token_behind(shard_repo_dir: Path, tmp_path: Path, tool: str):
     """SIGKILL of the script alone (the OOM killer's way): no trap runs, the watchdog cleans up."""
     token = "hf_" + secrets.token_hex(16)
     faults = Faults(throttle_bps=150_000)
     out_dir = tmp_path / "out"
     args = partial_args(tool, out_dir)
-    with serve_in_background(repo_dir, REPO, token=token, faults=faults) as server:
+    with serve_in_background(shard_repo_dir, REPO, token=token, faults=faults) as server:
         env = {**make_env(tmp_path, server.endpoint), "HF_TOKEN": token}
         # What a killed process group leaves (the watchdog died too): the next run removes it.
         gone = subprocess.Popen(["true"])
@@ -182,17 +182,17 @@ def test_kill_9_leaves_no_downloader_and_no_token_behind(repo_dir: Path, tmp_pat
         faults.throttle_bps = None
         r = run_hfd(args, env)  # and the download resumes
         assert r.returncode == 0, r.stdout + r.stderr
-    assert (out_dir / SHARD0).read_bytes() == (repo_dir / SHARD0).read_bytes()
+    assert (out_dir / SHARD0).read_bytes() == (shard_repo_dir / SHARD0).read_bytes()
     assert not any((tmp_path / "tmpdir").iterdir())
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_resume_against_a_server_without_ranges_starts_the_file_over(repo_dir: Path, tmp_path: Path, tool: str):
+def test_resume_against_a_server_without_ranges_starts_the_file_over(shard_repo_dir: Path, tmp_path: Path, tool: str):
     # docs/formats.md §4: a client resuming with Range that gets 200 must start the file over
     faults = Faults(throttle_bps=150_000)
     out_dir = tmp_path / "out"
     args = partial_args(tool, out_dir)
-    with serve_in_background(repo_dir, REPO, faults=faults) as server:
+    with serve_in_background(shard_repo_dir, REPO, faults=faults) as server:
         env = make_env(tmp_path, server.endpoint)
         kill_mid_file(server, args, env)
         assert (out_dir / ".hfd" / "incomplete" / SHARD0).stat().st_size > 0
@@ -205,12 +205,12 @@ def test_resume_against_a_server_without_ranges_starts_the_file_over(repo_dir: P
         assert "1 fetched, 0 failed" in r.stdout
         resumed = served(server, n, "/cdn/")
         assert resumed and all(x.status == 200 for x in resumed)
-    assert (out_dir / SHARD0).read_bytes() == (repo_dir / SHARD0).read_bytes()
+    assert (out_dir / SHARD0).read_bytes() == (shard_repo_dir / SHARD0).read_bytes()
 
 
-def test_corrupt_or_missing_files_are_fetched_again(repo_dir: Path, tmp_path: Path):
+def test_corrupt_or_missing_files_are_fetched_again(shard_repo_dir: Path, tmp_path: Path):
     out_dir = tmp_path / "out"
-    with serve_in_background(repo_dir, REPO) as server:
+    with serve_in_background(shard_repo_dir, REPO) as server:
         env = make_env(tmp_path, server.endpoint)
         args = [REPO, "--dataset", "--local-dir", str(out_dir)]
         assert run_hfd(args, env).returncode == 0
@@ -222,7 +222,7 @@ def test_corrupt_or_missing_files_are_fetched_again(repo_dir: Path, tmp_path: Pa
         assert r.returncode == 0, r.stderr
         assert "does not match the hub's hash; fetching it again" in r.stderr
         assert "4 already ok, 1 fetched" in r.stdout
-        assert shard.read_bytes() == (repo_dir / "data" / "train-00001-of-00003.parquet").read_bytes()
+        assert shard.read_bytes() == (shard_repo_dir / "data" / "train-00001-of-00003.parquet").read_bytes()
 
         # silent corruption (mtime kept) and a deleted file: --verify-only finds both
         st = shard.stat()
@@ -238,12 +238,12 @@ def test_corrupt_or_missing_files_are_fetched_again(repo_dir: Path, tmp_path: Pa
         r = run_hfd(args, env)
         assert r.returncode == 0, r.stderr
         assert "3 already ok, 2 fetched" in r.stdout
-    assert repo_files(out_dir) == repo_files(repo_dir)
+    assert repo_files(out_dir) == repo_files(shard_repo_dir)
 
 
-def test_hub_without_tree_api_is_listed_from_repo_info(repo_dir: Path, tmp_path: Path):
+def test_hub_without_tree_api_is_listed_from_repo_info(shard_repo_dir: Path, tmp_path: Path):
     out_dir = tmp_path / "out"
-    with serve_in_background(repo_dir, REPO) as server:
+    with serve_in_background(shard_repo_dir, REPO) as server:
         server.set_tree_api(False)
         env = make_env(tmp_path, server.endpoint)
         r = run_hfd([REPO, "--dataset", "--include", "data/*", "--local-dir", str(out_dir)], env)
@@ -251,7 +251,7 @@ def test_hub_without_tree_api_is_listed_from_repo_info(repo_dir: Path, tmp_path:
         assert "no tree listing (404); using the repo info's file list" in r.stderr
         assert "3 files: 0 already ok, 3 fetched, 0 failed, 0 refused" in r.stdout
         assert any("/tree/" in q.path and q.status == 404 for q in server.requests)
-    expected = {k: v for k, v in repo_files(repo_dir).items() if k.startswith("data/")}
+    expected = {k: v for k, v in repo_files(shard_repo_dir).items() if k.startswith("data/")}
     assert repo_files(out_dir) == expected
     # the sha256 of every LFS shard came from the siblings and was checked
     r = run_hfd([REPO, "--include", "data/*", "--local-dir", str(out_dir), "--verify-only"],
@@ -260,13 +260,13 @@ def test_hub_without_tree_api_is_listed_from_repo_info(repo_dir: Path, tmp_path:
     assert "3 files checked: 3 ok, 0 missing, 0 corrupt" in r.stdout
 
 
-def test_server_sending_wrong_bytes_ends_in_failure(repo_dir: Path, tmp_path: Path):
+def test_server_sending_wrong_bytes_ends_in_failure(shard_repo_dir: Path, tmp_path: Path):
     faults = Faults(corrupt={SHARD0})
     out_dir = tmp_path / "out"
-    with serve_in_background(repo_dir, REPO, faults=faults) as server:
+    with serve_in_background(shard_repo_dir, REPO, faults=faults) as server:
         env = make_env(tmp_path, server.endpoint, HFD_MAX_ROUNDS="2")
         r = run_hfd([REPO, "--dataset", "--local-dir", str(out_dir)], env)
-        assert len(served(server, 0, "/cdn/" + hashlib.sha256((repo_dir / SHARD0).read_bytes()).hexdigest())) == 2
+        assert len(served(server, 0, "/cdn/" + hashlib.sha256((shard_repo_dir / SHARD0).read_bytes()).hexdigest())) == 2
     assert r.returncode == 1
     assert "4 fetched, 1 failed" in r.stdout
     assert f"failed: {SHARD0}" in r.stderr
@@ -284,15 +284,15 @@ HOSTILE = {
 }
 
 
-def test_hostile_names_are_refused(repo_dir: Path, tmp_path: Path):
+def test_hostile_names_are_refused(shard_repo_dir: Path, tmp_path: Path):
     out_dir = tmp_path / "a" / "b" / "out"
-    with serve_in_background(repo_dir, REPO, extra_files=HOSTILE) as server:
+    with serve_in_background(shard_repo_dir, REPO, extra_files=HOSTILE) as server:
         env = make_env(tmp_path, server.endpoint)
         r = run_hfd([REPO, "--dataset", "--local-dir", str(out_dir)], env)
         assert r.returncode == 1
         assert r.stderr.count("refusing unsafe file name") == len(HOSTILE)
         assert "5 fetched, 0 failed, 6 refused" in r.stdout
-        assert repo_files(out_dir) == repo_files(repo_dir)
+        assert repo_files(out_dir) == repo_files(shard_repo_dir)
         assert not [p for p in tmp_path.rglob("*evil*")] and not Path("/tmp/evil-absolute.txt").exists()
         assert not served(server, 0, "evil")
 
@@ -302,12 +302,12 @@ def test_hostile_names_are_refused(repo_dir: Path, tmp_path: Path):
         assert "5 already ok, 0 fetched, 0 failed, 0 refused" in r.stdout
 
 
-def test_symlinked_subfolder_is_not_written_through(repo_dir: Path, tmp_path: Path):
+def test_symlinked_subfolder_is_not_written_through(shard_repo_dir: Path, tmp_path: Path):
     out_dir, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
     out_dir.mkdir()
     elsewhere.mkdir()
     (out_dir / "meta").symlink_to(elsewhere)
-    with serve_in_background(repo_dir, REPO) as server:
+    with serve_in_background(shard_repo_dir, REPO) as server:
         r = run_hfd([REPO, "--dataset", "--local-dir", str(out_dir), "--include", "meta/*"],
                     make_env(tmp_path, server.endpoint, HFD_MAX_ROUNDS="1"))
     assert r.returncode == 1
@@ -329,10 +329,10 @@ def processes_mentioning(secret: bytes) -> list[str]:
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_gated_repo_and_token_hygiene(repo_dir: Path, tmp_path: Path, tool: str):
+def test_gated_repo_and_token_hygiene(shard_repo_dir: Path, tmp_path: Path, tool: str):
     token = "hf_" + secrets.token_hex(16)
     faults = Faults(throttle_bps=1_000_000)  # slow enough to look at the processes while they run
-    with serve_in_background(repo_dir, REPO, token=token, faults=faults) as server:
+    with serve_in_background(shard_repo_dir, REPO, token=token, faults=faults) as server:
         base = [REPO, "--dataset", "--tool", tool]
         env = make_env(tmp_path, server.endpoint)
         r = run_hfd([*base, "--local-dir", str(tmp_path / "none")], env)
@@ -352,7 +352,7 @@ def test_gated_repo_and_token_hygiene(repo_dir: Path, tmp_path: Path, tool: str)
         out, err = proc.communicate()
         assert proc.returncode == 0, err.decode()
         assert in_ps == []
-        assert repo_files(out_dir) == repo_files(repo_dir)
+        assert repo_files(out_dir) == repo_files(shard_repo_dir)
 
         # the token file of `hf auth login` also works, and a --hf_token warns about ps
         token_file = tmp_path / "home" / ".cache" / "huggingface" / "token"
@@ -407,8 +407,8 @@ def test_help_and_missing_manifest(tmp_path: Path):
     assert r.returncode == 1 and "no saved listing" in r.stderr
 
 
-def test_unknown_repo_and_revision_are_named(repo_dir: Path, tmp_path: Path):
-    with serve_in_background(repo_dir, REPO) as server:
+def test_unknown_repo_and_revision_are_named(shard_repo_dir: Path, tmp_path: Path):
+    with serve_in_background(shard_repo_dir, REPO) as server:
         env = make_env(tmp_path, server.endpoint)
         r = run_hfd(["testorg/nope", "--dataset", "--local-dir", str(tmp_path / "x")], env)
         assert r.returncode == 1 and "dataset 'testorg/nope' (revision 'main') not found" in r.stderr
@@ -431,8 +431,8 @@ def path_without(tmp_path: Path, *missing: str) -> str:
     return str(bin_dir)
 
 
-def test_missing_tools(repo_dir: Path, tmp_path: Path):
-    with serve_in_background(repo_dir, REPO) as server:
+def test_missing_tools(shard_repo_dir: Path, tmp_path: Path):
+    with serve_in_background(shard_repo_dir, REPO) as server:
         env = make_env(tmp_path, server.endpoint, path=path_without(tmp_path, "aria2c"))
         r = run_hfd([REPO, "--dataset", "--local-dir", str(tmp_path / "out"), "--include", "meta/*"], env)
         assert r.returncode == 0, r.stderr
@@ -448,8 +448,8 @@ def test_missing_tools(repo_dir: Path, tmp_path: Path):
         assert r.returncode == 1 and "neither aria2c nor wget" in r.stderr and "apt-get install aria2" in r.stderr
 
 
-def test_yfcc_wrapper_passes_arguments_through(repo_dir: Path, tmp_path: Path):
-    with serve_in_background(repo_dir, "Kaichengalex/YFCC15M") as server:
+def test_yfcc_wrapper_passes_arguments_through(shard_repo_dir: Path, tmp_path: Path):
+    with serve_in_background(shard_repo_dir, "Kaichengalex/YFCC15M") as server:
         env = make_env(tmp_path, server.endpoint, YFCC15M_DIR=str(tmp_path / "yfcc"))
         r = run_hfd(["--include", "data/train-0000[12]*"], env, script=YFCC)
     assert r.returncode == 0, r.stderr

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from src.training import launch
+from tests._repo import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = {"B32": REPO / "shell" / "train_RWKV_CLIP_B32_YFCC15M.sh",
            "B16": REPO / "shell" / "train_RWKV_CLIP_B16_YFCC15M.sh"}
 ARCHITECTURE_FLAGS = ("--input-size", "--image-depth", "--image-embed-dims", "--image-patch-size", "--drop-path-rate",

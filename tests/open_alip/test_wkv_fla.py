@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,9 +24,8 @@ from src.open_alip.wkv import (
     resolve_wkv_impl,
     wkv,
 )
+from tests._repo import REPO as REPO_ROOT
 from tests._wkv_fla_cases import CASES, GRADIENTS
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Measured (fla-core 0.6.0, triton 3.7.1): forward and the r, k, v, u gradients within
 # 2.2e-7 of the largest reference value; the w gradient within 5.4e-5 over decay logits

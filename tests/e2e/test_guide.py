@@ -24,8 +24,8 @@ import pytest
 
 from src.demo.corpus import write_hub_corpus
 from src.hub_server import serve_in_background
+from tests._repo import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 TINY_RUN = ["--config", "RWKV_CLIP_tiny", "--global-batch-size", "16", "--batch-size", "16", "--epochs", "1",
             "--max-steps", "2", "--device", "cpu", "--workers", "1", "--log-every-n-steps", "1"]
 

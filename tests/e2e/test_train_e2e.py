@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from benchmarks.corpora import write_colour_records
+from tests._repo import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 BATCH, RECORDS, EPOCHS = 8, 96, 3  # 12 steps per epoch, 36 in all

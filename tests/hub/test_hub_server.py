@@ -15,13 +15,13 @@ from urllib.parse import urlsplit
 import pytest
 
 from src.hub_server import Faults, serve_in_background
+from tests._repo import REPO as REPO_ROOT
 
 REPO = "testorg/tiny"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def repo_dir(tmp_path_factory) -> Path:
+def hub_files_dir(tmp_path_factory) -> Path:
     import random
 
     rnd = random.Random(1)
@@ -54,8 +54,8 @@ def git_hash_object(path: Path) -> str:
     return subprocess.run(["git", "hash-object", str(path)], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_listing_and_resolve_match_the_hub_protocol(repo_dir: Path):
-    with serve_in_background(repo_dir, REPO) as server:
+def test_listing_and_resolve_match_the_hub_protocol(hub_files_dir: Path):
+    with serve_in_background(hub_files_dir, REPO) as server:
         resp, body = request(server.endpoint, "GET", f"/api/datasets/{REPO}/revision/main?blobs=true")
         assert resp.status == 200
         info = json.loads(body)
@@ -63,16 +63,16 @@ def test_listing_and_resolve_match_the_hub_protocol(repo_dir: Path):
         sib = {s["rfilename"]: s for s in info["siblings"]}
         assert set(sib) == {"README.md", "meta/info.json", "data/train-00000-of-00002.parquet",
                             "data/train-00001-of-00002.parquet"}
-        shard = repo_dir / "data" / "train-00000-of-00002.parquet"
+        shard = hub_files_dir / "data" / "train-00000-of-00002.parquet"
         sha = hashlib.sha256(shard.read_bytes()).hexdigest()
         assert sib["data/train-00000-of-00002.parquet"]["lfs"]["sha256"] == sha
         assert "lfs" not in sib["README.md"]
-        assert sib["README.md"]["blobId"] == git_hash_object(repo_dir / "README.md")
+        assert sib["README.md"]["blobId"] == git_hash_object(hub_files_dir / "README.md")
 
         # small file: served in place, git sha1 ETag
         resp, body = request(server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/README.md")
         assert resp.status == 200 and body == b"# tiny\n"
-        assert resp.getheader("ETag") == f'"{git_hash_object(repo_dir / "README.md")}"'
+        assert resp.getheader("ETag") == f'"{git_hash_object(hub_files_dir / "README.md")}"'
         assert resp.getheader("X-Repo-Commit") == info["sha"]
 
         # LFS file: 302 to the second host name, sha256 and size in X-Linked-*
@@ -103,8 +103,8 @@ def test_listing_and_resolve_match_the_hub_protocol(repo_dir: Path):
         assert resp.status == 404 and resp.getheader("X-Error-Code") == "EntryNotFound"
 
 
-def test_tree_listing_paginates_with_link_header(repo_dir: Path):
-    with serve_in_background(repo_dir, REPO) as server:
+def test_tree_listing_paginates_with_link_header(hub_files_dir: Path):
+    with serve_in_background(hub_files_dir, REPO) as server:
         server.set_tree_page_size(2)
         url, seen = f"/api/datasets/{REPO}/tree/main?recursive=true", []
         while url:
@@ -116,13 +116,13 @@ def test_tree_listing_paginates_with_link_header(repo_dir: Path):
         files = {e["path"]: e for e in seen if e["type"] == "file"}
         assert len(files) == 4
         assert {e["path"] for e in seen if e["type"] == "directory"} == {"data", "meta"}
-        shard = repo_dir / "data" / "train-00001-of-00002.parquet"
+        shard = hub_files_dir / "data" / "train-00001-of-00002.parquet"
         assert files["data/train-00001-of-00002.parquet"]["lfs"]["oid"] == hashlib.sha256(shard.read_bytes()).hexdigest()
 
 
-def test_gating_and_fault_injection(repo_dir: Path):
+def test_gating_and_fault_injection(hub_files_dir: Path):
     faults = Faults()
-    with serve_in_background(repo_dir, REPO, token="hf_secret_test", faults=faults) as server:
+    with serve_in_background(hub_files_dir, REPO, token="hf_secret_test", faults=faults) as server:
         path = f"/datasets/{REPO}/resolve/main/data/train-00000-of-00002.parquet"
         assert request(server.endpoint, "HEAD", path)[0].status == 401
         assert request(server.endpoint, "HEAD", path, {"Authorization": "Bearer wrong"})[0].status == 403
@@ -141,7 +141,7 @@ def test_gating_and_fault_injection(repo_dir: Path):
 
         faults.corrupt = {"data/train-00000-of-00002.parquet"}
         body = request(server.endpoint, "GET", location)[1]
-        assert body != (repo_dir / "data" / "train-00000-of-00002.parquet").read_bytes() and len(body) == 300_000
+        assert body != (hub_files_dir / "data" / "train-00000-of-00002.parquet").read_bytes() and len(body) == 300_000
         faults.corrupt = set()
 
         records = server.requests
@@ -204,18 +204,18 @@ def run_hf_client(endpoint: str, tmp_path: Path, token: str | None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_real_huggingface_hub_client_downloads_from_it(repo_dir: Path, tmp_path: Path):
-    with serve_in_background(repo_dir, REPO, token="hf_client_token") as server:
+def test_real_huggingface_hub_client_downloads_from_it(hub_files_dir: Path, tmp_path: Path):
+    with serve_in_background(hub_files_dir, REPO, token="hf_client_token") as server:
         assert run_hf_client(server.endpoint, tmp_path, token=None) == {"error": "GatedRepoError"}
         server.set_tree_page_size(3)  # the client must follow the Link header
         got = run_hf_client(server.endpoint, tmp_path, token="hf_client_token")
         records = server.requests
     for rel in ("README.md", "meta/info.json", "data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet"):
-        assert (Path(got["snapshot"]) / rel).read_bytes() == (repo_dir / rel).read_bytes()
-    assert Path(got["one"]).read_bytes() == (repo_dir / "data/train-00001-of-00002.parquet").read_bytes()
+        assert (Path(got["snapshot"]) / rel).read_bytes() == (hub_files_dir / rel).read_bytes()
+    assert Path(got["one"]).read_bytes() == (hub_files_dir / "data/train-00001-of-00002.parquet").read_bytes()
     assert got["tree"] == ["README.md", "data", "data/train-00000-of-00002.parquet",
                            "data/train-00001-of-00002.parquet", "meta", "meta/info.json"]
-    shard = repo_dir / "data/train-00000-of-00002.parquet"
+    shard = hub_files_dir / "data/train-00000-of-00002.parquet"
     assert got["lfs"]["data/train-00000-of-00002.parquet"] == hashlib.sha256(shard.read_bytes()).hexdigest()
     cdn = [r for r in records if r.path.startswith("/cdn/")]
     assert cdn and all(r.host.startswith("localhost:") for r in cdn)
@@ -223,10 +223,10 @@ def test_real_huggingface_hub_client_downloads_from_it(repo_dir: Path, tmp_path:
     assert not any(r.authorization for r in cdn)
 
 
-def test_cli_serves_and_writes_port_file(repo_dir: Path, tmp_path: Path):
+def test_cli_serves_and_writes_port_file(hub_files_dir: Path, tmp_path: Path):
     port_file = tmp_path / "endpoint.txt"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "src.hub_server", "--root", str(repo_dir), "--repo-id", REPO, "--port-file", str(port_file)],
+        [sys.executable, "-m", "src.hub_server", "--root", str(hub_files_dir), "--repo-id", REPO, "--port-file", str(port_file)],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

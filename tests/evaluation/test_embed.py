@@ -11,22 +11,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from safetensors.torch import save_file
 
 import embed as embed_cli
-from src.open_alip import create_model_and_transforms, get_tokenizer
+from src.open_alip import get_tokenizer
 
 TINY = "RWKV_CLIP_tiny"
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+@pytest.fixture
+def tiny(tiny_weights):
     """(model, preprocess_val, weights file)"""
-    torch.manual_seed(5)
-    model, _, preprocess_val = create_model_and_transforms(TINY)
-    path = tmp_path_factory.mktemp("weights") / "tiny.safetensors"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
-    return model, preprocess_val, path
+    return tiny_weights.model, tiny_weights.preprocess_val, tiny_weights.path
 
 
 @pytest.fixture(scope="module")

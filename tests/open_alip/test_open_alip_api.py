@@ -8,7 +8,6 @@ import copy
 import io
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,8 +28,8 @@ from src.open_alip.errors import (
 )
 from src.open_alip.transform import preprocess_pil
 from tests._loader_helpers import write_shard
+from tests._repo import REPO as REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY = "RWKV_CLIP_tiny"
 
 

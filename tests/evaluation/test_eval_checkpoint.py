@@ -31,8 +31,8 @@ from src.evaluation.run import (
 from src.open_alip.model import create_model
 from src.open_alip.tokenizer import tokenize
 from src.open_alip.zero_shot import build_class_embeddings, load_metadata
+from tests._repo import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "src" / "open_alip" / "model_configs" / "RWKV_CLIP_demo.json"
 SIZE = json.loads(CONFIG.read_text())["input_size"]
 

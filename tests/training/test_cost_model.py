@@ -11,7 +11,6 @@ import os
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +18,9 @@ import torch
 from benchmarks import cost_model as cli
 from src.open_alip import get_model_config
 from src.training import cost_model as cm
+from tests._repo import REPO
 
 GB = 10**9
-REPO = Path(__file__).resolve().parent.parent
 
 # The tiny model with few tokens (4 image patches, 12 text tokens): quick to measure,
 # and short enough for the reference WKV's per-token loops.

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +14,7 @@ import torch
 from benchmarks import gpu
 from dataloaders.imagenet import build_loader
 from src.open_alip import ClipLoss, create_model
-
-REPO = Path(__file__).resolve().parent.parent
+from tests._repo import REPO
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")

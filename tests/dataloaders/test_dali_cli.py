@@ -16,8 +16,7 @@ import dali
 from dataloaders.smoke import check_batch
 from src.recordio import IRHeader, MXIndexedRecordIO, pack
 from tests._loader_helpers import caption_tokens, write_shard
-
-REPO = Path(__file__).resolve().parent.parent
+from tests._repo import REPO
 
 
 @pytest.fixture(scope="module")

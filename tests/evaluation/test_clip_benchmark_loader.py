@@ -17,24 +17,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from safetensors.torch import save_file
 
 import clip_benchmark_eval
 from src.errors import UserError
 from src.evaluation.clip_bench import ClipBenchmarkError, prepare_argv, register
-from src.open_alip import create_model_and_transforms, load_rwkv_clip
+from src.open_alip import load_rwkv_clip
 from src.open_alip.errors import PretrainedError
 
 TINY = "RWKV_CLIP_tiny"
 
 
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    torch.manual_seed(9)
-    model, _, _ = create_model_and_transforms(TINY)
-    path = tmp_path_factory.mktemp("w") / "tiny.safetensors"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
-    return model.state_dict(), path
+@pytest.fixture
+def weights(tiny_weights):
+    return tiny_weights.state_dict, tiny_weights.path
 
 
 def test_loader_contract(weights):

@@ -13,30 +13,29 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from src.hub_server import serve_in_background
 from src.open_alip import create_model_and_transforms
 from src.open_alip.errors import ChecksumError, HubError, PretrainedError, WeightsNotFoundError
 from src.open_alip.pretrained import download_from_hub, file_sha256
+from tests._repo import REPO as REPO_ROOT
+from tests.conftest import save_safetensors
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY = "RWKV_CLIP_tiny"
 REPO = "testorg/rwkv-clip-tiny"
 TOKEN = "hf_private_hub_token"
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    torch.manual_seed(11)
-    model, _, _ = create_model_and_transforms(TINY)
-    return model
+@pytest.fixture
+def tiny_model(tiny_weights):
+    return tiny_weights.model
 
 
-@pytest.fixture(scope="module")
-def repo_dir(tmp_path_factory, tiny_model) -> Path:
-    root = tmp_path_factory.mktemp("model_repo")
-    save_file({k: v.contiguous() for k, v in tiny_model.state_dict().items()}, root / "model.safetensors")
+@pytest.fixture
+def model_repo_dir(tmp_path, tiny_model) -> Path:
+    root = tmp_path / "model_repo"
+    root.mkdir()
+    save_safetensors(tiny_model, root / "model.safetensors")
     (root / "README.md").write_text("# RWKV-CLIP tiny (test weights)\n")
     (root / "open_clip_config.json").write_text("{}\n")
     return root
@@ -64,10 +63,10 @@ def _one_line(exc_info) -> str:
     return text
 
 
-def test_private_model_hub_from_the_cli(repo_dir, tiny_model, hub_env, monkeypatch, tmp_path):
+def test_private_model_hub_from_the_cli(model_repo_dir, tiny_model, hub_env, monkeypatch, tmp_path):
     port_file = tmp_path / "endpoint.txt"
     server = subprocess.Popen(
-        [sys.executable, "-m", "src.hub_server", "--root", str(repo_dir), "--repo-id", REPO, "--repo-type", "model",
+        [sys.executable, "-m", "src.hub_server", "--root", str(model_repo_dir), "--repo-id", REPO, "--repo-type", "model",
          "--port-file", str(port_file)],
         cwd=REPO_ROOT, env={**os.environ, "HUB_SERVER_TOKEN": TOKEN}, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True,
@@ -93,7 +92,7 @@ def test_private_model_hub_from_the_cli(repo_dir, tiny_model, hub_env, monkeypat
         path = download_from_hub(f"hf-hub:{REPO}/model.safetensors")
         # in the hub cache (HF_HOME), stored under its sha256
         assert hub_env in path.resolve().parents or hub_env.resolve() in path.resolve().parents
-        assert path.resolve().name == file_sha256(repo_dir / "model.safetensors")
+        assert path.resolve().name == file_sha256(model_repo_dir / "model.safetensors")
 
         with pytest.raises(HubError) as e:
             download_from_hub("hf-hub:testorg/no-such-repo")
@@ -117,9 +116,9 @@ def test_private_model_hub_from_the_cli(repo_dir, tiny_model, hub_env, monkeypat
     assert "cannot reach http://127.0.0.1:" in _one_line(e)
 
 
-def test_downloads_are_checked_against_the_hubs_sha256(repo_dir, tiny_model, hub_env, monkeypatch, tmp_path):
+def test_downloads_are_checked_against_the_hubs_sha256(model_repo_dir, tiny_model, hub_env, monkeypatch, tmp_path):
     cache = tmp_path / "explicit_cache"
-    with serve_in_background(repo_dir, REPO, repo_type="model") as server:
+    with serve_in_background(model_repo_dir, REPO, repo_type="model") as server:
         monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
         server.faults.corrupt = {"model.safetensors"}  # the server flips the first byte of the body
         with pytest.raises(ChecksumError) as e:

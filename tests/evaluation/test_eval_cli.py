@@ -18,6 +18,7 @@ from src.open_alip.model import get_model_config
 from src.open_alip.tokenizer import tokenize
 from src.open_alip.zero_shot import retrieval_metrics
 from tests import _eval_layouts as layouts
+from tests._repo import REPO
 
 PAPER_COLUMNS = ["Model", "CIFAR10", "CIFAR100", "Food101", "Pets", "Flowers", "SUN397", "Cars", "DTD",
                  "Caltech101", "Aircraft", "ImageNet", "Average"]
@@ -181,7 +182,7 @@ def test_classification_script_runs_the_datasets_found(micro, tmp_path):
     import subprocess
     import sys
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPO
     env = {**os.environ, "PYTHON": sys.executable, "MODEL_NAME": str(micro["config"]), "MODEL_WEIGHT": str(micro["weights"]),
            "DATA_ROOT": str(micro["data"]), "OUTPUT_DIR": str(tmp_path), "DEVICE": "cpu", "WORKERS": "0"}
     proc = subprocess.run(["bash", "shell/test_zero_shot_classificaiton.sh", "--wkv-impl", "reference", "--no-progress"],

@@ -19,8 +19,7 @@ from src.demo import report
 from src.demo.corpus import write_classification_set, write_hub_corpus, write_retrieval_set
 from src.demo.pipeline import Demo, DemoError, DemoSettings, run_command
 from src.demo.scenes import COLOURS, SHAPES, Scene, all_descriptions, classnames, draw_scene, random_scene
-
-REPO = Path(__file__).resolve().parent.parent
+from tests._repo import REPO
 
 
 def test_scenes_are_deterministic_and_captions_say_what_is_drawn():

@@ -27,8 +27,8 @@ from tests._data2rec_helpers import (
     write_tar,
 )
 from tests._processes import alive, descendants, wait_for
+from tests._repo import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, str(REPO / "data2rec.py")]
 
 

@@ -1,0 +1,43 @@
+"""Fixtures shared across the test packages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from src.open_alip import create_model_and_transforms
+
+TINY = "RWKV_CLIP_tiny"
+
+
+@dataclass(frozen=True)
+class TinyWeights:
+    """A tiny RWKV-CLIP with random weights, its transforms, and those weights saved as safetensors."""
+
+    model: torch.nn.Module
+    preprocess_train: object
+    preprocess_val: object
+    path: Path
+
+    @property
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+
+def save_safetensors(model: torch.nn.Module, path: Path) -> Path:
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(tmp_path_factory) -> TinyWeights:
+    """Built once per test process; tests must not change the model in place."""
+    torch.manual_seed(9)
+    model, preprocess_train, preprocess_val = create_model_and_transforms(TINY)
+    model.eval()
+    path = save_safetensors(model, tmp_path_factory.mktemp("tiny_weights") / "tiny.safetensors")
+    return TinyWeights(model, preprocess_train, preprocess_val, path)

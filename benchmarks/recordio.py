@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from src import recordio
-
-MAGIC = struct.pack("<I", 0xCED7230A)
+from src.recordio import MAGIC_BYTES as MAGIC
 
 _MXNET_WRITER = r"""
 import sys, time

@@ -24,11 +24,10 @@ import numpy as np
 
 from src.errors import UserError
 from src.fsutil import atomic_open
-from src.recordio import RecordIOError, read_index
+from src.recordio import MAGIC_BYTES, RecordIOError, read_index
 
 __all__ = ["Shard", "ShardError", "ShardSet", "default_cache_dir", "find_rec_file", "load_shards", "resolve_shards"]
 
-_MAGIC_BYTES = b"\x0a\x23\xd7\xce"
 _GLOB_CHARS = re.compile(r"[*?\[]")
 # Bump when the cached files' layout changes, so old caches are not misread.
 _CACHE_VERSION = 2
@@ -193,7 +192,7 @@ def _read_shard_index(shard: Shard) -> tuple[np.ndarray, np.ndarray]:
     if size == 0:
         raise ShardError(f"{shard.rec}: empty .rec file; reconvert this shard")
     with open(shard.rec, "rb") as f:
-        if f.read(4) != _MAGIC_BYTES:
+        if f.read(4) != MAGIC_BYTES:
             raise ShardError(f"{shard.rec}: not a RecordIO file (no magic at byte 0)")
     try:
         entries = read_index(shard.idx)

@@ -7,7 +7,7 @@ import struct
 
 import numpy as np
 
-MAGIC = struct.pack("<I", 0xCED7230A)
+from src.recordio import MAGIC_BYTES as MAGIC
 
 
 def reference_encode(data: bytes) -> bytes:

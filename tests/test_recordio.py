@@ -31,14 +31,13 @@ from src.recordio import (
     write_index,
 )
 from tests._recordio_helpers import (
+    MAGIC,
     ORACLE_CODE,
     dump_specs,
     random_payloads,
     record_specs,
     reference_encode,
 )
-
-MAGIC = struct.pack("<I", 0xCED7230A)
 
 # Payloads that exercise every branch of the multi-part rule.
 EDGE_PAYLOADS = [
@@ -72,7 +71,7 @@ def parts_of(rec_path):
     pos, parts = 0, []
     while pos < len(data):
         magic, lrec = struct.unpack_from("<II", data, pos)
-        assert magic == 0xCED7230A
+        assert magic == recordio.MAGIC
         length = lrec & ((1 << 29) - 1)
         parts.append((lrec >> 29, length))
         pos += 8 + ((length + 3) & ~3)

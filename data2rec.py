@@ -106,7 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
                                         "(default: the manifest's folder)")
     g.add_argument("--caption-dir", help="folder input: tree of .txt captions mirroring the image tree "
                                          "(several captions: STEM.txt, STEM.1.txt, STEM.2.txt, ...)")
-    g.add_argument("--context-length", type=int, default=77, help="tokens per caption (default 77)")
     g.add_argument("--max-captions", type=int, default=MAX_CAPTIONS, metavar="K",
                    help=f"records keep every caption of their row, 1 to K of them (default {MAX_CAPTIONS}); "
                         "a row with more is skipped as too_many_captions")
@@ -182,7 +181,6 @@ def _check_args(args: argparse.Namespace) -> str | None:
         (args.resize_short >= 0, f"--resize-short {args.resize_short} must be >= 0"),
         (args.quality is None or 1 <= args.quality <= 100, f"--quality {args.quality} must be 1..100"),
         (args.max_pixels >= 0, f"--max-pixels {args.max_pixels} must be >= 0"),
-        (args.context_length >= 2, f"--context-length {args.context_length} must be >= 2"),
     ]
     problem = next((msg for ok, msg in checks if not ok), None)
     if problem:
@@ -243,7 +241,6 @@ def convert_cli(args: argparse.Namespace) -> int:
             caption_dir=args.caption_dir,
         ),
         image=ImageOptions(args.validate, args.resize_short, args.quality, args.max_pixels),
-        context_length=args.context_length,
         shard_size=args.shard_size,
         num_machines=args.num_machines,
         machine_id=args.machine_id,

@@ -24,11 +24,11 @@ import numpy as np
 from PIL import Image
 
 from dataloaders.shards import ShardError, ShardSet
+from src.caption_record import InvalidCaptions, unpack_caption_record
 from src.jpeg import jpeg_info
-from src.open_alip.constants import CONTEXT_LENGTH, SOT_TOKEN, VOCAB_SIZE
-from src.recordio import RecordIOError, read_record_at, unpack
+from src.recordio import RecordIOError, read_record_at
 
-__all__ = ["BadRecord", "RecordReader", "check_label", "image_size", "probe_shards"]
+__all__ = ["BadRecord", "RecordReader", "image_size", "probe_shards"]
 
 # Open files per reader thread; 15M records come in ~1,500 shards, beyond a default ulimit.
 _MAX_OPEN = 64
@@ -45,35 +45,11 @@ class BadRecord(Exception):
                                  "or leave it out of the data")
 
 
+# data2rec refuses such captions when it converts (src/caption_record.py holds the one rule).
+_CAPTIONS_ADVICE = ("the loaders read image-caption records as data2rec.py writes them: convert the data "
+                    "with it (a row it cannot convert is left out and named in its report, with the reason)")
 _FRAMING_ADVICE = ("the .idx does not belong to this .rec, or one of them is damaged; rebuild the shard "
                    "(data2rec.py writes both files)")
-
-
-def check_label(flag: int, label) -> np.ndarray:
-    """The record's label as float32 caption tokens [K*77], or BadRecord if it holds none."""
-    if flag == 0:
-        raise BadRecord(
-            "its label is a single number (flag 0), as im2rec writes for classification, not caption tokens",
-            "this loader needs image-caption records: convert the images and captions with data2rec.py",
-        )
-    values = np.array(label, dtype=np.float32).reshape(-1)  # a writable copy
-    if values.size % CONTEXT_LENGTH:
-        raise BadRecord(
-            f"it holds {values.size} caption token values, not a multiple of {CONTEXT_LENGTH}",
-            f"its captions were tokenised to another length; reconvert with data2rec.py --context-length "
-            f"{CONTEXT_LENGTH} (the model reads {CONTEXT_LENGTH}-token captions)",
-        )
-    first = values[::CONTEXT_LENGTH]
-    present = first == SOT_TOKEN
-    if not present.any() or not (present | (first == 0)).all():
-        raise BadRecord(
-            f"its label is not caption tokens: a {CONTEXT_LENGTH}-value caption must begin with the start "
-            f"token {SOT_TOKEN} (or be all zeros), and one must be present",
-            "convert the data with data2rec.py",
-        )
-    if values.min() < 0 or values.max() >= VOCAB_SIZE:
-        raise BadRecord(f"its caption tokens fall outside 0..{VOCAB_SIZE - 1}", "reconvert it with data2rec.py")
-    return values
 
 
 def image_size(payload: bytes) -> tuple[int, int]:
@@ -142,7 +118,9 @@ class RecordReader:
         try:
             # Errors name offsets inside `buf`, so the message is ours, with the file's offset.
             data = read_record_at(io.BytesIO(buf), 0, path)
-            header, payload = unpack(data)
+            record = unpack_caption_record(data)
+        except InvalidCaptions as e:
+            raise BadRecord(str(e), _CAPTIONS_ADVICE) from None
         except RecordIOError as e:
             if "truncated" in str(e) or "shorter than" in str(e) or "only" in str(e):
                 what = f"the record there runs past byte {end}, where the index puts the next record or the file ends"
@@ -150,7 +128,7 @@ class RecordReader:
                 detail = str(e).split(": ", 1)[-1].split(" at byte offset")[0].split(" (expected")[0]
                 what = f"no record starts at this offset ({detail})"
             raise BadRecord(what, _FRAMING_ADVICE) from None
-        return check_label(header.flag, header.label), payload
+        return record.tokens, record.payload
 
 
 def probe_shards(shardset: ShardSet, reader: RecordReader | None = None) -> None:

@@ -54,11 +54,13 @@ def write_shard(
     size: tuple[int, int] = (64, 48),
     empty: dict[int, frozenset[int]] | None = None,
     corrupt: set[int] | Mapping[int, str] = frozenset(),
+    labels: Mapping[int, np.ndarray] | None = None,
 ) -> Path:
     """Write `prefix`.rec/.idx holding records `ids`.
 
     `k` is the number of captions (or id -> number); ids in `corrupt` get damaged JPEG
-    bytes: truncated, or for a mapping, the named kind of CORRUPTIONS.
+    bytes: truncated, or for a mapping, the named kind of CORRUPTIONS; ids in `labels`
+    get that label instead of their captions.
     """
     prefix.parent.mkdir(parents=True, exist_ok=True)
     w, h = size
@@ -73,6 +75,7 @@ def write_shard(
                 jpg = CORRUPTIONS[kinds[rid]](jpg)
             count = k[rid] if isinstance(k, Mapping) else k
             label = caption_tokens(rid, count, (empty or {}).get(rid, frozenset())).ravel()
+            label = (labels or {}).get(rid, label)
             rec.write_idx(rid, pack(IRHeader(0, label, rid, 0), jpg))
     return Path(f"{prefix}.rec")
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from src.caption_record import CONTEXT_LENGTH, pack_caption_record
 from src.errors import UserError
 
 from .distributor import chunked, ordered_map, prefetch
@@ -28,7 +29,7 @@ from .report import Report, percent
 from .sources import InputError, Source, SourceOptions, make_source
 from .state import load_state, new_state, write_json_atomic
 from .worker import WorkerConfig
-from .writer import TMP_SUFFIX, ShardWriter, pack_record
+from .writer import TMP_SUFFIX, ShardWriter
 
 MAX_ID = 2**64 - 1  # record ids are uint64 (docs/formats.md, section 1)
 MAX_WORKERS_PER_CORE = 4  # past this, more workers only add memory and start-up time
@@ -67,7 +68,6 @@ class ConvertOptions:
     kind: str = "auto"
     source: SourceOptions = field(default_factory=SourceOptions)
     image: ImageOptions = field(default_factory=ImageOptions)
-    context_length: int = 77
     shard_size: int = 0  # records per shard; 0: one OUT.rec
     num_machines: int = 1
     machine_id: int = 0
@@ -128,7 +128,8 @@ def _fingerprint(source: Source, units: list[Unit], opts: ConvertOptions) -> dic
         "units": [[u.path, u.start, u.stop, source.signature(u)] for u in units],
         "source": asdict(opts.source),
         "image": asdict(opts.image),
-        "context_length": opts.context_length,
+        # No longer an option, kept so that a run begun when it was one still resumes.
+        "context_length": CONTEXT_LENGTH,
         "shard_size": opts.shard_size,
         "num_machines": opts.num_machines,
         "machine_id": opts.machine_id,
@@ -290,7 +291,7 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
 
     done_before = sum(counts[u.index] for u in mine[:next_slot]) + next_pos
     my_total = sum(counts[u.index] for u in mine)
-    config = WorkerConfig(opts.image, opts.context_length, opts.max_captions)
+    config = WorkerConfig(opts.image, opts.max_captions)
     workers = opts.workers or available_cores()
     sharded = opts.shard_size > 0
     writer: ShardWriter | None = None
@@ -305,7 +306,7 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
                 if writer is None:
                     writer = ShardWriter(*shard_paths(prefix, len(state["shards"]) if sharded else None))
                 payload = r.payload if r.payload is not None else item.image
-                writer.write(r.sample_id, pack_record(r.tokens, r.sample_id, item.row, payload))
+                writer.write(r.sample_id, pack_caption_record(r.tokens, r.sample_id, item.row, payload))
                 if sharded and writer.records == opts.shard_size:
                     state["shards"].append(writer.commit())
                     writer = None

@@ -9,10 +9,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-
+from ..caption_record import CONTEXT_LENGTH, InvalidCaptions, unpack_caption_record
 from ..recordio import RecordIOError, iter_records, read_index, unpack
-from .captions import CONTEXT_LENGTH, VOCAB_SIZE
 from .images import sniff
 from .lock import describe, held_by, lock_path
 
@@ -33,14 +31,10 @@ def find_shards(output: str | Path) -> list[Path]:
 
 
 def _check_record(record: bytes, decode: bool) -> str | None:
-    header, payload = unpack(record)
-    if header.flag <= 0 or header.flag % CONTEXT_LENGTH:
-        return f"label length {header.flag} is not a positive multiple of {CONTEXT_LENGTH}"
-    label = np.asarray(header.label)
-    if np.any(label < 0) or np.any(label >= VOCAB_SIZE) or np.any(label != np.floor(label)):
-        return "label holds values that are not token ids"
-    if not np.any(label[::CONTEXT_LENGTH]):
-        return "label holds no caption (every block is empty)"
+    try:
+        payload = unpack_caption_record(record).payload  # the loaders' rule for the captions
+    except InvalidCaptions as exc:
+        return str(exc)
     if sniff(payload) != "JPEG":
         return f"payload is not a JPEG ({len(payload)} bytes, starts {payload[:4]!r})"
     if decode:

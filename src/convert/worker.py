@@ -5,7 +5,8 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
-from .captions import CONTEXT_LENGTH, CaptionRejected, check_tokens, non_empty, tokenize_captions
+from ..caption_record import CONTEXT_LENGTH
+from .captions import CaptionRejected, check_tokens, non_empty, tokenize_captions
 from .images import ImageOptions, ImageRejected, prepare_image
 from .items import (
     EMPTY_CAPTION,
@@ -25,7 +26,6 @@ from .processes import die_with_parent
 @dataclass(frozen=True)
 class WorkerConfig:
     image: ImageOptions = ImageOptions()
-    context_length: int = CONTEXT_LENGTH
     max_captions: int = MAX_CAPTIONS
 
 
@@ -76,7 +76,6 @@ def _skip(item: Item, reason: str, detail: str) -> Result:
 def process_item(item: Item, config: WorkerConfig) -> Result:
     if item.error:
         return _skip(item, item.error, item.detail)
-    ctx = config.context_length
     captions = item.captions
     if item.tokens is None and captions is None:
         captions = _read_captions(item.extra.get("caption_files", []), item.extra.get("numbered", False),
@@ -86,12 +85,12 @@ def process_item(item: Item, config: WorkerConfig) -> Result:
     try:
         tokens = None
         if item.tokens is not None:
-            tokens = check_tokens(item.tokens, ctx)
+            tokens = check_tokens(item.tokens)
         else:
             captions = non_empty(captions or [])
             if not captions:  # the cheap check first, before the image is read
                 return _skip(item, EMPTY_CAPTION, "every caption is empty")
-        k = tokens.size // ctx if tokens is not None else len(captions or [])
+        k = tokens.size // CONTEXT_LENGTH if tokens is not None else len(captions or [])
         if k > config.max_captions:
             return _skip(item, TOO_MANY_CAPTIONS, f"{k} captions, more than --max-captions {config.max_captions}")
         data = item.image
@@ -105,13 +104,13 @@ def process_item(item: Item, config: WorkerConfig) -> Result:
                 return _skip(item, UNREADABLE, f"{item.image_path}: {exc.strerror or exc}")
         payload, converted = prepare_image(data, config.image)
         if tokens is None:
-            tokens = tokenize_captions(captions or [], ctx)
+            tokens = tokenize_captions(captions or [])
     except (ImageRejected, CaptionRejected) as exc:
         return _skip(item, exc.reason, exc.detail)
-    return Result(
-        item.pos, item.ref, item.slot, item.sample_id, tokens=tokens,
-        payload=None if payload is item.image else payload, captions=tokens.size // ctx, converted=converted,
-    )
+    if payload is item.image:
+        payload = None  # passed through: the writer takes the item's own bytes
+    return Result(item.pos, item.ref, item.slot, item.sample_id, tokens=tokens, payload=payload,
+                  captions=tokens.size // CONTEXT_LENGTH, converted=converted)
 
 
 def is_light(items: list[Item], config: WorkerConfig) -> bool:

@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from src.demo.scenes import CAPTION_FORMS, DEMO_TEMPLATES, classnames, draw_scene, random_scene
 from src.fsutil import atomic_path, atomic_write_json
+from src.open_alip.constants import CONTEXT_LENGTH
 
-CONTEXT_LENGTH = 77
 # Seeds of the held-out streams differ from training so no eval image is a training image.
 EVAL_SEED_OFFSET = 1_000_003
 

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from benchmarks.oracles import mxnet_python, run_oracle
+from dataloaders.records import RecordReader
+from dataloaders.shards import load_shards
 from src.convert import MAX_CAPTIONS, ConvertOptions, TooManySkipped, convert, find_shards, verify
 from src.open_alip import tokenize_np
 from tests._data2rec_helpers import (
@@ -506,6 +508,45 @@ def test_parquet_rows_keep_every_caption_count(tmp_path):
         np.testing.assert_array_equal(label, rows[i][1])  # every block, exactly as it came
     checked = verify(tmp_path / "k", decode=True)
     assert checked["ok"] and checked["records_by_caption_count"] == report["records_by_caption_count"]
+
+
+def _without_start_tokens(tokens: np.ndarray) -> np.ndarray:
+    """The blocks a tokenizer run without the start token writes: ids, end token, zeros."""
+    blocks = tokens.reshape(-1, 77)
+    return np.concatenate([blocks[:, 1:], np.zeros((len(blocks), 1), np.float32)], axis=1).reshape(-1)
+
+
+def test_tokens_without_start_tokens_are_refused_at_conversion_with_the_reason(tmp_path):
+    # Such blocks used to convert and pass --verify, and then every loader refused the records.
+    rows = [(jpeg(16, 16, seed=i), tokens_for(2, i)) for i in range(6)]
+    for i in (1, 4):
+        rows[i] = (rows[i][0], _without_start_tokens(rows[i][1]))
+    write_hub_parquet(tmp_path / "mixed.parquet", rows)
+    report = convert([tmp_path / "mixed.parquet"], tmp_path / "m", quiet())
+    assert report["written"] == 4 and report["skipped_by_reason"] == {"bad_tokens": 2}
+    examples = report["examples"]["bad_tokens"]
+    assert [e["input"].rsplit(":", 1)[1] for e in examples] == ["row 1", "row 4"]
+    assert all("caption block 1 of 2 begins with" in e["detail"] and "not the start token 49406" in e["detail"]
+               for e in examples), examples
+    # What was written loads: the loaders' reader takes every record.
+    assert verify(tmp_path / "m", decode=True)["ok"]
+    shardset = load_shards(tmp_path / "m", cache_dir=tmp_path / "cache")
+    reader = RecordReader(shardset)
+    assert [reader.read(i)[0].size for i in range(shardset.total_records)] == [154] * 4
+    # A whole dataset tokenised that way stops the CLI with the reason, and writes nothing.
+    rows = [(img, _without_start_tokens(tok)) for img, tok in rows]
+    write_hub_parquet(tmp_path / "nostart.parquet", rows)
+    proc = run_cli(str(tmp_path / "nostart.parquet"), "--output", str(tmp_path / "n"), "--no-progress")
+    assert proc.returncode == 4 and "6 of 6 rows (100%) skipped" in proc.stderr, proc.stderr
+    assert "bad_tokens: 6" in proc.stderr and "not the start token 49406" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not find_shards(tmp_path / "n")
+
+
+def test_the_context_length_is_the_models(tmp_path):
+    write_hub_parquet(tmp_path / "a.parquet", [(jpeg(seed=0), tokens_for(1, 0))])
+    proc = run_cli(str(tmp_path / "a.parquet"), "--output", str(tmp_path / "o"), "--context-length", "32")
+    assert proc.returncode == 2 and "unrecognized arguments: --context-length 32" in proc.stderr
+    assert not list(tmp_path.glob("o*"))
 
 
 def test_resume_refuses_changed_inputs_and_missing_shards(tmp_path):

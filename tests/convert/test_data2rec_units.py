@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
+from src.caption_record import InvalidCaptions, check_captions
 from src.convert.captions import CaptionRejected, check_tokens, tokenize_captions
 from src.convert.images import VALIDATE_LEVELS, ImageOptions, ImageRejected, prepare_image, sniff
 from src.convert.sources import InputError, SourceOptions, detect_kind, make_source
@@ -162,14 +163,6 @@ def test_jpeg_frame_header_is_read_without_decoding():
     assert jpeg_info(b"\xff\xd8\xff\xe0\x00\x10JFIF") is None  # cut before the frame header
 
 
-def test_pack_record_matches_recordio_pack():
-    from src.convert.writer import pack_record
-    from src.recordio import IRHeader, pack
-
-    tokens = tokens_for(3, 1)
-    assert pack_record(tokens, 2**40 + 5, 17, b"payload") == pack(IRHeader(0, tokens, 2**40 + 5, 17), b"payload")
-
-
 # ---------------------------------------------------------------- captions
 
 
@@ -187,14 +180,21 @@ def test_captions_are_clip_tokens_and_only_empty_rows_are_rejected():
         assert info.value.reason == reason
 
 
-def test_dataset_tokens_must_be_whole_blocks_of_ids():
+def test_dataset_tokens_pass_the_loaders_rule_or_are_rejected_with_its_reason():
     good = tokens_for(3, 0)
     np.testing.assert_array_equal(check_tokens(good), good)
     with_empty_block = np.concatenate([good, np.zeros(77, np.float32)])  # kept as it came
     np.testing.assert_array_equal(check_tokens(with_empty_block), with_empty_block)
-    for bad in (good[:100], np.zeros(0), good + 0.5, np.full(77, 60000.0), np.full(77, np.nan), np.zeros(154)):
-        with pytest.raises(CaptionRejected):
+    no_start = good.copy()
+    no_start[77] = 0  # the second caption lost its start token
+    # tests/test_caption_record.py holds the rule's cases; here: the converter applies it, reason and all.
+    for bad in (good[:100], np.zeros(0), good + 0.5, np.full(77, 60000.0), np.full(77, np.nan), np.zeros(154),
+                no_start):
+        with pytest.raises(CaptionRejected) as info:
             check_tokens(bad)
+        with pytest.raises(InvalidCaptions) as rule:
+            check_captions(bad)
+        assert (info.value.reason, info.value.detail) == ("bad_tokens", str(rule.value))
 
 
 # ---------------------------------------------------------------- sources

@@ -129,9 +129,10 @@ def _other_shards_index(d: Path, rec: str) -> Path:
         # im2rec's classification records: one number as the label.
         (lambda d: (_shard_with_labels(d / "im2rec", [float(i % 3) for i in range(8)]), d / "im2rec")[-1], 2,
          ["im2rec.rec record key 0", "single number (flag 0)", "data2rec.py"]),
-        # data2rec --context-length 32 output: 32 or 64 token values per record.
+        # Captions of another tool's context length: 32 token values per record.
         (lambda d: (_shard_with_labels(d / "ctx32", [caption_tokens(i, 1)[0, :32] for i in range(8)]),
-                    d / "ctx32")[-1], 2, ["ctx32.rec record key 0", "32 caption token values", "--context-length 77"]),
+                    d / "ctx32")[-1], 2,
+         ["ctx32.rec record key 0", "32 caption token values, not a positive multiple of 77", "convert the data with it"]),
         (lambda d: (_shard_with_labels(d / "vocab", [np.where(np.arange(77) == 0, 49406, 60000).astype(np.float32)]
                                        * 8), d / "vocab")[-1], 2, ["vocab.rec record key 0", "outside 0..49407"]),
     ],

@@ -350,3 +350,9 @@ def test_without_range_support_the_whole_body_comes_back(hub_files_dir: Path):
     with serve_with_faults(hub_files_dir, REPO, faults) as server:
         resp, body = request(server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/README.md", {"Range": "bytes=2-"})
     assert resp.status == 200 and body == b"# tiny\n" and resp.getheader("Accept-Ranges") is None
+
+
+def test_hub_server_does_not_load_the_model_stack():
+    # A mirror machine needs no torch: the content ids come from src/open_alip/hashes.py alone.
+    code = "import sys, src.hub_server; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)

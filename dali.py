@@ -18,11 +18,7 @@ import argparse
 import os
 import sys
 
-
-def max_workers() -> int:
-    """More threads or processes than this only add memory and switching (4 per usable core, at least 8)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(8, 4 * cores)
+from dataloaders.smoke_cli import max_workers, run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -87,76 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from tqdm import tqdm
-
-    from dataloaders.base import CorruptRecordError
-    from dataloaders.imagenet import build_loader
-    from dataloaders.shards import find_rec_file
-    from dataloaders.smoke import run_smoke, save_grid
-    from src.errors import UserError, report
-
-    prog = os.path.basename(sys.argv[0])
-    try:
-        data = list(args.data or [])
-        if args.rec_file:
-            data.append(str(find_rec_file(args.data_dir, args.rec_file)))
-        elif args.data_dir:
-            data.append(args.data_dir)
-        loader = build_loader(
-            data if len(data) > 1 else data[0],
-            args.batch_size,
-            input_size=args.input_size,
-            train=not args.eval,
-            backend=args.backend,
-            device=args.device,
-            num_threads=args.workers,
-            seed=args.seed,
-            cache_dir=args.cache_dir,
-            max_bad_records=args.max_bad_records,
-        )
-    except UserError as e:
-        return report(prog, e)
-    print(f"{loader.total_records} records in {len(loader.shardset.shards)} shard(s); rank {loader.rank}/"
-          f"{loader.world_size} reads {loader.num_samples} per epoch in {len(loader)} batches; "
-          f"backend {loader.backend}, device {loader.device}, {args.workers} workers")
-    try:
-        with tqdm(total=args.time_steps + args.steps, desc="batches", unit="batch", file=sys.stderr) as bar:
-            smoke = run_smoke(loader, args.steps, bar, time_steps=args.time_steps)
-    except ImportError as e:
-        print(f"{prog}: error: {e}; install nvidia-dali-cuda120 or use --backend torch", file=sys.stderr)
-        return 2
-    except CorruptRecordError as e:
-        print(f"{prog}: FAILED: {e}", file=sys.stderr)
-        return 1
-    except UserError as e:
-        return report(prog, e)
-    rate = smoke.images_per_second
-    threads = max(1, args.workers)
-    if smoke.timed_images:
-        print(f"the loader delivers {rate:.1f} images/s ({smoke.timed_images} images in {args.time_steps} batches "
-              f"after the first, timed back to back without the checks), {rate / threads:.1f} per "
-              f"{'thread' if args.backend == 'dali' else 'worker'} ({threads})")
-    print(f"checked {smoke.images} images in {smoke.batches} batch(es)")
-    if args.save_grid and smoke.first_batch is not None:
-        from src.open_alip import decode
-
-        images, tokens = smoke.first_batch
-        n = min(16, images.shape[0])
-        captions = [decode([int(t) for t in row if t]) for row in tokens[:n].cpu().tolist()]
-        save_grid(args.save_grid, images[:n], captions)
-        print(f"wrote {args.save_grid} ({n} images with their captions)")
-    if loader.bad_records:
-        print(f"skipped {loader.bad_records} record(s) that could not be read or decoded (named above)",
-              file=sys.stderr)
-    if smoke.problems:
-        for problem in smoke.problems[:20]:
-            print(f"FAILED: {problem}", file=sys.stderr)
-        more = len(smoke.problems) - 20
-        if more > 0:
-            print(f"... and {more} more", file=sys.stderr)
-        return 1
-    print("all checks passed")
-    return 0
+    return run(args, prog=os.path.basename(sys.argv[0]))
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ def _gb(n: float) -> str:
 
 
 def report(cost, args: argparse.Namespace) -> list[str]:
-    from src.training.cost_model import analytic_flops, plan_micro_batch, usable_bytes
+    from src.training.cost_model import analytic_flops
+    from src.training.planner import plan_micro_batch, usable_bytes
 
     gpu = GPU_SPECS[args.gpu]
     lines = [

@@ -19,9 +19,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from src.hub_server import serve_in_background
+from src.hub_server import HubHandler, RepoFile, RequestRecord, serve_in_background
+from src.hub_server.handler import CHUNK
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REPO = "bench/shards"
@@ -29,6 +31,41 @@ HF_SNAPSHOT = (
     "import sys; from huggingface_hub import snapshot_download; "
     "snapshot_download(sys.argv[1], repo_type='dataset', local_dir=sys.argv[2], cache_dir=sys.argv[3])"
 )
+
+
+class ThrottledHandler(HubHandler):
+    """Caps each body transfer at `bps()` bytes per second, as a distant CDN or a per-flow-limited
+    link does (tests/_hub_faults.py uses it for transfers slow enough to interrupt)."""
+
+    rate: float | None = None  # bytes per second; None: no cap
+
+    def bps(self) -> float | None:
+        return self.rate
+
+    def send_body(self, rec: RequestRecord, f: RepoFile, start: int, end: int) -> None:
+        bps = self.bps()
+        if not bps:
+            super().send_body(rec, f, start, end)
+            return
+        self.write_chunks(rec, self.paced(self.body_chunks(f, start, end, throttled_chunk(bps))))
+
+    def paced(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        """`chunks`, held back so that they leave no faster than `bps()` (read per chunk, so a
+        test may lift the cap during a transfer)."""
+        sent, began = 0, time.monotonic()
+        for chunk in chunks:
+            yield chunk
+            sent += len(chunk)
+            bps = self.bps()
+            if bps:
+                ahead = sent / bps - (time.monotonic() - began)
+                if ahead > 0:
+                    time.sleep(ahead)
+
+
+def throttled_chunk(bps: float) -> int:
+    """About 20 chunks a second, so a throttled transfer moves steadily."""
+    return min(CHUNK, max(16 * 1024, int(bps / 20)))
 
 
 def make_repo(root: Path, files: int, size_mb: int) -> int:
@@ -81,8 +118,8 @@ def main() -> int:
 
 
 def run_setting(work: Path, total: int, label: str, cap: float | None, a: argparse.Namespace) -> None:
-    with serve_in_background(work / "repo", REPO) as server:
-        server.faults.throttle_bps = cap
+    handler = type("Capped", (ThrottledHandler,), {"rate": cap})
+    with serve_in_background(work / "repo", REPO, handler=handler) as server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
         env.update(HF_ENDPOINT=server.endpoint, HOME=str(work), HF_HOME=str(work / "hf"),
                    HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")

@@ -20,7 +20,6 @@ Problems raise `errors.PretrainedError` subclasses with one-line messages.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Mapping
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 
 from .errors import ChecksumError, HubError, PretrainedError, WeightsMismatchError, WeightsNotFoundError
+from .hashes import file_sha256, git_blob_sha1
 from .model import CheckpointMismatchError, load_checkpoint
 
 HF_HUB_PREFIX = "hf-hub:"
@@ -38,7 +38,6 @@ HF_HUB_PREFIX = "hf-hub:"
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX40 = re.compile(r"[0-9a-f]{40}")
-_CHUNK = 1 << 20
 
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:
@@ -78,24 +77,6 @@ def pick_weights_file(spec: str, files: list[str]) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # hashes
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def git_blob_sha1(path: Path) -> str:
-    """The git blob id of a file: what the hub gives as the id of a small (non-LFS) file."""
-    h = hashlib.sha1()
-    h.update(b"blob %d\0" % path.stat().st_size)
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _content_id(path: Path, expected: str) -> str:

@@ -1,11 +1,10 @@
-"""What one RWKV-CLIP training sample costs, and the per-GPU micro-batch that fits.
+"""What one RWKV-CLIP training sample costs: FLOPs, and memory as lines in the batch size.
 
     cost = estimate_cost("RWKV_CLIP_B32", wkv_impl="chunked", precision="bf16")
     cost.flops_per_sample                  # forward+backward model FLOPs of one pair
-    plan = plan_micro_batch("RWKV_CLIP_B32", wkv_impl="chunked", precision="bf16",
-                            device_memory_bytes=torch.cuda.get_device_properties(0).total_memory,
-                            global_batch=4096, world_size=8)
-    print(plan.explanation)                # micro-batch, accumulation, checkpointing, why
+    cost.step_bytes(micro=256, accum=2, world_size=8, checkpointing=False)["total"]
+
+The planner that picks a micro-batch from these figures is src/training/planner.py.
 
 How the numbers are obtained (on the CPU, no GPU needed, deterministic):
 
@@ -18,7 +17,7 @@ How the numbers are obtained (on the CPU, no GPU needed, deterministic):
   the WKV implementation is subtracted and the recurrent form is counted analytically
   (`wkv_flops`).
 * Memory is read off the graph: a dispatch mode adds every storage the ops create and
-  a weakref finaliser removes it when it dies (`_LiveBytes`). That gives the bytes
+  a weakref finaliser removes it when it dies (src/training/step_trace.py). That gives the bytes
   alive after the forward pass (what backward keeps: "retained"), the live total after
   every op of forward+backward (the peak), and, through saved-tensor hooks, the bytes
   autograd saves for backward ("saved", the figure usually quoted). Parameters and
@@ -30,7 +29,7 @@ How the numbers are obtained (on the CPU, no GPU needed, deterministic):
   (each further block adds its retained bytes). Tests check both against direct runs.
 * CUDA autocast runs some ops in float32 that CPU autocast leaves in bf16 (pow, hence
   torch.square in the channel mixes). With device_type="cuda" those ops are cast the
-  CUDA way while measuring (`_cuda_autocast_rules`).
+  CUDA way while measuring (`step_trace.cuda_autocast_rules`).
 * The fla WKV is a custom op with a shape-only ("fake") kernel, so where fla may run on
   the CPU (TRITON_INTERPRET=1 set before Python starts) it runs on FakeTensors in the
   model like any other op, and autograd keeps what the op saves (its inputs). Where it
@@ -39,7 +38,7 @@ How the numbers are obtained (on the CPU, no GPU needed, deterministic):
   TRITON_INTERPRET=1), and the model measured with the chunked WKV gets each call's
   footprint swapped for the other implementation's (`WkvFootprint`, `_swap_wkv`).
   Temporaries inside a custom op's kernels are invisible either way (for fla a few
-  copies of one layer's inputs, well inside `HEADROOM`).
+  copies of one layer's inputs, well inside the planner's `HEADROOM`).
 
 Not modelled: allocator fragmentation, the CUDA context, NCCL and DALI workspaces.
 The planner keeps `HEADROOM` of the device and `RESERVED_BYTES` for them;
@@ -51,37 +50,35 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import threading
-import weakref
-from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
-from torch.utils.flop_counter import FlopCounterMode, flop_registry
+from torch.utils.flop_counter import FlopCounterMode
 
 from src.errors import UserError
-from src.open_alip import ClipLoss, create_model, get_model_config
+from src.open_alip import ClipLoss, get_model_config
 from src.open_alip.wkv import resolve_wkv_impl, wkv
+from src.training.step_trace import (
+    AUTOCAST_DTYPES,
+    MEASURE_LOCK,
+    TOWERS,
+    LiveBytes,
+    SavedBytes,
+    StepRun,
+    build_model,
+    fake_mode,
+    run_step,
+    storage_key,
+    tower_blocks,
+)
 
-GiB = 2**30
-# Share of device memory kept free for the caching allocator's fragmentation.
-HEADROOM = 0.10
-# CUDA context, cuBLAS and NCCL workspaces, the DALI decoder's own buffers.
-RESERVED_BYTES = 3 * GiB
 # DALI keeps this many decoded batches on the GPU ahead of the trainer.
 LOADER_PREFETCH = 3
-# Below this many samples the towers' matmuls are too small to keep a GPU busy: the
-# planner would rather recompute (checkpointing) than accumulate smaller micro-batches.
-MIN_EFFICIENT_MICRO = 32
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISIONS = ("bf16", "fp16", "fp32", "tf32")
 # A training step's FLOPs over a forward pass's: forward 1, backward 2.
 STEP_OVER_FORWARD = 3.0
-TOWERS = ("image", "text")
 # Blocks per tower in the measured model: block 0 differs from the others (ln0, no
 # drop path); blocks 1, 2, ... are identical, so block 1 is what each further one adds.
 _DEPTH = 2
@@ -92,309 +89,6 @@ BATCHES = (2, 3)
 
 class CostModelError(UserError, ValueError):
     """Bad input to the cost model or a plan that cannot fit; the message says what to change."""
-
-
-# --------------------------------------------------------------------------------------
-# Measuring storages
-# --------------------------------------------------------------------------------------
-
-
-def _storage_key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
-
-
-class _LiveBytes(TorchDispatchMode):
-    """Bytes of the storages created under it that are still alive, by tag.
-
-    Each storage an op returns is counted once (views and in-place results share it)
-    and a weakref finaliser on the storage uncounts it when it is freed, so after every
-    op `current` is exact and `timeline` records it. `tag` labels new storages (which
-    tower's forward made them). Storages in `exclude` (parameters, gradients) are
-    never counted.
-    """
-
-    def __init__(self, exclude: set[int]):
-        super().__init__()
-        self.exclude = exclude
-        self.tag = ""
-        self.current = 0
-        self.by_tag: dict[str, int] = defaultdict(int)
-        self.flops: dict[str, int] = defaultdict(int)  # by the tag current when the op ran
-        self.timeline: list[int] = []
-        self._tracked: dict[int, tuple[int, str]] = {}
-
-    def _forget(self, key: int) -> None:
-        nbytes, tag = self._tracked.pop(key)
-        self.current -= nbytes
-        self.by_tag[tag] -= nbytes
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        count = flop_registry.get(func._overloadpacket)
-        if count is not None:  # FlopCounterMode's formulas
-            self.flops[self.tag] += count(*args, **kwargs, out_val=out)
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor):
-                continue
-            storage = t.untyped_storage()
-            key = storage._cdata
-            if key in self.exclude or key in self._tracked:
-                continue
-            nbytes = storage.nbytes()
-            self._tracked[key] = (nbytes, self.tag)
-            self.current += nbytes
-            self.by_tag[self.tag] += nbytes
-            # Storage Python objects are preserved while the storage lives, so this
-            # fires exactly when the memory is released.
-            weakref.finalize(storage, self._forget, key).atexit = False
-        self.timeline.append(self.current)
-        return out
-
-    @property
-    def peak(self) -> int:
-        return max(self.timeline, default=0)
-
-
-class _SavedBytes:
-    """Bytes of the distinct storages autograd saved for backward that are still alive,
-    by the tracker's tag when they were saved."""
-
-    def __init__(self, exclude: set[int], live: _LiveBytes):
-        self.exclude = exclude
-        self.live = live
-        self.storages: dict[int, tuple[int, str]] = {}
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        key = storage._cdata
-        if key not in self.exclude and key not in self.storages:
-            self.storages[key] = (storage.nbytes(), self.live.tag)
-            # A graph branch nobody uses frees what it saved; its address may come back.
-            weakref.finalize(storage, self.storages.pop, key, None).atexit = False
-        return t
-
-    def by_tag(self) -> dict[str, int]:
-        out: dict[str, int] = defaultdict(int)
-        for nbytes, tag in self.storages.values():
-            out[tag] += nbytes
-        return dict(out)
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
-
-
-# Ops CUDA autocast runs in float32 that CPU autocast leaves in the input's dtype (the
-# op lists in the torch.amp documentation; the CPU list's own float32 ops are left
-# alone). The model calls one of them on bf16 tensors: pow, through torch.square in
-# both channel mixes; the others receive float32 already.
-_CUDA_FP32_OPS = (
-    "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar",
-    "exp", "expm1", "log", "log1p", "rsqrt", "reciprocal", "softplus",
-    "layer_norm", "group_norm", "softmax.int", "log_softmax.int", "logsumexp",
-    "sum", "sum.dim_IntList", "cumsum", "linalg_vector_norm",
-)
-_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
-# The CUDA autocast rules are registered process-wide while a measurement runs.
-_MEASURE_LOCK = threading.Lock()
-
-
-def _widen(x: Any) -> Any:
-    if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16):
-        return x.float()
-    return x
-
-
-def _fp32_kernel(op):
-    def kernel(*args, **kwargs):
-        # What autocast does: cast with the autocast key excluded, above autograd, so
-        # the cast is in the graph and backward saves the float32 copy.
-        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
-            args, kwargs = tree_map(_widen, (args, kwargs))
-            return op(*args, **kwargs)
-
-    return kernel
-
-
-@contextlib.contextmanager
-def _cuda_autocast_rules() -> Iterator[None]:
-    """While open, CPU autocast also runs CUDA autocast's float32 ops in float32.
-
-    Registered as dispatcher kernels, not as a Python mode, because the autograd
-    engine's checkpoint recomputation must see them too; removed on exit.
-    """
-    lib = torch.library.Library("aten", "IMPL")
-    try:
-        for name in _CUDA_FP32_OPS:
-            packet, _, overload = name.partition(".")
-            op = getattr(getattr(torch.ops.aten, packet), overload or "default")
-            lib.impl(name, _fp32_kernel(op), "AutocastCPU")
-        yield
-    finally:
-        lib._destroy()
-
-
-@contextlib.contextmanager
-def _fake_mode() -> Iterator[Any]:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    # Non-fake inputs are allowed so that meta-built parameters can be materialised.
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        yield mode
-
-
-def _autocast(precision: str):
-    dtype = AUTOCAST_DTYPES.get(precision)
-    return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
-
-
-def _autocast_rules(precision: str, device_type: str):
-    if device_type == "cuda" and precision in AUTOCAST_DTYPES:
-        return _cuda_autocast_rules()
-    return contextlib.nullcontext()
-
-
-def _build(cfg: Mapping[str, Any], fake: bool) -> torch.nn.Module:
-    """A model to measure: on the meta device for FakeTensors (built outside the fake
-    mode; `_ready` materialises it inside), else a real CPU model."""
-    if fake:
-        with torch.device("meta"):
-            return create_model(dict(cfg))
-    return create_model(dict(cfg))
-
-
-def _ready(model: torch.nn.Module, fake: bool, impl: str, checkpointing: bool) -> torch.nn.Module:
-    """In training mode with every gradient allocated, on (fake) CPU tensors.
-
-    Pre-allocated gradients make backward accumulate in place, so gradient memory
-    (counted apart) does not show up as activation memory.
-    """
-    if fake:
-        model = model.to_empty(device="cpu")
-    model.set_wkv_impl(impl)
-    model.set_grad_checkpointing(checkpointing)
-    model.train()
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    return model
-
-
-def _param_storages(model: torch.nn.Module) -> set[int]:
-    keys = {_storage_key(p) for p in model.parameters()}
-    return keys | {_storage_key(p.grad) for p in model.parameters() if p.grad is not None}
-
-
-def _images(cfg: Mapping[str, Any], batch: int) -> torch.Tensor:
-    size = int(cfg["input_size"])
-    return torch.randn(batch, 3, size, size)
-
-
-def _tokens(cfg: Mapping[str, Any], batch: int) -> torch.Tensor:
-    return torch.randint(0, int(cfg["vocab_size"]), (batch, int(cfg["ctx_len"])))
-
-
-@dataclass(frozen=True)
-class _StepRun:
-    """One measured forward+backward. Tags are "<tower>.<block>" and "<tower>.rest"."""
-
-    saved: dict[str, int]  # saved for backward, by tag
-    retained: dict[str, int]  # alive when the forward pass ends, by tag
-    flops: dict[str, int]  # forward and backward, by tag
-    timeline: tuple[int, ...]  # live bytes after every op of forward+backward
-
-
-def _blocks(model: torch.nn.Module, tower: str) -> torch.nn.ModuleList:
-    return model.image_model.layers if tower == "image" else model.text_model.blocks
-
-
-def _tag_backward(root: torch.Tensor, stop: Any, tag: str, live: _LiveBytes, tagged: dict[int, Any]) -> None:
-    """Make the backward of the graph nodes between `root` and `stop` run under `tag`.
-
-    Nodes tagged by an earlier call (in `tagged`) keep their tag: walking the blocks
-    first and then each whole tower leaves "<tower>.rest" for what no block made.
-    """
-
-    def enter(*_):
-        live.tag = tag
-
-    visited: dict[int, Any] = {}  # holding the nodes keeps their ids unique
-    stack = [root.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node is stop or id(node) in visited:
-            continue
-        visited[id(node)] = node
-        if id(node) not in tagged:
-            tagged[id(node)] = node
-            node.register_prehook(enter)
-        stack.extend(next_node for next_node, _ in node.next_functions)
-
-
-def _run_step(
-    cfg: Mapping[str, Any],
-    batch: int,
-    *,
-    impl: str,
-    precision: str,
-    device_type: str,
-    checkpointing: bool,
-    fake: bool = True,
-) -> _StepRun:
-    """Forward and backward of both towers, as the trainer runs them.
-
-    The loss here is a plain product of the embeddings: ClipLoss works on the global
-    batch, not the micro-batch, and is measured apart (`loss_peak_bytes`).
-    """
-    resolve_wkv_impl(impl, "cpu")  # imports fla, if it is that, outside the fake mode
-    model = _build(cfg, fake)
-    with _fake_mode() if fake else contextlib.nullcontext():
-        model = _ready(model, fake, impl, checkpointing)
-        exclude = _param_storages(model)
-        live = _LiveBytes(exclude)
-        saved = _SavedBytes(exclude, live)
-        ends: dict[str, tuple[Any, torch.Tensor]] = {}  # tag -> (input's grad_fn, output)
-        handles = []
-        for tower in TOWERS:
-            for i, block in enumerate(_blocks(model, tower)):
-                tag = f"{tower}.{i}"
-
-                def before(module, args, tag=tag):
-                    live.tag = tag
-                    ends[tag] = (args[0].grad_fn, None)
-
-                def after(module, args, output, tag=tag, tower=tower):
-                    ends[tag] = (ends[tag][0], output)
-                    live.tag = f"{tower}.rest"
-
-                handles += [block.register_forward_pre_hook(before), block.register_forward_hook(after)]
-        outputs = {}
-        with live, _autocast_rules(precision, device_type):
-            # The order of the model's forward: image tower, then text tower.
-            live.tag = "image.rest"
-            images = _images(cfg, batch)
-            with saved.hooks(), _autocast(precision):
-                outputs["image"] = model.encode_image(images)
-            live.tag = "text.rest"
-            tokens = _tokens(cfg, batch)
-            with saved.hooks(), _autocast(precision):
-                outputs["text"] = model.encode_text(tokens)
-            del images, tokens  # the batch stays alive only through what the graph saved
-            retained, saved_now = dict(live.by_tag), saved.by_tag()
-            tagged: dict[int, Any] = {}
-            for tag, (stop, output) in ends.items():
-                _tag_backward(output, stop, tag, live, tagged)
-            for tower, output in outputs.items():
-                _tag_backward(output, None, f"{tower}.rest", live, tagged)
-            del tagged
-            ends.clear()
-            live.tag = "step"
-            loss = (outputs["image"].float() * outputs["text"].float()).sum()
-            outputs.clear()
-            loss.backward()
-            del loss
-        for handle in handles:
-            handle.remove()
-    return _StepRun(saved=saved_now, retained=retained, flops=dict(live.flops), timeline=tuple(live.timeline))
 
 
 # --------------------------------------------------------------------------------------
@@ -456,7 +150,7 @@ def _peak(lines: tuple[Linear, ...], batch: float) -> float:
     return max(line.at(batch) for line in lines)
 
 
-def _timeline_lines(one: _StepRun, two: _StepRun) -> list[Linear]:
+def _timeline_lines(one: StepRun, two: StepRun) -> list[Linear]:
     if len(one.timeline) != len(two.timeline):
         raise RuntimeError(
             f"the training step ran {len(one.timeline)} ops at batch {BATCHES[0]} but {len(two.timeline)} at "
@@ -560,15 +254,15 @@ def _wkv_run(impl: str, shape: WkvShape, batch: int, precision: str, device: str
     # the fake mode would keep fake tensors. Raises when `impl` cannot run on `device`.
     resolve_wkv_impl(impl, device)
     act = AUTOCAST_DTYPES.get(precision, torch.float32)
-    with _fake_mode() if fake else contextlib.nullcontext():
+    with fake_mode() if fake else contextlib.nullcontext():
         # Leaves stand in for the parameters upstream; they are not counted.
         base = [
             torch.randn(batch, shape.tokens, shape.channels, device=device, requires_grad=True) for _ in range(4)
         ]
         u = torch.randn(shape.heads, shape.head_size, device=device, requires_grad=True)
-        exclude = {_storage_key(t) for t in [*base, u]}
-        live = _LiveBytes(exclude)
-        saved = _SavedBytes(exclude, live)
+        exclude = {storage_key(t) for t in [*base, u]}
+        live = LiveBytes(exclude)
+        saved = SavedBytes(exclude, live)
         counter = FlopCounterMode(display=False)
         with counter, live:
             # As in the model: r, k, v leave bf16 linears under autocast, w is float32.
@@ -711,10 +405,10 @@ class CostModel:
 @functools.lru_cache(maxsize=64)
 def loss_peak_bytes(global_batch: int, embed_dim: int) -> int:
     """Peak bytes of ClipLoss forward+backward over a gathered global batch (float32)."""
-    with _fake_mode():
+    with fake_mode():
         base = [torch.randn(global_batch, embed_dim, requires_grad=True) for _ in range(2)]
         scale = torch.tensor(14.0, requires_grad=True)
-        live = _LiveBytes({_storage_key(t) for t in [*base, scale]})
+        live = LiveBytes({storage_key(t) for t in [*base, scale]})
         with live:
             image, text = (t * 1 for t in base)
             loss = ClipLoss(world_size=1, rank=0)(image, text, scale)
@@ -757,7 +451,7 @@ def estimate_cost(
     precision = precision or "bf16"  # the recipe's; model configs hold the architecture only
     if precision not in PRECISIONS:
         raise CostModelError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
-    with _MEASURE_LOCK:
+    with MEASURE_LOCK:
         return _estimate_cost(name, json.dumps(cfg, sort_keys=True), wkv_impl, precision, device_type, wkv_apart)
 
 
@@ -768,13 +462,13 @@ def _measure(config_json: str, impl: str, precision: str, device_type: str) -> C
     small = get_model_config(dict(cfg), image_depth=_DEPTH, n_layer=_DEPTH)
     plain, cp = (
         {
-            b: _run_step(small, b, impl=impl, precision=precision, device_type=device_type, checkpointing=c)
+            b: run_step(small, b, impl=impl, precision=precision, device_type=device_type, checkpointing=c)
             for b in BATCHES
         }
         for c in (False, True)
     )
 
-    def line(runs: dict[int, _StepRun], what: str, tags: list[str]) -> Linear:
+    def line(runs: dict[int, StepRun], what: str, tags: list[str]) -> Linear:
         first, second = (sum(getattr(runs[b], what).get(t, 0) for t in tags) for b in BATCHES)
         return Linear.through(first, second)
 
@@ -786,7 +480,7 @@ def _measure(config_json: str, impl: str, precision: str, device_type: str) -> C
         whole = [f"{tower}.rest"] + [f"{tower}.{i}" for i in range(_DEPTH)]
         block = [f"{tower}.1"]
 
-        def full(runs: dict[int, _StepRun], what: str, whole=whole, block=block, extra=extra) -> Linear:
+        def full(runs: dict[int, StepRun], what: str, whole=whole, block=block, extra=extra) -> Linear:
             return line(runs, what, whole) + line(runs, what, block).scaled(extra)
 
         layer, layer_cp = line(plain, "retained", block), line(cp, "retained", block)
@@ -897,128 +591,12 @@ def _swap_wkv(
 
 def _param_totals(small: Mapping[str, Any], cfg: Mapping[str, Any]) -> tuple[int, int]:
     """Parameter count and bytes of the full model, from the measured small one."""
-    model = _build(small, fake=True)
+    model = build_model(small, fake=True)
     count, nbytes = 0, 0
     for p in model.parameters():
         count, nbytes = count + p.numel(), nbytes + p.numel() * p.element_size()
     for tower in TOWERS:
         extra = tower_depth(cfg, tower) - _DEPTH
-        for p in _blocks(model, tower)[1].parameters():
+        for p in tower_blocks(model, tower)[1].parameters():
             count, nbytes = count + extra * p.numel(), nbytes + extra * p.numel() * p.element_size()
     return count, nbytes
-
-
-# --------------------------------------------------------------------------------------
-# The micro-batch planner
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MicroBatchPlan:
-    micro_batch: int  # samples per GPU per forward/backward pass
-    accum_steps: int  # micro-batches per optimizer step
-    grad_checkpointing: bool
-    world_size: int
-    global_batch: int  # micro_batch * accum_steps * world_size: always the one asked for
-    predicted_bytes: int  # predicted peak per GPU
-    usable_bytes: int  # what a plan may use: the device less headroom and reserve
-    explanation: str  # one line for the log
-
-
-def usable_bytes(device_memory_bytes: int, reserved_bytes: int = RESERVED_BYTES, headroom: float = HEADROOM) -> int:
-    return int(device_memory_bytes * (1.0 - headroom)) - int(reserved_bytes)
-
-
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB"
-
-
-def plan_micro_batch(
-    config: str | Mapping[str, Any],
-    *,
-    wkv_impl: str,
-    precision: str | None,
-    device_memory_bytes: int,
-    global_batch: int,
-    world_size: int,
-    device_type: str = "cuda",
-    allow_checkpointing: bool = True,
-    bucket_view: bool = False,
-    reserved_bytes: int = RESERVED_BYTES,
-    headroom: float = HEADROOM,
-    cost: CostModel | None = None,
-) -> MicroBatchPlan:
-    """Per-GPU micro-batch, accumulation steps and checkpointing for `global_batch`.
-
-    The global batch is kept exactly: micro_batch * accum_steps * world_size ==
-    global_batch, with micro_batch a divisor of the per-GPU batch. Each way of saving
-    memory costs about one extra forward pass (a third of a step), so the first of
-    these that fits wins:
-      1. the whole per-GPU batch in one pass;
-      2. the same with gradient checkpointing (recomputes the forward in backward);
-      3. accumulation (src/training/loop.py runs one extra no-grad forward) over the
-         largest micro-batch of at least MIN_EFFICIENT_MICRO that fits;
-      4. accumulation and checkpointing, the same way;
-      5. accumulation over any micro-batch that fits, then with checkpointing.
-    `device_memory_bytes` is the device's total memory (torch.cuda.get_device_properties
-    (i).total_memory); HEADROOM of it and RESERVED_BYTES are kept free. `wkv_impl` and
-    `precision` are what the run uses ("auto" resolves as on `device_type`).
-    `allow_checkpointing=False` never plans checkpointing; `bucket_view=True` when DDP
-    uses gradient_as_bucket_view. `cost` reuses an estimate (the measurement takes
-    seconds and is cached per process; it is deterministic, so every rank may call
-    this and gets the same plan). Raises CostModelError (a UserError and a ValueError)
-    when the global batch does not split over the GPUs or nothing fits.
-    """
-    if world_size < 1 or global_batch < 1:
-        raise CostModelError(f"global batch {global_batch} and world size {world_size} must be at least 1")
-    if global_batch % world_size:
-        raise CostModelError(
-            f"global batch {global_batch} does not split evenly over {world_size} GPUs; "
-            f"use a multiple of {world_size}"
-        )
-    if device_memory_bytes <= 0:
-        raise CostModelError(f"device memory {device_memory_bytes} bytes: must be positive")
-    cost = cost or estimate_cost(config, wkv_impl=wkv_impl, precision=precision, device_type=device_type)
-    per_gpu = global_batch // world_size
-    budget = usable_bytes(device_memory_bytes, reserved_bytes, headroom)
-    divisors = [m for m in range(per_gpu, 0, -1) if per_gpu % m == 0]
-    cps = (False, True) if allow_checkpointing else (False,)
-
-    def need(micro: int, cp: bool) -> float:
-        return cost.step_bytes(micro, per_gpu // micro, world_size, cp, bucket_view)["total"]
-
-    candidates = [(per_gpu, cp) for cp in cps]
-    for floor in (min(MIN_EFFICIENT_MICRO, per_gpu), 1):
-        for cp in cps:
-            candidates += [(m, cp) for m in divisors[1:] if m >= floor]
-    choice = next(((m, cp) for m, cp in candidates if need(m, cp) <= budget), None)
-    setting = (
-        f"{cost.name}, wkv {cost.wkv_impl}, {cost.precision}: {_gb(budget)} usable of {_gb(device_memory_bytes)}"
-    )
-    if choice is None:
-        raise CostModelError(
-            f"even 1 sample per GPU{' with gradient checkpointing' if allow_checkpointing else ''} needs "
-            f"{_gb(need(1, allow_checkpointing))} ({setting}); use GPUs with more memory"
-        )
-    micro, cp = choice
-    accum = per_gpu // micro
-    predicted = need(micro, cp)
-    if (micro, cp) == (per_gpu, False):
-        why = "fits as it is"
-    else:
-        why = f"{per_gpu} at once without checkpointing would need {_gb(need(per_gpu, False))}"
-    explanation = (
-        f"micro-batch {micro} x accum {accum} x {world_size} GPU(s) = global batch {global_batch}, "
-        f"gradient checkpointing {'on' if cp else 'off'}, predicted peak {_gb(predicted)} per GPU; "
-        f"{why} ({setting})"
-    )
-    return MicroBatchPlan(
-        micro_batch=micro,
-        accum_steps=accum,
-        grad_checkpointing=cp,
-        world_size=world_size,
-        global_batch=global_batch,
-        predicted_bytes=int(predicted + 0.5),
-        usable_bytes=budget,
-        explanation=explanation,
-    )

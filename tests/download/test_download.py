@@ -1,4 +1,4 @@
-"""data/hfd.sh against the local hub server (src/hub_server.py) on 127.0.0.1, with real
+"""data/hfd.sh against the local hub server (src/hub_server) on 127.0.0.1, with real
 aria2c, wget and curl: complete and verified downloads, retries, resume after a kill,
 re-fetch of corrupt files, hostile names, token hygiene and argument errors."""
 
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from src.hub_server import Faults, serve_in_background
+from src.hub_server import serve_in_background
+from tests._hub_faults import Faults, serve_with_faults
 from tests._processes import alive, command_name, descendants, wait_for
 from tests._repo import REPO as REPO_ROOT
 
@@ -75,7 +76,7 @@ def served(server, since: int, part: str) -> list:
 def test_complete_verified_download_with_transient_failures(shard_repo_dir: Path, tmp_path: Path, tool: str):
     faults = Faults(target="/cdn/", fail_503=2, drop_count=2, drop_after=100_000)
     out_dir = tmp_path / "out"
-    with serve_in_background(shard_repo_dir, REPO, faults=faults) as server:
+    with serve_with_faults(shard_repo_dir, REPO, faults) as server:
         env = make_env(tmp_path, server.endpoint)
         r = run_hfd([REPO, "--dataset", "--tool", tool, "--local-dir", str(out_dir)], env)
         assert r.returncode == 0, r.stdout + r.stderr
@@ -128,7 +129,7 @@ def test_resume_after_kill_mid_file(shard_repo_dir: Path, tmp_path: Path, tool: 
     faults = Faults(throttle_bps=150_000)
     out_dir = tmp_path / "out"
     args = partial_args(tool, out_dir)
-    with serve_in_background(shard_repo_dir, REPO, faults=faults) as server:
+    with serve_with_faults(shard_repo_dir, REPO, faults) as server:
         env = make_env(tmp_path, server.endpoint)
         rc, err = kill_mid_file(server, args, env)
         assert rc != 0
@@ -156,7 +157,7 @@ def test_kill_9_leaves_no_downloader_and_no_token_behind(shard_repo_dir: Path, t
     faults = Faults(throttle_bps=150_000)
     out_dir = tmp_path / "out"
     args = partial_args(tool, out_dir)
-    with serve_in_background(shard_repo_dir, REPO, token=token, faults=faults) as server:
+    with serve_with_faults(shard_repo_dir, REPO, faults, token=token) as server:
         env = {**make_env(tmp_path, server.endpoint), "HF_TOKEN": token}
         # What a killed process group leaves (the watchdog died too): the next run removes it.
         gone = subprocess.Popen(["true"])
@@ -192,7 +193,7 @@ def test_resume_against_a_server_without_ranges_starts_the_file_over(shard_repo_
     faults = Faults(throttle_bps=150_000)
     out_dir = tmp_path / "out"
     args = partial_args(tool, out_dir)
-    with serve_in_background(shard_repo_dir, REPO, faults=faults) as server:
+    with serve_with_faults(shard_repo_dir, REPO, faults) as server:
         env = make_env(tmp_path, server.endpoint)
         kill_mid_file(server, args, env)
         assert (out_dir / ".hfd" / "incomplete" / SHARD0).stat().st_size > 0
@@ -263,7 +264,7 @@ def test_hub_without_tree_api_is_listed_from_repo_info(shard_repo_dir: Path, tmp
 def test_server_sending_wrong_bytes_ends_in_failure(shard_repo_dir: Path, tmp_path: Path):
     faults = Faults(corrupt={SHARD0})
     out_dir = tmp_path / "out"
-    with serve_in_background(shard_repo_dir, REPO, faults=faults) as server:
+    with serve_with_faults(shard_repo_dir, REPO, faults) as server:
         env = make_env(tmp_path, server.endpoint, HFD_MAX_ROUNDS="2")
         r = run_hfd([REPO, "--dataset", "--local-dir", str(out_dir)], env)
         assert len(served(server, 0, "/cdn/" + hashlib.sha256((shard_repo_dir / SHARD0).read_bytes()).hexdigest())) == 2
@@ -332,7 +333,7 @@ def processes_mentioning(secret: bytes) -> list[str]:
 def test_gated_repo_and_token_hygiene(shard_repo_dir: Path, tmp_path: Path, tool: str):
     token = "hf_" + secrets.token_hex(16)
     faults = Faults(throttle_bps=1_000_000)  # slow enough to look at the processes while they run
-    with serve_in_background(shard_repo_dir, REPO, token=token, faults=faults) as server:
+    with serve_with_faults(shard_repo_dir, REPO, faults, token=token) as server:
         base = [REPO, "--dataset", "--tool", tool]
         env = make_env(tmp_path, server.endpoint)
         r = run_hfd([*base, "--local-dir", str(tmp_path / "none")], env)

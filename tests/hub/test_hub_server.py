@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from src.hub_server import Faults, serve_in_background
+from src.hub_server import RangeNotSatisfiable, parse_range, serve_in_background
+from tests._hub_faults import Faults, serve_with_faults
 from tests._repo import REPO as REPO_ROOT
 
 REPO = "testorg/tiny"
@@ -122,7 +123,7 @@ def test_tree_listing_paginates_with_link_header(hub_files_dir: Path):
 
 def test_gating_and_fault_injection(hub_files_dir: Path):
     faults = Faults()
-    with serve_in_background(hub_files_dir, REPO, token="hf_secret_test", faults=faults) as server:
+    with serve_with_faults(hub_files_dir, REPO, faults, token="hf_secret_test") as server:
         path = f"/datasets/{REPO}/resolve/main/data/train-00000-of-00002.parquet"
         assert request(server.endpoint, "HEAD", path)[0].status == 401
         assert request(server.endpoint, "HEAD", path, {"Authorization": "Bearer wrong"})[0].status == 403
@@ -248,6 +249,12 @@ def test_cli_serves_and_writes_port_file(hub_files_dir: Path, tmp_path: Path):
     [
         (["--root", "/nonexistent/dir", "--repo-id", "a/b"], "--root /nonexistent/dir is not a folder"),
         (["--root", ".", "--repo-id", "noslash"], "--repo-id 'noslash' must look like ORG/NAME"),
+        (["--root", ".", "--repo-id", "a/b", "--port-file", "/missing/dir/pf"],
+         "--port-file /missing/dir/pf: folder /missing/dir does not exist"),
+        (["--root", ".", "--repo-id", "a/b", "--host", "no-such-host.invalid"],
+         "cannot resolve --host 'no-such-host.invalid'"),
+        (["--root", ".", "--repo-id", "a/b", "--host", "192.0.2.1"],  # TEST-NET-1: never this machine's
+         "--host 192.0.2.1 is not an address of this machine"),
     ],
 )
 def test_cli_bad_input_is_one_line(args: list[str], message: str):
@@ -256,3 +263,96 @@ def test_cli_bad_input_is_one_line(args: list[str], message: str):
     assert out.returncode != 0
     assert message in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_cli_port_in_use_says_pick_another_port(hub_files_dir: Path):
+    with serve_in_background(hub_files_dir, REPO) as server:
+        out = subprocess.run([sys.executable, "-m", "src.hub_server", "--root", str(hub_files_dir), "--repo-id", REPO,
+                              "--port", str(server.port)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr == f"hub_server: error: port {server.port} on 127.0.0.1 is in use; " \
+        "pick another --port (0: any free port)\n"
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, None),
+        ("bytes=0-99", (0, 100)),
+        ("bytes=10-", (10, 100)),
+        ("bytes=10-10", (10, 11)),
+        ("bytes=90-500", (90, 100)),  # past the end: cut at the end
+        ("bytes=99-", (99, 100)),
+        ("bytes=-10", (90, 100)),  # suffix: the last 10 bytes
+        ("bytes=-500", (0, 100)),  # a suffix longer than the file is the whole file
+        ("BYTES=5-6", (5, 7)),  # the unit is case-insensitive
+        ("bytes=5-6, ", (5, 7)),  # empty list elements are ignored
+        # invalid: ignored, the whole file is sent (RFC 9110 §14.1.1, §14.2)
+        ("bytes=5-3", None),
+        ("bytes=-", None),
+        ("bytes=abc", None),
+        ("bytes=a-5", None),
+        ("bytes=+5-6", None),
+        ("bytes=5", None),
+        ("bytes=١-٢", None),  # non-ASCII digits
+        ("items=0-5", None),  # a unit we do not serve
+        ("bytes 0-5", None),
+        ("", None),
+        # several ranges: multipart answers are not implemented, so the whole file
+        ("bytes=0-1,5-6", None),
+        ("bytes=0-1, 500-600", None),
+    ],
+)
+def test_parse_range(header, expected):
+    assert parse_range(header, 100) == expected
+
+
+@pytest.mark.parametrize(("header", "size"), [("bytes=100-", 100), ("bytes=100-200", 100), ("bytes=-0", 100),
+                                              ("bytes=0-", 0)])
+def test_parse_range_unsatisfiable(header, size):
+    with pytest.raises(RangeNotSatisfiable):
+        parse_range(header, size)
+
+
+def test_parse_range_suffix_of_an_empty_file_is_the_whole_file():
+    # a 206 for an empty file could name no byte in its Content-Range
+    assert parse_range("bytes=-5", 0) is None
+
+
+def test_invalid_range_is_ignored_and_the_whole_body_sent(hub_files_dir: Path):
+    with serve_in_background(hub_files_dir, REPO) as server:
+        resp, body = request(server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/README.md", {"Range": "bytes=5-3"})
+    assert resp.status == 200 and body == b"# tiny\n" and resp.getheader("Content-Range") is None
+
+
+@pytest.mark.parametrize("cursor", ["abc", "-2", "1.5", "%20"])
+def test_tree_listing_refuses_a_bad_cursor(hub_files_dir: Path, cursor: str):
+    with serve_in_background(hub_files_dir, REPO) as server:
+        server.set_tree_page_size(2)
+        resp, body = request(server.endpoint, "GET", f"/api/datasets/{REPO}/tree/main?recursive=true&cursor={cursor}")
+        assert resp.status == 400 and b"Invalid cursor" in body
+        assert "Link header" in resp.getheader("X-Error-Message")
+        # the connection stays usable, and a good cursor still pages
+        resp, body = request(server.endpoint, "GET", f"/api/datasets/{REPO}/tree/main?recursive=true&cursor=2")
+        assert resp.status == 200 and len(json.loads(body)) == 2
+
+
+def test_request_log_is_bounded(hub_files_dir: Path):
+    with serve_in_background(hub_files_dir, REPO, log_size=3) as server:
+        for i in range(5):
+            request(server.endpoint, "HEAD", f"/datasets/{REPO}/resolve/main/nope-{i}")
+        assert [r.path.rsplit("-", 1)[1] for r in server.requests] == ["2", "3", "4"]
+
+
+def test_without_range_support_the_whole_body_comes_back(hub_files_dir: Path):
+    faults = Faults(ignore_range=True)
+    with serve_with_faults(hub_files_dir, REPO, faults) as server:
+        resp, body = request(server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/README.md", {"Range": "bytes=2-"})
+    assert resp.status == 200 and body == b"# tiny\n" and resp.getheader("Accept-Ranges") is None
+
+
+def test_hub_server_does_not_load_the_model_stack():
+    # A mirror machine needs no torch: the content ids come from src/open_alip/hashes.py alone.
+    code = "import sys, src.hub_server; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)

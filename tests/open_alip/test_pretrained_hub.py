@@ -17,7 +17,9 @@ import torch
 from src.hub_server import serve_in_background
 from src.open_alip import create_model_and_transforms
 from src.open_alip.errors import ChecksumError, HubError, PretrainedError, WeightsNotFoundError
-from src.open_alip.pretrained import download_from_hub, file_sha256
+from src.open_alip.hashes import file_sha256
+from src.open_alip.pretrained import download_from_hub
+from tests._hub_faults import Faults, serve_with_faults
 from tests._repo import REPO as REPO_ROOT
 from tests.conftest import save_safetensors
 
@@ -118,16 +120,16 @@ def test_private_model_hub_from_the_cli(model_repo_dir, tiny_model, hub_env, mon
 
 def test_downloads_are_checked_against_the_hubs_sha256(model_repo_dir, tiny_model, hub_env, monkeypatch, tmp_path):
     cache = tmp_path / "explicit_cache"
-    with serve_in_background(model_repo_dir, REPO, repo_type="model") as server:
+    faults = Faults(corrupt={"model.safetensors"})  # the server flips the first byte of the body
+    with serve_with_faults(model_repo_dir, REPO, faults, repo_type="model") as server:
         monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-        server.faults.corrupt = {"model.safetensors"}  # the server flips the first byte of the body
         with pytest.raises(ChecksumError) as e:
             download_from_hub(f"hf-hub:{REPO}", cache_dir=cache)
         assert "removed it from the cache" in _one_line(e)
         assert not [p for p in cache.rglob("*") if p.is_file() and p.stat().st_size > 1_000_000]
         assert sum("/cdn/" in r.path for r in server.requests) == 2  # one retry, then the error
 
-        server.faults.corrupt = set()
+        faults.corrupt = set()
         model, _, _ = create_model_and_transforms(TINY, pretrained=f"hf-hub:{REPO}", cache_dir=cache)
         assert _same_weights(model, tiny_model)
         downloads = sum("/cdn/" in r.path for r in server.requests)

@@ -1,4 +1,5 @@
-"""The cost model (src/training/cost_model.py) and its CLI (benchmarks/cost_model.py).
+"""The cost model (src/training/cost_model.py, measuring through step_trace.py), the planner
+(src/training/planner.py) and their CLI (benchmarks/cost_model.py).
 
 Measurements run on FakeTensors; these tests hold them to an independent FLOP count, to
 runs on real tensors, to direct runs at other batch sizes and depths, and check that
@@ -18,6 +19,8 @@ import torch
 from benchmarks import cost_model as cli
 from src.open_alip import get_model_config
 from src.training import cost_model as cm
+from src.training import planner
+from src.training import step_trace as trace
 from tests._repo import REPO
 
 GB = 10**9
@@ -73,7 +76,7 @@ def test_flops_match_the_textbook_count():
 
 def test_fake_tensors_measure_what_real_tensors_do():
     fake, real = (
-        cm._run_step(SMALL, 3, impl="chunked", precision="bf16", device_type="cuda", checkpointing=False, fake=f)
+        trace.run_step(SMALL, 3, impl="chunked", precision="bf16", device_type="cuda", checkpointing=False, fake=f)
         for f in (True, False)
     )
     assert fake.retained == real.retained
@@ -85,7 +88,7 @@ def test_fake_tensors_measure_what_real_tensors_do():
 def test_memory_is_linear_in_batch():
     cost = cm.estimate_cost(SMALL)
     for batch in (5,):
-        run = cm._run_step(SMALL, batch, impl="chunked", precision="bf16", device_type="cuda", checkpointing=False)
+        run = trace.run_step(SMALL, batch, impl="chunked", precision="bf16", device_type="cuda", checkpointing=False)
         for tower in cost.towers:
             retained = sum(v for k, v in run.retained.items() if k.startswith(tower.name))
             saved = sum(v for k, v in run.saved.items() if k.startswith(tower.name))
@@ -100,7 +103,7 @@ def test_deeper_models_are_extended_from_the_measured_depth():
     assert (cost.image.layers, cost.text.layers) == (3, 4)
     batch = 4
     for cp in (False, True):
-        run = cm._run_step(DEEPER, batch, impl="chunked", precision="bf16", device_type="cuda", checkpointing=cp)
+        run = trace.run_step(DEEPER, batch, impl="chunked", precision="bf16", device_type="cuda", checkpointing=cp)
         for tower in cost.towers:
             retained = sum(v for k, v in run.retained.items() if k.startswith(tower.name))
             assert retained == pytest.approx((tower.retained_cp if cp else tower.retained).at(batch), abs=1)
@@ -111,7 +114,7 @@ def test_deeper_models_are_extended_from_the_measured_depth():
         if not cp:
             counted = sum(t.flops - t.wkv_flops + t.counted_wkv_flops for t in cost.towers)
             assert counted == pytest.approx(sum(run.flops.values()) / batch, rel=1e-9)
-    n_params = sum(p.numel() for p in cm._build(DEEPER, fake=False).parameters())
+    n_params = sum(p.numel() for p in trace.build_model(DEEPER, fake=False).parameters())
     assert cost.params == n_params
 
 
@@ -134,7 +137,7 @@ def test_a_wkv_measured_apart_gives_the_same_memory():
 
 def test_cuda_autocast_rules_are_scoped():
     x = torch.randn(4, dtype=torch.bfloat16, requires_grad=True)
-    with cm._cuda_autocast_rules(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with trace.cuda_autocast_rules(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.square(x).dtype == torch.float32  # pow runs in float32 under CUDA autocast
         assert torch.relu(x).dtype == torch.bfloat16
         y = torch.square(x)
@@ -160,12 +163,12 @@ def test_the_planner_keeps_the_global_batch_and_the_memory_budget(name):
     per_gpu = global_batch // world
     plans = []
     for memory in (40 * GB, 80 * GB, 141 * GB):
-        plan = cm.plan_micro_batch(
+        plan = planner.plan_micro_batch(
             name, wkv_impl="chunked", precision="bf16", device_memory_bytes=memory,
             global_batch=global_batch, world_size=world, cost=cost,
         )
         assert plan.micro_batch * plan.accum_steps * plan.world_size == plan.global_batch == global_batch
-        assert plan.predicted_bytes <= plan.usable_bytes == cm.usable_bytes(memory)
+        assert plan.predicted_bytes <= plan.usable_bytes == planner.usable_bytes(memory)
         assert "\n" not in plan.explanation and f"micro-batch {plan.micro_batch}" in plan.explanation
 
         def need(micro: int, cp: bool, memory=memory) -> float:
@@ -191,12 +194,12 @@ def test_the_planner_refuses_what_cannot_work():
     cost = cm.estimate_cost(SMALL)
     kwargs = dict(wkv_impl="chunked", precision="bf16", cost=cost)
     with pytest.raises(ValueError, match="does not split evenly over 3 GPUs"):
-        cm.plan_micro_batch(SMALL, device_memory_bytes=80 * GB, global_batch=4096, world_size=3, **kwargs)
+        planner.plan_micro_batch(SMALL, device_memory_bytes=80 * GB, global_batch=4096, world_size=3, **kwargs)
     with pytest.raises(ValueError, match="more memory"):
-        cm.plan_micro_batch(SMALL, device_memory_bytes=2 * GB, global_batch=64, world_size=1, **kwargs)
+        planner.plan_micro_batch(SMALL, device_memory_bytes=2 * GB, global_batch=64, world_size=1, **kwargs)
     with pytest.raises(cm.CostModelError, match="unknown wkv implementation 'fast'"):
         cm.estimate_cost(SMALL, wkv_impl="fast")
-    plan = cm.plan_micro_batch(
+    plan = planner.plan_micro_batch(
         SMALL, device_memory_bytes=80 * GB, global_batch=4096, world_size=8, allow_checkpointing=False, **kwargs
     )
     assert not plan.grad_checkpointing

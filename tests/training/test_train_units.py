@@ -461,7 +461,7 @@ def test_batch_size_auto_on_a_gpu_follows_the_cost_model(monkeypatch, gib, world
     # measures on FakeTensors and needs none.
     from src.open_alip import get_model_config
     from src.training import batching
-    from src.training.cost_model import plan_micro_batch
+    from src.training.planner import plan_micro_batch
 
     class Properties:
         total_memory = gib << 30

@@ -174,21 +174,19 @@ def _torch_cuda(python: str) -> str | None:
     return proc.stdout.strip() or None
 
 
-def _pip(python: str, *args: str) -> None:
+def _pip(python: str, *args: str, hint: str = "") -> None:
     cmd = [python, "-m", "pip", *args, "--disable-pip-version-check"]
     if subprocess.run(cmd).returncode != 0:
-        raise InstallError(
-            f"pip failed (its message is above) running: {shlex.join(cmd)}; the set-up keeps the installed "
-            "torch and triton, so a requirement that needs other versions of them shows there as a conflict"
-        )
+        raise InstallError(f"pip failed (its message is above) running: {shlex.join(cmd)}{hint}")
 
 
 def say(message: str) -> None:
     print(f"{PROG}: {message}", flush=True)
 
 
-def run(requirements: list[Path], python: str = sys.executable) -> None:
-    """Steps 1-4 of the module docstring, in the environment of `python` (this interpreter)."""
+def run(requirements: list[Path]) -> None:
+    """Steps 1-4 of the module docstring, in this interpreter's environment."""
+    python = sys.executable
     torch_version = _version("torch")
     if torch_version is None:
         say(
@@ -209,7 +207,7 @@ def run(requirements: list[Path], python: str = sys.executable) -> None:
     build = f"CUDA {cuda}" if cuda else "CPU"
     say(
         f"torch {torch_version} ({build}) {origin}; triton "
-        + (f"{triton_version} kept" if triton_version else "as torch requires" if triton_req else "none (torch needs none)")
+        + (f"{triton_version} {origin}" if triton_version else "as torch requires" if triton_req else "none (torch needs none)")
     )
 
     if sys.platform.startswith("linux"):
@@ -236,7 +234,10 @@ def run(requirements: list[Path], python: str = sys.executable) -> None:
             pins.append(f"triton=={triton_version}")
         constraints.write_text("\n".join(pins) + "\n")
         req_args = [arg for path in requirements for arg in ("-r", str(path))]
-        _pip(python, "install", "-q", "-c", str(constraints), *req_args, *installs)
+        _pip(python, "install", "-q", "-c", str(constraints), *req_args, *installs, hint=(
+            f"; torch and triton stay pinned to {' and '.join(pins)}, so a requirement that needs other "
+            "versions of them shows there as a conflict"
+        ))
 
     # pip honours constraints; this says so out loud should anything ever slip past them.
     after = (_version("torch"), _version("triton") if triton_version else None)

@@ -5,7 +5,7 @@ with the Requires-Dist lines of PyPI's real torch 2.14.1 and 2.13.0 CUDA 13 whee
 `torch/version.py` that says its CUDA version, triton 3.7.1 and 3.8.0, both DALI variants (each
 writing the same nvidia/dali file, as the real ones share that folder), fla-core with its real
 metadata, and one empty wheel for every other name in the requirements files. They are installed
-into scratch venvs by the real pip, and `make venv` runs the real set-up against them.
+into a scratch venv by the real pip, and `make venv` runs the real set-up against it.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import pytest
 from src import install
 from tests._repo import REPO
 
-# torch 2.14.1's Requires-Dist lines as in its PyPI wheel (a CUDA 13 build); 2.13.0's differ in triton.
-_TORCH_2_14_REQUIRES = [
+# The Requires-Dist lines of PyPI's torch 2.14.1 and 2.13.0 wheels (cp311 manylinux x86_64, CUDA 13 builds).
+_TORCH_COMMON_REQUIRES = [
     "filelock",
     "typing-extensions>=4.10.0",
     "setuptools>=77.0.3",
@@ -36,20 +36,29 @@ _TORCH_2_14_REQUIRES = [
     "networkx>=2.5.1",
     "jinja2",
     "fsspec>=0.8.5",
-    'cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3; '
-    'platform_system == "Linux"',
-    'cuda-bindings<14,>=13.0.3; platform_system == "Linux" and python_version < "3.15"',
-    'nvidia-cudnn-cu13==9.24.0.43; platform_system == "Linux"',
-    'nvidia-cusparselt-cu13==0.8.1; platform_system == "Linux"',
-    'nvidia-nccl-cu13==2.30.7; platform_system == "Linux"',
-    'nvidia-nvshmem-cu13==3.4.5; platform_system == "Linux"',
-    'triton~=3.8.0; platform_system == "Linux" and python_version < "3.15"',
-    'optree>=0.13.0; extra == "optree"',
 ]
-_TORCH_2_13_REQUIRES = [
-    line.replace("triton~=3.8.0", "triton==3.7.1") for line in _TORCH_2_14_REQUIRES
-]
-_CPU_TORCH_REQUIRES = _TORCH_2_14_REQUIRES[:7]  # the CPU wheel: no CUDA libraries, no triton
+_TORCH_EXTRAS_REQUIRES = ['optree>=0.13.0; extra == "optree"', 'opt-einsum>=3.3; extra == "opt-einsum"',
+                          'pyyaml; extra == "pyyaml"']
+
+
+def _cuda13_requires(cudnn: str, nccl: str, triton: str) -> list[str]:
+    linux, before_315 = 'platform_system == "Linux"', 'platform_system == "Linux" and python_version < "3.15"'
+    return [
+        *_TORCH_COMMON_REQUIRES,
+        f"cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3; {linux}",
+        f"cuda-bindings<14,>=13.0.3; {before_315}",
+        f"nvidia-cudnn-cu13=={cudnn}; {linux}",
+        f"nvidia-cusparselt-cu13==0.8.1; {linux}",
+        f"nvidia-nccl-cu13=={nccl}; {linux}",
+        f"nvidia-nvshmem-cu13==3.4.5; {linux}",
+        f"triton{triton}; {before_315}",
+        *_TORCH_EXTRAS_REQUIRES,
+    ]
+
+
+_TORCH_2_14_REQUIRES = _cuda13_requires("9.24.0.43", "2.30.7", "~=3.8.0")
+_TORCH_2_13_REQUIRES = _cuda13_requires("9.20.0.48", "2.29.7", "==3.7.1")
+_CPU_TORCH_REQUIRES = _TORCH_COMMON_REQUIRES + _TORCH_EXTRAS_REQUIRES  # the CPU wheel: no CUDA, no triton
 _CUDA_EXTRAS = "cublas cudart cufft cufile cupti curand cusolver cusparse nvjitlink nvrtc nvtx".split()
 _FLA_REQUIRES = [  # fla-core 0.6.0's METADATA: only einops unless an extra is asked for
     "einops",
@@ -84,7 +93,7 @@ def _wheel(folder: Path, name: str, version: str, requires: Iterable[str] = (),
 
 def _torch(folder: Path, version: str, cuda: str | None, requires: list[str]) -> None:
     local = version if "+" in version or cuda is None else f"{version}+cu{cuda.replace('.', '')}"
-    _wheel(folder, "torch", version, requires, extras=["optree"], files={
+    _wheel(folder, "torch", version, requires, extras=["optree", "opt-einsum", "pyyaml"], files={
         "torch/__init__.py": "from . import version\n__version__ = version.__version__\n",
         "torch/version.py": f"__version__ = {local!r}\ncuda = {cuda!r}\n",
     })
@@ -116,6 +125,8 @@ def index(tmp_path_factory) -> Path:
                files={"nvidia/dali/__init__.py": f"built_for_cuda = {major}\n"})
     _wheel(folder, "fla-core", "0.6.0", _FLA_REQUIRES, extras=["cuda", "cpu"])
     _wheel(folder, "cuda-toolkit", "13.0.3", extras=_CUDA_EXTRAS)
+    for name, version in (("nvidia-cudnn-cu13", "9.20.0.48"), ("nvidia-nccl-cu13", "2.29.7")):
+        _wheel(folder, name, version)  # torch 2.13.0's; the dictionary below has 2.14.1's
     plain = {"cuda-bindings": "13.0.3", "nvidia-cudnn-cu13": "9.24.0.43", "nvidia-cusparselt-cu13": "0.8.1",
              "nvidia-nccl-cu13": "2.30.7", "nvidia-nvshmem-cu13": "3.4.5", "filelock": "3.0",
              "typing-extensions": "4.10.0", "setuptools": "77.0.3", "sympy": "1.13.3", "networkx": "2.5.1",
@@ -164,6 +175,7 @@ def _command(message: str, before: str) -> str:
     return re.search(re.escape(before) + r"`([^`]+)`", message).group(1)
 
 
+@pytest.mark.slow
 def test_the_set_up_keeps_the_torch_it_finds_and_installs_one_dali_for_its_cuda(index, tmp_path):
     env = _env(index)
     venv = tmp_path / "venv"
@@ -215,6 +227,16 @@ def test_the_set_up_keeps_the_torch_it_finds_and_installs_one_dali_for_its_cuda(
     assert (have["torch"], have["triton"]) == ("2.14.1", "3.8.0"), out
     assert have["nvidia-dali-cuda130"] == "2.4.0" and "nvidia-dali-cuda120" not in have
     assert _dali_file(venv) == "built_for_cuda = 13\n"
+
+    # 6. A requirement that wants another torch (the old requirements' pin) is a conflict, not a downgrade.
+    wants_old = tmp_path / "wants-old-torch.txt"
+    wants_old.write_text("torch==2.13.0\n")
+    proc = subprocess.run([python, "-m", "src.install", "-r", str(wants_old)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1].startswith("python -m src.install: error: pip failed")
+    assert "torch and triton stay pinned to torch==2.14.1 and triton==3.8.0" in proc.stderr
+    assert (_installed(venv)["torch"], _installed(venv)["triton"]) == ("2.14.1", "3.8.0")
 
 
 def test_the_dali_variant_follows_torchs_cuda_major():

@@ -35,12 +35,16 @@ demo-tools:
 test-tools:
 	$(call ensure_tools,$(TEST_TOOLS),test)
 
-# torch is installed on its own first: an unpinned resolver run would otherwise be free to
-# pull a multi-GB CUDA build where the pinned CPU wheel is what this machine has.
-$(STAMP): requirements.txt requirements-dev.txt
+# src/install.py keeps a torch already in .venv (a CUDA build installed first, README "Training on
+# GPUs"), installs the tested torch only where there is none, picks the one DALI variant for torch's
+# CUDA version, and installs the requirements with torch and triton pinned to what is there.
+# It runs again when the requirements change or torch or DALI in .venv were reinstalled since.
+INSTALLED := $(wildcard $(VENV)/lib/python*/site-packages/torch-*.dist-info \
+                        $(VENV)/lib/python*/site-packages/nvidia_dali_cuda*.dist-info)
+$(STAMP): requirements.txt requirements-dev.txt src/install.py $(INSTALLED)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0"
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@rm -f $(STAMP)
+	$(PY) -m src.install -r requirements-dev.txt
 	@touch $(STAMP)
 
 demo: demo-tools $(STAMP)

@@ -97,7 +97,8 @@ def run(args: argparse.Namespace, prog: str) -> int:
         with tqdm(total=args.time_steps + args.steps, desc="batches", unit="batch", file=sys.stderr) as bar:
             smoke = run_smoke(loader, args.steps, bar, time_steps=args.time_steps)
     except ImportError as e:
-        print(f"{prog}: error: {e}; install nvidia-dali-cuda120 or use --backend torch", file=sys.stderr)
+        print(f"{prog}: error: {e}; run `make` (python -m src.install), which installs the DALI wheel for this "
+              "torch's CUDA version, or use --backend torch", file=sys.stderr)
         return 2
     except CorruptRecordError as e:
         print(f"{prog}: FAILED: {e}", file=sys.stderr)

@@ -98,7 +98,10 @@ def _probe(device_type: str) -> str | None:
     try:
         fused_recurrent = _import_fla()
     except ImportError as exc:
-        return f"it needs the fla-core and triton packages (pip install -r requirements.txt): {exc}"
+        return (
+            "it needs the fla-core and triton packages (fla-core is in requirements.txt; triton comes with a "
+            f"CUDA build of torch): {exc}"
+        )
     except Exception as exc:  # a broken install (e.g. a triton that fla does not support)
         first_line = (str(exc).splitlines() or [""])[0]
         return f"fla-core failed to import ({type(exc).__name__}: {first_line})"

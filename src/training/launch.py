@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from src import install
 from src.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,18 +106,6 @@ def nvidia_smi_gpus() -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
-def _dali_cuda_majors() -> list[int]:
-    """CUDA major versions of the installed nvidia-dali-cuda1xx packages."""
-    from importlib import metadata
-
-    majors = []
-    for dist in metadata.distributions():
-        m = re.fullmatch(r"nvidia[-_]dali[-_]cuda(\d\d)0", (dist.metadata.get("Name") or "").lower())
-        if m:
-            majors.append(int(m.group(1)))
-    return sorted(set(majors))
-
-
 def count_gpus(environ: Mapping[str, str], train_args: Sequence[str], *, needed: bool = True) -> int:
     """The GPUs this node's processes can use, counted by torch (so CUDA_VISIBLE_DEVICES holds).
 
@@ -136,9 +125,8 @@ def count_gpus(environ: Mapping[str, str], train_args: Sequence[str], *, needed:
         if listed:
             raise LaunchError(
                 f"this node has {listed} GPU(s) (nvidia-smi -L) but {sys.executable} has torch {torch.__version__}, "
-                "a CPU-only build: install a CUDA build of torch (pip install torch --index-url "
-                "https://download.pytorch.org/whl/cu124) and the nvidia-dali-cuda1xx that matches its CUDA major "
-                "version (nvidia-dali-cuda120 for CUDA 12), or pass --device cpu to train on the CPU"
+                f"a CPU-only build: {install.cuda_torch_advice(sys.executable)}; or pass --device cpu to train "
+                "on the CPU"
             )
         return 0
     count = torch.cuda.device_count()
@@ -149,14 +137,12 @@ def count_gpus(environ: Mapping[str, str], train_args: Sequence[str], *, needed:
             "that the driver supports CUDA " + cuda + " (nvidia-smi shows the highest it supports)"
         )
     if count and _flag_value(train_args, "--data-backend") in (None, "dali"):
-        majors = _dali_cuda_majors()
-        want = int(cuda.split(".")[0])
-        if want not in majors:
-            have = ", ".join(f"nvidia-dali-cuda{m}0" for m in majors) or "none"
-            raise LaunchError(
-                f"torch {torch.__version__} is built for CUDA {cuda} but the installed DALI is {have}; install "
-                f"nvidia-dali-cuda{want}0 (pip install nvidia-dali-cuda{want}0), or pass --data-backend torch"
-            )
+        try:
+            problem = install.dali_problem(cuda, install.installed_dali(), sys.executable)
+        except install.InstallError as e:  # a CUDA version DALI has no wheel for
+            raise LaunchError(str(e)) from None
+        if problem:
+            raise LaunchError(problem)
     return count
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from src import install
 from src.training import launch
 from tests._repo import REPO
 
@@ -152,31 +153,49 @@ def test_a_gpu_node_with_a_cpu_only_torch_fails_with_the_fix(data_root, tmp_path
     proc = _script("B32", data_root.parent, path_prefix=bin_dir)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "this node has 8 GPU(s) (nvidia-smi -L) but" in proc.stderr and "a CPU-only build" in proc.stderr
-    assert "install a CUDA build of torch" in proc.stderr and "nvidia-dali-cuda120 for CUDA 12" in proc.stderr
+    assert f"replace torch with a CUDA build: `{sys.executable} -m pip uninstall -y torch && " in proc.stderr
+    assert "install torch --index-url https://download.pytorch.org/whl/cu130`" in proc.stderr
+    assert "then run `make`" in proc.stderr and "adds the DALI for its CUDA version" in proc.stderr
     # Training on the CPU on purpose is still possible.
     assert _script("B32", data_root.parent, "--device", "cpu", path_prefix=bin_dir).returncode == 0
 
 
-def _fake_cuda_torch(monkeypatch, visible: int, listed: int, dali: list[int]):
-    # No GPU can run here: torch is made to look like a CUDA 12.4 build that sees `visible` GPUs.
+def _fake_cuda_torch(monkeypatch, visible: int, listed: int, dali: list[str], cuda: str = "12.4"):
+    # No GPU can run here: torch is made to look like a CUDA build that sees `visible` GPUs, and the
+    # installed DALI distributions are the ones named.
     import torch
 
-    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(torch.version, "cuda", cuda)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
     monkeypatch.setattr(launch, "nvidia_smi_gpus", lambda: listed)
-    monkeypatch.setattr(launch, "_dali_cuda_majors", lambda: dali)
+    monkeypatch.setattr(install, "installed_dali", lambda: dali)
 
 
 def test_gpus_are_counted_by_torch_so_cuda_visible_devices_holds(monkeypatch):
-    _fake_cuda_torch(monkeypatch, visible=4, listed=8, dali=[12])
+    _fake_cuda_torch(monkeypatch, visible=4, listed=8, dali=["nvidia-dali-cuda120"])
     assert launch.count_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, []) == 4
     assert launch.count_gpus({}, ["--device", "cpu"]) == 0
-    _fake_cuda_torch(monkeypatch, visible=8, listed=8, dali=[11])
-    with pytest.raises(launch.LaunchError, match="built for CUDA 12.4 but the installed DALI is nvidia-dali-cuda110; "
-                                                 "install nvidia-dali-cuda120"):
+    _fake_cuda_torch(monkeypatch, visible=8, listed=8, dali=["nvidia-dali-cuda120"], cuda="13.0")
+    py = sys.executable
+    with pytest.raises(launch.LaunchError) as wrong:
         launch.count_gpus({}, [])
+    assert str(wrong.value) == (
+        "torch is built for CUDA 13.0 but the installed DALI is nvidia-dali-cuda120; replace it with "
+        f"`{py} -m pip uninstall -y nvidia-dali-cuda120 && {py} -m pip install 'nvidia-dali-cuda130>=2.4.0'`, "
+        "or use --data-backend torch"
+    )
     assert launch.count_gpus({}, ["--data-backend", "torch"]) == 8
-    _fake_cuda_torch(monkeypatch, visible=0, listed=8, dali=[12])
+    # Both variants share nvidia/dali: the advice removes both, then installs the one for torch.
+    _fake_cuda_torch(monkeypatch, visible=8, listed=8, dali=["nvidia-dali-cuda120", "nvidia-dali-cuda130"], cuda="13.0")
+    with pytest.raises(launch.LaunchError) as both:
+        launch.count_gpus({}, [])
+    assert str(both.value).startswith("nvidia-dali-cuda120 and nvidia-dali-cuda130 are installed together")
+    assert f"`{py} -m pip uninstall -y nvidia-dali-cuda120 nvidia-dali-cuda130`" in str(both.value)
+    assert f"install nvidia-dali-cuda130 with `{py} -m pip install 'nvidia-dali-cuda130>=2.4.0'`" in str(both.value)
+    _fake_cuda_torch(monkeypatch, visible=8, listed=8, dali=[], cuda="11.8")
+    with pytest.raises(launch.LaunchError, match="built for CUDA 11.8, and DALI has wheels for CUDA 12 and 13 only"):
+        launch.count_gpus({}, [])
+    _fake_cuda_torch(monkeypatch, visible=0, listed=8, dali=["nvidia-dali-cuda120"])
     with pytest.raises(launch.LaunchError, match="sees none of the 8 GPU"):
         launch.count_gpus({}, [])
     assert launch.count_gpus({"CUDA_VISIBLE_DEVICES": ""}, []) == 0  # hidden on purpose

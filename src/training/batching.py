@@ -19,10 +19,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from src.training.config import PAPER_PER_GPU_BATCH
 from src.training.errors import TrainingError
 
 # `--batch-size auto` without a GPU: the recipe's per-GPU batch, as the limit of a micro-batch.
-AUTO_CPU_BATCH = 512
+AUTO_CPU_BATCH = PAPER_PER_GPU_BATCH
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """What shell/_launch_train.sh does before it starts torchrun, in Python so it can be tested:
-read the environment, count this node's GPUs, find the training shards under DATA_ROOT,
-and build the torchrun command.
+read the environment, resolve the train.py flags with train.py's own parser (so a bad flag or
+value fails here, on one line, before any process starts), count this node's GPUs, find the
+training shards under DATA_ROOT, and build the torchrun command.
 
     python -m src.training.launch [train.py flags...]     (the shell script runs this)
 
@@ -12,7 +13,8 @@ DATA_ROOT is one or more folders, `.rec` files or shard prefixes, separated by s
 colons. A folder means the `.rec` files directly in it (no deeper), each with its `.idx`.
 What is plainly not training data there is left out, and the launcher says so: parquet
 files (data2rec.py's input), evaluation shards named `val*`, and a `.rec` without its `.idx`.
-A file or prefix named explicitly is taken as it is.
+A file or prefix named explicitly is taken as it is. A `--train-data` flag, if given,
+replaces DATA_ROOT.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from pathlib import Path
 
 from src import install
 from src.errors import UserError
+from src.training.config import TrainConfig, recipe_notices
+from src.training.params import build_parser, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 _LISTED = 20  # shards listed one per line; more are summarised
@@ -106,14 +110,14 @@ def nvidia_smi_gpus() -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
-def count_gpus(environ: Mapping[str, str], train_args: Sequence[str], *, needed: bool = True) -> int:
+def count_gpus(environ: Mapping[str, str], config: TrainConfig, *, needed: bool = True) -> int:
     """The GPUs this node's processes can use, counted by torch (so CUDA_VISIBLE_DEVICES holds).
 
     A node whose driver lists GPUs while torch cannot use them would otherwise train on
     the CPU without a word: that fails here, with the fix. `needed=False` (the process
     count is set) skips importing torch when the driver lists no GPU.
     """
-    if _flag_value(train_args, "--device") == "cpu":
+    if config.device == "cpu":
         return 0
     listed = nvidia_smi_gpus()
     if not listed and not needed:
@@ -136,7 +140,7 @@ def count_gpus(environ: Mapping[str, str], train_args: Sequence[str], *, needed:
             f"torch {torch.__version__} (CUDA {cuda}) sees none of the {listed} GPU(s) nvidia-smi lists; check "
             "that the driver supports CUDA " + cuda + " (nvidia-smi shows the highest it supports)"
         )
-    if count and _flag_value(train_args, "--data-backend") in (None, "dali"):
+    if count and config.data_backend == "dali":
         try:
             problem = install.dali_problem(cuda, install.installed_dali(), sys.executable)
         except install.InstallError as e:  # a CUDA version DALI has no wheel for
@@ -144,17 +148,6 @@ def count_gpus(environ: Mapping[str, str], train_args: Sequence[str], *, needed:
         if problem:
             raise LaunchError(problem)
     return count
-
-
-def _flag_value(args: Sequence[str], flag: str) -> str | None:
-    """The value of the last `flag VALUE` / `flag=VALUE` in `args` (as argparse keeps the last)."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 # --- shards ---------------------------------------------------------------------------------
@@ -242,15 +235,26 @@ def describe_shards(scan: ShardScan) -> list[str]:
     return lines
 
 
-# --- the command ----------------------------------------------------------------------------
+# --- the command ---------------------------------------------------------------------------
 
 
-def torchrun_command(env: LaunchEnv, nproc: int, shards: list[Path], train_args: Sequence[str]) -> list[str]:
+def resolve_train_args(train_args: Sequence[str], data_root: str) -> tuple[TrainConfig, ShardScan | None]:
+    """train.py's settings for these flags, parsed by train.py's own parser, and the DATA_ROOT
+    shards they train on (None: --train-data was given). argparse errors exit 2 as train.py's do."""
+    args = build_parser(data_required=False).parse_args(list(train_args))
+    if hasattr(args, "train_data"):  # given on the command line (the parser's default is SUPPRESS)
+        return resolve(args), None
+    scan = find_shards(data_root)
+    return resolve(args, train_data=[str(rec) for rec, _ in scan.shards]), scan
+
+
+def torchrun_command(env: LaunchEnv, nproc: int, scan: ShardScan | None, train_args: Sequence[str]) -> list[str]:
+    data = ["--train-data", *(str(rec) for rec, _ in scan.shards)] if scan else []
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(env.nnodes), "--node_rank", str(env.node_rank), "--nproc_per_node", str(nproc),
         "--master_addr", env.master_addr, "--master_port", str(env.master_port),
-        str(REPO / "train.py"), "--train-data", *map(str, shards), *train_args,
+        str(REPO / "train.py"), *data, *train_args,
     ]
 
 
@@ -260,15 +264,17 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     prog = environ.get("TRAIN_SCRIPT_NAME") or "launch"
     try:
         env = read_env(environ)
-        scan = find_shards(env.data_root)
-        gpus = count_gpus(environ, train_args, needed=env.nproc_per_node is None)
+        config, scan = resolve_train_args(train_args, env.data_root)
+        gpus = count_gpus(environ, config, needed=env.nproc_per_node is None)
         nproc = env.nproc_per_node or max(1, gpus)
     except UserError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return exc.exit_code
-    for line in describe_shards(scan):
+    for line in describe_shards(scan) if scan else []:
         print(f"{prog}: {line}", file=sys.stderr)
-    cmd = torchrun_command(env, nproc, [rec for rec, _ in scan.shards], train_args)
+    for notice in recipe_notices(config):
+        print(f"{prog}: NOTICE: {notice}", file=sys.stderr)
+    cmd = torchrun_command(env, nproc, scan, train_args)
     if environ.get("DRY_RUN"):
         print(shlex.join(cmd))
         return 0

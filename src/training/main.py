@@ -24,7 +24,7 @@ from src.fsutil import atomic_write_json
 from src.open_alip.model import unwrap_model
 from src.training import checkpoint as ckpt_io
 from src.training.batching import BatchPlan, plan_for_device
-from src.training.config import TrainConfig
+from src.training.config import TrainConfig, recipe_notices
 from src.training.distributed import DistEnv, barrier, broadcast_object, cleanup, init_distributed, wrap_ddp
 from src.training.errors import NonFiniteLossError, TrainingError
 from src.training.loop import Trainer, make_grad_scaler
@@ -33,11 +33,13 @@ from src.training.progress import Progress
 from src.training.schedule import FORMER_MEANING, ONECYCLE, Schedule
 from src.training.state import TrainState
 
-# Called at the end of each epoch on every rank as hook(model, epochs_done, config, env), with
-# the unwrapped model in eval mode under no_grad. Metrics it returns are logged (rank 0)
-# under "eval/". A hook decides itself whether this epoch is one to evaluate (e.g. from
-# config.zeroshot_frequency) and may return None. train.py passes `run(config, [hook, ...])`.
-EpochEndHook = Callable[[nn.Module, int, TrainConfig, DistEnv], "dict[str, float] | None"]
+# Called at the end of each epoch on every rank as hook(model, epochs_done, config, plan, env),
+# with the unwrapped model in eval mode under no_grad, the run's settings and its batch plan
+# (e.g. plan.micro_batch: the per-process batch the run actually uses, also under
+# --batch-size auto). Metrics it returns are logged (rank 0) under "eval/". A hook decides
+# itself whether this epoch is one to evaluate (e.g. from config.zeroshot_frequency) and may
+# return None. train.py passes `run(config, [hook, ...])`.
+EpochEndHook = Callable[[nn.Module, int, TrainConfig, BatchPlan, DistEnv], "dict[str, float] | None"]
 
 # Settings a resume may change; it says which ones did (they take effect at once).
 _RESUME_MAY_CHANGE = ("lr", "lr_scheduler", "warmup", "epochs", "max_steps", "beta1", "beta2", "eps",
@@ -73,7 +75,7 @@ def _run(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook]) -> None:
     seed_everything(cfg.seed, env.rank)
     model = _build_model(cfg, env, wkv_impl, checkpointing)
     optimizer = _build_optimizer(cfg, model, env)
-    schedule = Schedule(cfg.lr_scheduler, cfg.lr, steps_per_epoch * cfg.epochs, cfg.warmup, cfg.beta1)
+    schedule = Schedule(cfg.lr_scheduler, cfg.lr, steps_per_epoch * cfg.epochs, cfg.warmup)
     state = TrainState(model, optimizer, make_grad_scaler(cfg.precision, env.device), loader, env)
     if resume_path is not None:
         _resume(state, resume_path, cfg, plan, schedule)
@@ -93,7 +95,7 @@ def _run(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook]) -> None:
                 break
             state.finish_epoch()
             saver.save(ckpt_io.epoch_checkpoint_path(cfg.output, state.epoch))
-            _run_hooks(hooks, model, state.epoch, cfg, env, run_log, state.step)
+            _run_hooks(hooks, model, state.epoch, cfg, plan, env, run_log, state.step)
         trainer.raise_if_nonfinite()
     except NonFiniteLossError as exc:
         where = f"the last good checkpoint is {saver.last}" if saver.last else "no checkpoint was written yet"
@@ -293,9 +295,11 @@ def _announce(cfg: TrainConfig, env: DistEnv, plan: BatchPlan, model: nn.Module,
              env.device.type, cfg.precision, f", compiled ({cfg.compile_backend})" if cfg.compile else "")
     LOG.info("%s | %d records, %d steps per epoch, %d steps in all", plan.describe(), int(loader.total_records),
              steps_per_epoch, schedule.total_steps)
-    shortfall = plan.shortfall_notice()
-    if shortfall:
-        LOG.warning("NOTICE: %s", shortfall)
+    if cfg.recipe:
+        LOG.info("recipe %s, under the flags given beside it", cfg.recipe)
+    for notice in [*recipe_notices(cfg), plan.shortfall_notice()]:
+        if notice:
+            LOG.warning("NOTICE: %s", notice)
     LOG.info("lr schedule %s", schedule.describe())
     if cfg.lr_scheduler in FORMER_MEANING:
         LOG.info("(--lr-scheduler %s means what it meant in the original; this toolkit's former '%s' is now '%s')",
@@ -383,8 +387,8 @@ class _Saver:
         barrier(self.env)
 
 
-def _run_hooks(hooks: list[EpochEndHook], model: nn.Module, epochs_done: int, cfg: TrainConfig, env: DistEnv,
-               run_log: RunLog, step: int) -> None:
+def _run_hooks(hooks: list[EpochEndHook], model: nn.Module, epochs_done: int, cfg: TrainConfig, plan: BatchPlan,
+               env: DistEnv, run_log: RunLog, step: int) -> None:
     if not hooks:
         return
     model = unwrap_model(model)
@@ -393,7 +397,7 @@ def _run_hooks(hooks: list[EpochEndHook], model: nn.Module, epochs_done: int, cf
     try:
         with torch.no_grad():
             for hook in hooks:
-                metrics = hook(model, epochs_done, cfg, env)
+                metrics = hook(model, epochs_done, cfg, plan, env)
                 if metrics:
                     LOG.info("eval after epoch %d: %s", epochs_done,
                              ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))

@@ -1,20 +1,24 @@
-"""train.py's command line, parsed once into a `TrainConfig` (config.py).
+"""train.py's command line, generated from `TrainConfig` (config.py) and parsed once into one.
+
+Each TrainConfig setting is the flag `--name-with-dashes`, with the field's type, default and
+help text. Its parser default is SUPPRESS, so the parsed namespace holds only the settings the
+command line gave; config.build_config lays them over the recipe's values and the defaults.
 
 The model's architecture comes from `--config` (a shipped name or a JSON path); any model
-flag given on the command line overrides the JSON's value. Model flags default to None
-so that "not given" and "given the default value" stay distinguishable. Everything else
-is a run setting and lives in TrainConfig, never in the model config.
+flag given on the command line overrides the JSON's value. Model flags are the model JSON's
+keys (docs/model.md), not run settings; they default to None so that "not given" and "given
+the default value" stay distinguishable.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import types
+import typing
 from typing import Any
 
-from src.open_alip.wkv import WKV_IMPL_CHOICES
-from src.training.batching import AUTO_CPU_BATCH
-from src.training.config import DECAY_DTYPES, DEFAULT_MAX_BAD_RECORDS, PRECISIONS, TrainConfig, build_config
-from src.training.schedule import SCHEDULES
+from src.training.config import BATCH, GROUPS, MODEL, TrainConfig, build_config, flag_of, settings
 
 # (flag, type, help). Every one of these is a key of the model JSON (docs/model.md).
 _MODEL_FLAGS: list[tuple[str, Any, str]] = [
@@ -52,16 +56,6 @@ _ALIASES = {"--open-checkpoint": "with_cp"}
 MODEL_KEYS = tuple(f[0][2:].replace("-", "_") for f in _MODEL_FLAGS) + tuple(f[1] for f in _MODEL_BOOL_FLAGS)
 
 
-def _batch_size(value: str) -> int | None:
-    """`--batch-size N` or `--batch-size auto` (None)."""
-    if value.strip().lower() == "auto":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number or auto, got {value!r}") from None
-
-
 def str2bool(value: str) -> bool:
     """The original passes booleans as the strings True/False; accept the usual spellings."""
     v = str(value).strip().lower()
@@ -72,99 +66,41 @@ def str2bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows a default only where there is one to show (None: the help says what happens)."""
+_GROUP_HELP = {
+    BATCH: "The loss contrasts the whole global batch of an optimizer step. With --global-batch-size, each "
+             "process takes global/processes samples per step, in as few equal micro-batches of at most "
+             "--batch-size as divide it (gradient accumulation): the same recipe on 1 GPU or 8. Without it, "
+             "the global batch is --batch-size x processes x --accum-freq.",
+}
 
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False):
-            return action.help
-        return super()._get_help_string(action)
+
+def _arg_type(hint: Any) -> tuple[Any, str | None]:
+    """(argparse type, nargs) of a field's annotation: `int | None` is int, `tuple[str, ...]` one or more."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if typing.get_origin(hint) is tuple:
+        return typing.get_args(hint)[0], "+"
+    return hint, None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="train.py",
-        description=(
-            "Train RWKV-CLIP on RecordIO shards written by data2rec.py. Run it with torchrun for "
-            "several GPUs or nodes (NCCL on GPUs, gloo on CPUs), or as a plain `python train.py` "
-            "for one process. The architecture comes from --config; any model flag given "
-            "overrides the config's value. Defaults are the original B/32 recipe's."
-        ),
-        formatter_class=_HelpFormatter,
-        allow_abbrev=False,
-    )
-    g = p.add_argument_group("data and output")
-    g.add_argument("--train-data", required=True, nargs="+", metavar="DATA",
-                   help="training records: .rec paths or prefixes, folders of .rec/.idx shards, or globs")
-    g.add_argument("--train-num-samples", type=int, default=None,
-                   help="samples per epoch; checked against the records (default: all records)")
-    g.add_argument("--output", required=True, help="run folder: checkpoints, logs, params.json, tensorboard/")
-    g.add_argument("--workers", type=int, default=4, help="loader threads per process")
-    g.add_argument("--data-backend", choices=("dali", "torch"), default="dali", help="loader implementation")
-    g.add_argument("--max-bad-records", type=int, default=DEFAULT_MAX_BAD_RECORDS, metavar="N",
-                   help="records the loader may skip as undecodable (each is named once in the log and "
-                        "counted in the log line and metrics.jsonl) before the run stops; 0 stops at the first")
+def _help(f: dataclasses.Field) -> str:
+    text = f.metadata["help"].replace("%", "%%")
+    shown = f.default is not dataclasses.MISSING and f.default is not None and f.default is not False
+    return f"{text} (default: {f.default})" if shown else text
 
-    g = p.add_argument_group(
-        "batch",
-        "The loss contrasts the whole global batch of an optimizer step. With --global-batch-size, each "
-        "process takes global/processes samples per step, in as few equal micro-batches of at most "
-        "--batch-size as divide it (gradient accumulation): the same recipe on 1 GPU or 8. Without it, "
-        "the global batch is --batch-size x processes x --accum-freq.",
-    )
-    g.add_argument("--batch-size", type=_batch_size, default=512, metavar="N|auto",
-                   help="samples per process per micro-batch (with --global-batch-size: the most); auto: on a GPU "
-                        "the largest micro-batch the cost model predicts fits its memory, with gradient "
-                        "checkpointing when that is cheaper than accumulating (the launch scripts' choice); "
-                        f"on a CPU {AUTO_CPU_BATCH}")
-    g.add_argument("--global-batch-size", type=int, default=None, metavar="N",
-                   help="samples per optimizer step over all processes (the B/32 recipe: 4096 = 512 x 8 GPUs)")
-    g.add_argument("--accum-freq", "--gradient-acc", dest="accum_freq", type=int, default=None,
-                   help="micro-batches per optimizer step (default: 1, or what --global-batch-size needs)")
 
-    g = p.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, default=32)
-    g.add_argument("--max-steps", type=int, default=None,
-                   help="stop after this many optimizer steps in all (schedule still spans --epochs)")
-    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    g.add_argument("--lr-scheduler", choices=SCHEDULES, default="cosine",
-                   help="cosine (= onecycle): the original's OneCycleLR, cosine rise over --warmup then cosine "
-                        "fall, beta1 cycling 0.95-0.85; linear: the original's linear decay to 0 without "
-                        "warmup; warmup-cosine / warmup-linear: linear warmup then cosine / linear decay to 0 "
-                        "(this toolkit's former 'cosine' / 'linear'); const")
-    g.add_argument("--warmup", type=float, default=None,
-                   help="rise or warmup: a fraction of all steps if < 1, else steps (default 0.1)")
-    g.add_argument("--optimizer", choices=("adamw",), default="adamw")
-    g.add_argument("--beta1", type=float, default=None,
-                   help="AdamW beta1 (default 0.9; the cosine/onecycle schedule cycles it instead)")
-    g.add_argument("--beta2", type=float, default=0.98, help="AdamW beta2")
-    g.add_argument("--eps", type=float, default=1e-8, help="AdamW epsilon (torch's default, as the original)")
-    g.add_argument("--weight-decay", type=float, default=0.2)
-    g.add_argument("--grad-clip-norm", type=float, default=1.0, help="clip the global gradient norm (<= 0: off)")
-    g.add_argument("--precision", choices=PRECISIONS, default="bf16",
-                   help="bf16: bf16 autocast (the WKV and the loss stay fp32); fp16: autocast + grad scaler; "
-                        "tf32/fp32")
-    g.add_argument("--local-loss", action="store_true",
-                   help="each rank computes logits of its own rows against the global batch only")
-    g.add_argument("--gather-with-grad", action="store_true", help="backpropagate through the feature gather")
-    g.add_argument("--seed", type=int, default=0)
+def _add_setting(group: argparse._ArgumentGroup, f: dataclasses.Field, hint: Any, required: bool) -> None:
+    meta = f.metadata
+    kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": _help(f)}
+    kind, nargs = _arg_type(hint)
+    if kind is bool:
+        kwargs["action"] = "store_true"
+    else:
+        kwargs.update(type=meta["parse"] or kind, nargs=nargs, choices=meta["choices"], metavar=meta["metavar"])
+    group.add_argument(flag_of(f.name), *meta["aliases"], required=required, **kwargs)
 
-    g = p.add_argument_group("speed")
-    g.add_argument("--wkv-impl", choices=WKV_IMPL_CHOICES, default="auto",
-                   help="WKV implementation (src/open_alip/wkv.py): auto takes fla's Triton kernels on CUDA when "
-                        "fla-core imports, else chunked (PyTorch); reference is the slow exact recurrence")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model (DDP included)")
-    g.add_argument("--compile-backend", default="inductor",
-                   help="torch.compile backend; aot_eager compiles quickly (tests, debugging)")
 
-    g = p.add_argument_group("model")
-    g.add_argument("--config", default="RWKV_CLIP_B32",
-                   help="model config: a name (RWKV_CLIP_B32, RWKV_CLIP_B16, RWKV_CLIP_tiny) or a JSON path")
-    g.add_argument("--pretrained", default=None, help="initialise from these weights (not a resume)")
-    g.add_argument("--text-decay-dtype", choices=DECAY_DTYPES, default="fp32",
-                   help="storage of the text tower's time_decay/time_faaaa: fp32 master copies, cast to the "
-                        "compute dtype in the forward pass (they train); bf16 reproduces the original exactly, "
-                        "where AdamW steps round away and the decays stay frozen at their initial values")
+def _add_model_flags(g: argparse._ArgumentGroup) -> None:
     for flag, typ, help_ in _MODEL_FLAGS:
         g.add_argument(flag, type=typ, default=None, help=help_ + " (default: config's)")
     for flag, dest, help_ in _MODEL_BOOL_FLAGS:
@@ -172,21 +108,27 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, dest in _ALIASES.items():
         g.add_argument(flag, dest=dest, type=str2bool, default=None, metavar="BOOL", help=argparse.SUPPRESS)
 
-    g = p.add_argument_group("checkpoints, logging, evaluation, processes")
-    g.add_argument("--resume", default=None,
-                   help="'latest' (newest readable checkpoint in --output, if any) or a .pt path; the run "
-                        "continues with the optimizer and schedule settings given now")
-    g.add_argument("--save-every-n-steps", type=int, default=2000, help="step checkpoint interval (0: epochs only)")
-    g.add_argument("--keep-checkpoints", type=int, default=2, help="step checkpoints kept (epoch ones are all kept)")
-    g.add_argument("--log-every-n-steps", type=int, default=50,
-                   help="log line + TensorBoard interval (the loss is read from the device only then)")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda (this process's GPU: LOCAL_RANK) or cuda:N")
-    g.add_argument("--dist-timeout", type=int, default=1800, metavar="SECONDS",
-                   help="how long a rank waits in a collective (e.g. for an epoch-end evaluation) before failing")
-    g.add_argument("--zeroshot-data", default=None, metavar="SPEC",
-                   help="zero-shot classification set evaluated at epoch ends, as zero_shot.py takes it "
-                        "(e.g. imagenet=/data/imagenet/val, cifar10=/data/cifar-10-batches-py)")
-    g.add_argument("--zeroshot-frequency", type=int, default=1, help="evaluate every N epochs")
+
+def build_parser(*, data_required: bool = True) -> argparse.ArgumentParser:
+    """train.py's parser. `data_required=False`: --train-data may be left out (the launcher, which
+    finds the records under DATA_ROOT then)."""
+    p = argparse.ArgumentParser(
+        prog="train.py",
+        description=(
+            "Train RWKV-CLIP on RecordIO shards written by data2rec.py. Run it with torchrun for "
+            "several GPUs or nodes (NCCL on GPUs, gloo on CPUs), or as a plain `python train.py` "
+            "for one process. The architecture comes from --config; any model flag given "
+            "overrides the config's value. The optimisation defaults are the paper's B/32 run's; "
+            "--recipe adds its global batch and the rest of its settings."
+        ),
+        allow_abbrev=False,
+    )
+    groups = {name: p.add_argument_group(name, _GROUP_HELP.get(name)) for name in GROUPS}
+    hints = typing.get_type_hints(TrainConfig)
+    for f in settings():
+        required = f.default is dataclasses.MISSING and (data_required or f.name != "train_data")
+        _add_setting(groups[f.metadata["group"]], f, hints[f.name], required)
+    _add_model_flags(groups[MODEL])
     return p
 
 
@@ -195,7 +137,17 @@ def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in MODEL_KEYS if getattr(args, k, None) is not None}
 
 
+def given_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The TrainConfig settings the command line gave (the others are absent: SUPPRESS)."""
+    return {f.name: getattr(args, f.name) for f in settings() if hasattr(args, f.name)}
+
+
+def resolve(args: argparse.Namespace, **missing: Any) -> TrainConfig:
+    """The TrainConfig of a parsed command line; `missing` fills settings it left out (the
+    launcher's --train-data). Bad values raise TrainingError."""
+    return build_config({**missing, **given_settings(args)}, model_overrides(args))
+
+
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Parse and resolve the command line. argparse errors exit 2; bad values raise TrainingError."""
-    args = build_parser().parse_args(argv)
-    return build_config(args, model_overrides(args))
+    return resolve(build_parser().parse_args(argv))

@@ -55,8 +55,7 @@ class Schedule:
     kind: str
     peak_lr: float
     total_steps: int
-    warmup: float = 0.1  # as --warmup gives it: a fraction below 1, else steps
-    beta1: float = 0.9  # the optimizer's own beta1, kept by every schedule but OneCycle's
+    warmup: float  # as --warmup gives it: a fraction below 1, else steps
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULES:
@@ -106,19 +105,20 @@ class Schedule:
             return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
         return lr * (1.0 - progress)  # warmup-linear
 
-    def beta1_at(self, step: int) -> float:
+    def beta1_at(self, step: int) -> float | None:
+        """OneCycle's beta1 at `step`; None for the other schedules, which leave the optimizer's own."""
         if not self.cycles_beta1:
-            return self.beta1
+            return None
         step = min(max(0, step), self.total_steps)
         return self._onecycle(step, (_MAX_MOMENTUM, _BASE_MOMENTUM, _MAX_MOMENTUM), self._pct_start())
 
     def apply(self, optimizer: torch.optim.Optimizer, step: int) -> float:
-        """Set every parameter group's lr (and beta1) for optimizer step `step`; returns the lr."""
+        """Set every parameter group's lr (and OneCycle's beta1) for optimizer step `step`; returns the lr."""
         lr = self.lr_at(step)
         beta1 = self.beta1_at(step)
         for group in optimizer.param_groups:
             group["lr"] = lr
-            if "betas" in group:
+            if beta1 is not None and "betas" in group:
                 group["betas"] = (beta1, *group["betas"][1:])
         return lr
 

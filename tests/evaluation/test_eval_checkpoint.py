@@ -9,7 +9,6 @@ import random
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -31,6 +30,9 @@ from src.evaluation.run import (
 from src.open_alip.model import create_model
 from src.open_alip.tokenizer import tokenize
 from src.open_alip.zero_shot import build_class_embeddings, load_metadata
+from src.training.batching import BatchPlan
+from src.training.config import TrainConfig
+from src.training.distributed import DistEnv
 from tests._repo import REPO
 
 CONFIG = REPO / "src" / "open_alip" / "model_configs" / "RWKV_CLIP_demo.json"
@@ -209,11 +211,13 @@ def test_cifar_spec_uses_bundled_names_and_templates(tmp_path):
 
 def test_epoch_hook(trained):
     model = create_model(str(CONFIG))
-    load = zero_shot_epoch_hook(f"scenes={trained['tree']}", frequency=2, batch_size=8, workers=0)
-    env = SimpleNamespace(rank=0, world_size=1, distributed=False, device=torch.device("cpu"))
-    assert load(model, 1, None, env) == {}
+    load = zero_shot_epoch_hook(f"scenes={trained['tree']}", frequency=2)
+    env = DistEnv(0, 0, 1, torch.device("cpu"), None)
+    # workers=0 reads in this process (train.py's --workers asks for at least 1 loader thread).
+    config, plan = TrainConfig(train_data=("d",), output=Path("o"), workers=0), BatchPlan(8, 1, 1, None)
+    assert load(model, 1, config, plan, env) == {}
     model.train()
-    metrics = load(model, 2, None, env)
+    metrics = load(model, 2, config, plan, env)
     assert set(metrics) == {"zeroshot_top1", "zeroshot_top5", "zeroshot_mean_per_class_recall"}
     assert 0.0 <= metrics["zeroshot_top1"] <= 100.0
     assert model.training  # evaluation restored the training mode

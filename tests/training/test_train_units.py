@@ -196,7 +196,12 @@ def test_linear_is_the_originals_decay_without_warmup():
                                                                   total_iters=50), 50)
     sched = Schedule("linear", 1e-3, 50, warmup=0.1)
     for s, (lr, beta1) in enumerate(want):
-        assert sched.lr_at(s) == pytest.approx(lr, rel=1e-9, abs=1e-15) and sched.beta1_at(s) == beta1 == 0.9
+        # LinearLR leaves beta1 alone, and so does the schedule (None: the optimizer's own).
+        assert sched.lr_at(s) == pytest.approx(lr, rel=1e-9, abs=1e-15) and sched.beta1_at(s) is None
+        assert beta1 == 0.9
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0, betas=(0.8, 0.98))
+    sched.apply(opt, 7)
+    assert opt.param_groups[0]["betas"] == (0.8, 0.98)
 
 
 def test_warmup_then_cosine_to_zero():
@@ -208,14 +213,14 @@ def test_warmup_then_cosine_to_zero():
     assert f[55] == pytest.approx(0.5, abs=0.02) and f[99] < 0.001
     assert Schedule("warmup-linear", 1.0, 100, warmup=10).lr_at(55) == pytest.approx(0.5, abs=0.02)
     with pytest.raises(ValueError, match="--lr-scheduler 'step'"):
-        Schedule("step", 1.0, 3)
+        Schedule("step", 1.0, 3, 0)
 
 
 def test_apply_sets_lr_and_beta1_on_every_group():
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))],
                             lr=1.0, betas=(0.9, 0.98))
     opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))]})
-    sched = Schedule("cosine", 2e-3, 100)
+    sched = Schedule("cosine", 2e-3, 100, 0.1)
     assert sched.apply(opt, 10) == sched.lr_at(10)
     assert all(g["lr"] == sched.lr_at(10) and g["betas"] == (sched.beta1_at(10), 0.98) for g in opt.param_groups)
 
@@ -282,7 +287,8 @@ def test_one_typed_config_with_the_architecture_apart(tmp_path):
     assert not {"precision", "workers", "data_type"} & set(cfg.model)  # run settings stay out
     assert (cfg.accum_freq, cfg.global_batch_size, cfg.eps, cfg.precision, cfg.lr_scheduler) == \
         (2, 64, 1e-8, "bf16", "cosine")
-    assert cfg.warmup == 0.1 and cfg.beta1 == 0.9 and cfg.given == frozenset()  # filled in, not given
+    assert cfg.warmup == 0.1 and cfg.beta1 == 0.9  # filled in, not given
+    assert cfg.given == {"train_data", "output", "config", "accum_freq", "global_batch_size"}
     assert json.loads(json.dumps(cfg.to_json()))["model"]["n_layer"] == 3
     with pytest.raises(AttributeError):
         cfg.lr = 1.0  # frozen: built once, passed down

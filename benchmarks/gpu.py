@@ -298,7 +298,7 @@ def _train_step_fn(model, forward, optimizer, loss_fn, images, tokens):
 
     def step() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            image_emb, text_emb, scale = forward(images, tokens)
+            image_emb, text_emb, scale = forward(images, tokens, normalize=False)  # as the Trainer
         loss = loss_fn(image_emb, text_emb, scale)  # float32 inside ClipLoss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -22,7 +22,7 @@ VENV_ROOT = Path(os.environ.get("RWKV_CLIP_TEST_VENVS", REPO_ROOT / ".cache" / "
 MXNET_PACKAGES = ("mxnet==1.9.1", "numpy<1.24", "opencv-python-headless==4.8.1.78")
 
 
-def _base_python() -> str:
+def base_python() -> str:
     # A venv created from inside another venv must start from the real interpreter.
     return getattr(sys, "_base_executable", None) or sys.executable
 
@@ -38,7 +38,7 @@ def oracle_python(name: str, packages: tuple[str, ...] | list[str], pip_args: tu
         fcntl.flock(lock, fcntl.LOCK_EX)
         if python.exists() and stamp.exists() and stamp.read_text().strip() == wanted:
             return python
-        subprocess.run([_base_python(), "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([base_python(), "-m", "venv", "--clear", str(venv)], check=True)
         subprocess.run(
             [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *pip_args, *packages],
             check=True,

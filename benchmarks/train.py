@@ -59,7 +59,7 @@ def bench_bare(cfg: dict, precision: str, batches, batch: int, warmup: int) -> f
 
     def step(b):
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-            out = model(*b)
+            out = model(*b, normalize=False)  # as the Trainer calls it: ClipLoss normalises
         loss_fn(*out).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -166,7 +166,7 @@ def train_step_throughput(model_name: str, batch: int, device: str, steps: int, 
     def one() -> None:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device_type=device, dtype=torch.bfloat16):
-            image_emb, text_emb, scale = model(images, tokens)
+            image_emb, text_emb, scale = model(images, tokens, normalize=False)
             image_emb = torch.nn.functional.normalize(image_emb.float(), dim=-1)
             text_emb = torch.nn.functional.normalize(text_emb.float(), dim=-1)
             logits = scale * image_emb @ text_emb.T

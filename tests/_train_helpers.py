@@ -13,13 +13,14 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 DIM, VOCAB, SIDE = 8, 40, 4
 
 
 class ToyClip(nn.Module):
-    """Same call shape as RWKV_CLIP: (images, tokens) -> (image_emb, text_emb, exp(logit_scale))."""
+    """Same call shape as RWKV_CLIP: (images, tokens, normalize) -> (image_emb, text_emb, exp(logit_scale))."""
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__()
@@ -33,8 +34,11 @@ class ToyClip(nn.Module):
                 if p.dim() > 0:
                     p.copy_(torch.randn(p.shape, generator=g) * 0.5)
 
-    def forward(self, images, tokens):
-        return self.drop(self.image(images)), self.text(tokens).mean(1), self.logit_scale.exp()
+    def forward(self, images, tokens, normalize: bool = True):
+        image, text = self.drop(self.image(images)), self.text(tokens).mean(1)
+        if normalize:
+            image, text = F.normalize(image, dim=-1), F.normalize(text, dim=-1)
+        return image, text, self.logit_scale.exp()
 
 
 def toy_batch(n: int, seed: int = 1, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:

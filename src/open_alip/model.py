@@ -1,10 +1,12 @@
 """RWKV-CLIP: the two towers, model configs and checkpoint loading.
 
     model = create_model("RWKV_CLIP_B32", pretrained="RWKV-CLIP-B32-YFCC15M.pt")
-    image_emb, text_emb, logit_scale = model(images, tokens)
+    image_features, text_features, logit_scale = model(images, tokens)
 
-Embeddings come back unnormalised and `logit_scale` is already exponentiated, as in
-the original; callers normalise.
+As in open_clip, `model(image, text)` returns L2-normalised features and exp(logit_scale), and
+`encode_image` / `encode_text` return raw embeddings unless given `normalize=True`. The trainer asks
+for raw ones (`normalize=False`): its loss normalises them in float32 (loss.py). docs/model.md lists
+the open_clip conventions this class follows and the few it cannot.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .rwkv6 import TimeMix
@@ -128,13 +131,30 @@ def get_model_config(config: str | os.PathLike | Mapping[str, Any], **overrides:
     return cfg
 
 
-class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for users' scripts
-    """Image and text RWKV towers plus a learnable temperature."""
+def _lock(groups: list[list[nn.Module | nn.Parameter]], unlocked: int) -> None:
+    """Freeze every parameter of `groups`, then unfreeze those of the last `unlocked` groups
+    (open_clip's grouping for LiT: embeddings, one group per block, last block + final norm)."""
+    if not 0 <= unlocked <= len(groups):
+        raise ValueError(f"unlocked groups/layers must be between 0 and {len(groups)}, got {unlocked}")
+    for index, group in enumerate(groups):
+        for item in group:
+            params = [item] if isinstance(item, nn.Parameter) else list(item.parameters())
+            for p in params:
+                p.requires_grad = index >= len(groups) - unlocked
 
-    def __init__(self, config: Mapping[str, Any]):
+
+class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for users' scripts
+    """Image and text RWKV towers plus a learnable temperature.
+
+    `output_dict=True` makes `forward` return open_clip's dict (`image_features`, `text_features`,
+    `logit_scale`) instead of the tuple; it can also be set later as `model.output_dict`.
+    """
+
+    def __init__(self, config: Mapping[str, Any], output_dict: bool = False):
         super().__init__()
         cfg = get_model_config(config)
         self.config = cfg
+        self.output_dict = output_dict
         # Registration order fixes the state_dict order: logit_scale, text_model, image_model.
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
         self.text_model = TextRWKV(
@@ -160,6 +180,18 @@ class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for us
             with_cp=bool(cfg["with_cp"]),
         )
         self.context_length = cfg["ctx_len"]
+
+    # open_clip's tower names, as aliases: a submodule under a new name would change the
+    # state_dict keys of the released checkpoints (tests/open_alip/test_model.py).
+    @property
+    def visual(self) -> VisionRWKV:
+        """The image tower (`image_model`), under open_clip's name."""
+        return self.image_model
+
+    @property
+    def text(self) -> TextRWKV:
+        """The text tower (`text_model`), under the name open_clip's CustomTextCLIP uses."""
+        return self.text_model
 
     @property
     def image_embed_dim(self) -> int:
@@ -194,9 +226,31 @@ class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for us
             state[key] = state[key].to(torch.bfloat16)
         return state
 
-    def set_grad_checkpointing(self, enabled: bool = True) -> None:
-        self.image_model.set_with_cp(enabled)
-        self.text_model.set_with_cp(enabled)
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.image_model.set_with_cp(enable)
+        self.text_model.set_with_cp(enable)
+
+    def lock_image_tower(self, unlocked_groups: int = 0, freeze_bn_stats: bool = False) -> None:
+        """Freeze the image tower (LiT), leaving its last `unlocked_groups` groups trainable.
+
+        The groups are open_clip's: [patch embedding, position embedding], each block but the
+        last, [last block, final norm] (the tower has no projection). `freeze_bn_stats` is
+        accepted for open_clip's signature; the tower has no batch norm.
+        """
+        tower = self.image_model
+        _lock(
+            [[tower.patch_embed, tower.pos_embed], *([b] for b in tower.layers[:-1]), [tower.layers[-1], tower.ln1]],
+            unlocked_groups,
+        )
+
+    def lock_text_tower(self, unlocked_layers: int = 0, freeze_layer_norm: bool = True) -> None:
+        """Freeze the text tower, leaving its last `unlocked_layers` groups trainable: open_clip's
+        [token embedding], each block but the last, [last block, final norm]. As in open_clip,
+        only `freeze_layer_norm=True` is supported."""
+        if not freeze_layer_norm:
+            raise ValueError("freeze_layer_norm=False is not supported (open_clip does not support it either)")
+        tower = self.text_model
+        _lock([[tower.emb], *([b] for b in tower.blocks[:-1]), [tower.blocks[-1], tower.ln_out]], unlocked_layers)
 
     def set_wkv_impl(self, impl: str) -> None:
         """Choose the WKV implementation of every layer: a name from `wkv.WKV_IMPL_CHOICES`.
@@ -212,30 +266,60 @@ class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for us
             if isinstance(module, TimeMix):
                 module.wkv_impl = impl
 
-    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
-        return self.image_model(images)
+    def encode_image(self, image: torch.Tensor, normalize: bool = False) -> torch.Tensor:
+        """`[B, 3, S, S]` -> `[B, D]` image embeddings in the model's dtype, L2-normalised when asked.
 
-    def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.text_model(tokens)
+        Float pixels are cast to the weights' dtype first, so the float32 output of the transforms
+        feeds a model built with precision "bf16"/"fp16" as it is (a no-op for float32 weights,
+        also under autocast, where the weights stay float32).
+        """
+        if image.is_floating_point():
+            image = image.to(self.image_model.pos_embed.dtype)
+        features = self.image_model(image)
+        return F.normalize(features, dim=-1) if normalize else features
+
+    def encode_text(self, text: torch.Tensor, normalize: bool = False) -> torch.Tensor:
+        """int64 token ids `[B, ctx_len]` -> `[B, D]` text embeddings, L2-normalised when asked."""
+        features = self.text_model(text)
+        return F.normalize(features, dim=-1) if normalize else features
+
+    def get_logits(self, image: torch.Tensor, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """open_clip's (image_logits `[B_img, B_txt]`, text_logits = its transpose)."""
+        image_logits = self.logit_scale.exp() * self.encode_image(image, normalize=True) @ self.encode_text(
+            text, normalize=True
+        ).T
+        return image_logits, image_logits.T
 
     def forward(
-        self, images: torch.Tensor, tokens: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.encode_image(images), self.encode_text(tokens), self.logit_scale.exp()
+        self, image: torch.Tensor | None = None, text: torch.Tensor | None = None, *, normalize: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor] | dict[str, torch.Tensor | None]:
+        """(image_features, text_features, exp(logit_scale)), as open_clip returns them: features
+        L2-normalised, None for an input not given; a dict when `output_dict` is set.
+
+        `normalize=False` (not in open_clip) returns the raw embeddings; the trainer uses it so
+        that its loss normalises in float32 also when the towers run in bf16.
+        """
+        image_features = self.encode_image(image, normalize=normalize) if image is not None else None
+        text_features = self.encode_text(text, normalize=normalize) if text is not None else None
+        logit_scale = self.logit_scale.exp()
+        if self.output_dict:
+            return {"image_features": image_features, "text_features": text_features, "logit_scale": logit_scale}
+        return image_features, text_features, logit_scale
 
 
 def create_model(
     config: str | os.PathLike | Mapping[str, Any],
     pretrained: str | os.PathLike | None = None,
     wkv_impl: str = "auto",
+    output_dict: bool = False,
     **overrides: Any,
 ) -> RWKV_CLIP:
     """Build RWKV_CLIP from a shipped name, JSON path or dict; optionally load weights.
 
     Device and dtype are left to the caller (`model.to(...)`). `wkv_impl` is passed to
-    `RWKV_CLIP.set_wkv_impl`.
+    `RWKV_CLIP.set_wkv_impl`; `output_dict` to RWKV_CLIP.
     """
-    model = RWKV_CLIP(get_model_config(config, **overrides))
+    model = RWKV_CLIP(get_model_config(config, **overrides), output_dict=output_dict)
     model.set_wkv_impl(wkv_impl)
     if pretrained is not None:
         load_checkpoint(model, pretrained, strict=True)

@@ -149,7 +149,10 @@ class TimeMix(nn.Module):
             decay, bonus = decay.to(ww.dtype), bonus.to(r.dtype)
         w = decay + ww
 
-        y = wkv(r, k, v, w, bonus, impl=self.wkv_impl)
+        # WKV answers in float32; a model cast to bf16/fp16 has ln_x weights in that dtype, and
+        # GroupNorm takes no float32 input with them. With float32 weights (training's autocast)
+        # this is a no-op.
+        y = wkv(r, k, v, w, bonus, impl=self.wkv_impl).to(self.ln_x.weight.dtype)
         y = self.ln_x(y.reshape(batch * time, -1)).reshape(batch, time, -1)
         return self.output(y * g)
 

@@ -61,6 +61,10 @@ def _rng_restore(snapshot, device: torch.device) -> None:
 
 
 class Trainer:
+    """`model(images, tokens, normalize=False)` must return raw (image, text) embeddings and
+    exp(logit_scale), as RWKV_CLIP does: the loss normalises them in float32, which under bf16
+    autocast is more precise than normalising in the towers' dtype."""
+
     def __init__(
         self,
         model: nn.Module,
@@ -111,7 +115,7 @@ class Trainer:
         if len(micro) == 1:
             images, tokens = micro[0]
             with self._autocast():
-                image_emb, text_emb, logit_scale = self.model(images, tokens)
+                image_emb, text_emb, logit_scale = self.model(images, tokens, normalize=False)
             loss = self.loss_fn(image_emb, text_emb, logit_scale)
             self._backward(loss)
             return loss.detach()
@@ -121,7 +125,7 @@ class Trainer:
             for images, tokens in micro:
                 rng.append(_rng_snapshot(self.device))
                 with self._autocast():
-                    image_emb, text_emb, _ = self.model(images, tokens)
+                    image_emb, text_emb, _ = self.model(images, tokens, normalize=False)
                 cached_image.append(image_emb)
                 cached_text.append(text_emb)
         loss = None
@@ -130,7 +134,7 @@ class Trainer:
             last = j == len(micro) - 1
             with self._no_sync(last=last):
                 with self._autocast():
-                    image_emb, text_emb, logit_scale = self.model(images, tokens)
+                    image_emb, text_emb, logit_scale = self.model(images, tokens, normalize=False)
                 if not last:
                     # Every pass computes the full loss; its gradient w.r.t. the temperature
                     # must be taken once, not once per micro-batch.

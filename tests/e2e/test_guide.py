@@ -15,7 +15,6 @@ model and a few CPU steps), as the guide's own "[extra train.py flags...]" allow
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,21 +23,10 @@ import pytest
 
 from src.demo.corpus import write_hub_corpus
 from src.hub_server import serve_in_background
-from tests._repo import REPO
+from tests._repo import fresh_copy
 
 TINY_RUN = ["--config", "RWKV_CLIP_tiny", "--global-batch-size", "16", "--batch-size", "16", "--epochs", "1",
             "--max-steps", "2", "--device", "cpu", "--workers", "1", "--log-every-n-steps", "1"]
-
-
-def _fresh_copy(target: Path) -> Path:
-    """What `git clone` of the working tree gives: every tracked file, nothing ignored or built."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
-    for name in filter(None, files.decode().split("\0")):
-        source = REPO / name
-        if source.is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name)
-    return target
 
 
 def _run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -51,7 +39,7 @@ def _run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPr
 def test_the_guides_four_commands_work_verbatim(tmp_path):
     hub = tmp_path / "hub"
     write_hub_corpus(hub, num_samples=96, image_size=32, num_shards=2, captions_per_row=1, progress=False)
-    clone = _fresh_copy(tmp_path / "RWKV-CLIP")
+    clone = fresh_copy(tmp_path / "RWKV-CLIP")
     assert not (clone / ".venv").exists() and not (clone / "YFCC15M").exists()
     env = {
         **os.environ,

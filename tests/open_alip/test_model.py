@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from src.open_alip import RWKV_CLIP, create_model, get_model_config, list_models, load_checkpoint
 from src.open_alip.model import RUN_SETTING_KEYS, CheckpointMismatchError
@@ -187,7 +188,8 @@ def test_towers_and_clip_outputs_match_reference_in_float64():
     with torch.no_grad():
         image_tokens, _ = model.image_model.forward_features(images)
         text_tokens = model.text_model.forward_features(tokens)
-        image_emb, text_emb, scale = model(images, tokens)
+        image_emb, text_emb, scale = model(images, tokens, normalize=False)
+        normed_image, normed_text, normed_scale = model(images, tokens)
     # Per-token features: pooling would hide a wrong shift or bonus in the text tower.
     torch.testing.assert_close(image_tokens, ref.image_features(state, images, cfg), rtol=0, atol=1e-12)
     torch.testing.assert_close(text_tokens, ref.text_features(state, tokens, cfg), rtol=0, atol=1e-12)
@@ -196,6 +198,10 @@ def test_towers_and_clip_outputs_match_reference_in_float64():
     torch.testing.assert_close(text_emb, want_text, rtol=0, atol=1e-12)
     assert scale.item() == pytest.approx(want_scale.item(), rel=1e-15)
     assert not torch.allclose(text_emb.norm(dim=-1), torch.ones(2, dtype=torch.float64))  # not re-normalised
+    # open_clip's convention: forward L2-normalises both embeddings by default.
+    torch.testing.assert_close(normed_image, F.normalize(want_image, dim=-1), rtol=0, atol=1e-12)
+    torch.testing.assert_close(normed_text, F.normalize(want_text, dim=-1), rtol=0, atol=1e-12)
+    assert torch.equal(normed_scale, scale)
 
 
 def test_other_image_size_resizes_pos_embed_bicubically():
@@ -212,7 +218,7 @@ def test_other_image_size_resizes_pos_embed_bicubically():
 
 def test_every_parameter_gets_a_gradient():
     model = _randomize(_tiny()).train()
-    image_emb, text_emb, scale = model(_images(2).float(), _tokens(2, length=12))
+    image_emb, text_emb, scale = model(_images(2).float(), _tokens(2, length=12), normalize=False)
     (image_emb.sum() + text_emb.sum() + scale).backward()
     silent = [n for n, p in model.named_parameters() if p.grad is None or not torch.any(p.grad != 0)]
     assert silent == []
@@ -222,7 +228,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     def grads(with_cp: bool) -> dict[str, torch.Tensor]:
         model = _tiny64(seed=5).train()
         model.set_grad_checkpointing(with_cp)
-        image_emb, text_emb, _ = model(_images(2), _tokens(2, length=12))
+        image_emb, text_emb, _ = model(_images(2), _tokens(2, length=12), normalize=False)
         (image_emb.square().sum() + text_emb.square().sum()).backward()
         return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 

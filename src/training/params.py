@@ -152,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("speed")
     g.add_argument("--wkv-impl", choices=WKV_IMPL_CHOICES, default="auto",
                    help="WKV implementation (src/open_alip/wkv.py): auto takes fla's Triton kernels on CUDA when "
-                        "fla-core imports, else chunked (PyTorch); reference is the slow exact recurrence")
+                        "fla-core imports, else chunked (PyTorch); reference is the slow exact recurrence; "
+                        "bi_triton is our own kernel pair for both directions (reads bf16, less memory traffic; "
+                        "opt-in until timed against fla)")
     g.add_argument("--compile", action="store_true", help="torch.compile the model (DDP included)")
     g.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend; aot_eager compiles quickly (tests, debugging)")

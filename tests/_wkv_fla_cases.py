@@ -11,12 +11,15 @@ r, k, v, w, u against the float64 two-scan reference.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 
 import torch
 
 from src.open_alip.rwkv6 import TimeMix
 from src.open_alip.wkv import available_implementations, resolve_wkv_impl, wkv, wkv_reference
+from tests._repo import REPO
 
 # name -> (batch, time, heads, head size). 49 and 77 (odd) are the B/32 image and text
 # lengths at their head sizes; 196 is B/16's, run at head size 16 because the
@@ -45,6 +48,19 @@ W_CALM = 1e-5
 def tolerance(name: str) -> float:
     """The allowed relative error of output or gradient `name` (or "w_where_logit_le_0")."""
     return {"w": W_ALL, "w_where_logit_le_0": W_CALM}.get(name, TIGHT)
+
+
+def run_report(module: str, interpret: bool = True, timeout: float = 900) -> dict:
+    """Runs `python -m module` from the repository root, with TRITON_INTERPRET=1 or without
+    it, and returns the JSON its last line prints."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-m", module], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def make_inputs(batch: int, time: int, heads: int, size: int, seed: int) -> list[torch.Tensor]:

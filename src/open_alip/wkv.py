@@ -296,6 +296,8 @@ IMPLEMENTATIONS: dict[str, Callable[..., Tensor]] = {
 }
 # Every name `wkv`, `resolve_wkv_impl` and the model accept (for a CLI's `choices`).
 WKV_IMPL_CHOICES: tuple[str, ...] = ("auto", *IMPLEMENTATIONS)
+# Triton kernels: on CPU they run only under Triton's interpreter (for checks, slow).
+TRITON_IMPLEMENTATIONS = frozenset({"fla", "fla_chunk", "bi_triton"})
 # Implementations that take r, k, v, w, u in the dtypes they come in; `wkv` converts
 # the inputs of the others to float32 (float64) first.
 _OWN_DTYPES = frozenset({"bi_triton"})

@@ -78,6 +78,38 @@ def _decay_add(maa, mab, mba, mbb, da, db, pa, pb, qa, qb):
 
 
 @_helper
+def _program(T, H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr):
+    """This program's (batch, head) index, the offset of its t = 0 row, the elements per
+    step and the two parts' channel offsets and masks."""
+    pid = tl.program_id(0)
+    row = H * N
+    base = (pid // H).to(tl.int64) * T * row + (pid % H) * N
+    oa = tl.arange(0, NA)
+    ob = NA + tl.arange(0, NB)
+    return pid, base, row, oa, ob, oa < N, ob < N
+
+
+@_helper
+def _zero_state(NA: tl.constexpr, NB: tl.constexpr):
+    return (
+        tl.zeros([NA, NA], dtype=tl.float32),
+        tl.zeros([NA, NB], dtype=tl.float32),
+        tl.zeros([NB, NA], dtype=tl.float32),
+        tl.zeros([NB, NB], dtype=tl.float32),
+    )
+
+
+@_helper
+def _load_step(r, k, v, w, off, oa, ob, ma, mb):
+    """Row t of r, k, v and w, by parts."""
+    ra, rb = _load2(r + off, oa, ob, ma, mb)
+    ka, kb = _load2(k + off, oa, ob, ma, mb)
+    va, vb = _load2(v + off, oa, ob, ma, mb)
+    wa, wb = _load2(w + off, oa, ob, ma, mb)
+    return ra, rb, ka, kb, va, vb, wa, wb
+
+
+@_helper
 def _log_decay(w, w_max):
     # exp(-exp(w)) is 0 in float32 beyond w_max, and so is its gradient there.
     return -tl.exp(tl.minimum(w, w_max))
@@ -89,26 +121,14 @@ def wkv_bi_forward_kernel(
     T, w_max,
     H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    batch, head = pid // H, pid % H
-    row = H * N  # elements per time step
-    base = batch.to(tl.int64) * T * row + head * N
-    oa = tl.arange(0, NA)
-    ob = NA + tl.arange(0, NB)
-    ma, mb = oa < N, ob < N
-    ua, ub = _load2(u + head * N, oa, ob, ma, mb)
+    pid, base, row, oa, ob, ma, mb = _program(T, H, N, NA, NB)
+    ua, ub = _load2(u + (pid % H) * N, oa, ob, ma, mb)
 
     # Right to left, no bonus: y_t = r_t^T S_t with S_t = sum_{s>t} D(s, t) k_s v_s^T.
-    saa = tl.zeros([NA, NA], dtype=tl.float32)
-    sab = tl.zeros([NA, NB], dtype=tl.float32)
-    sba = tl.zeros([NB, NA], dtype=tl.float32)
-    sbb = tl.zeros([NB, NB], dtype=tl.float32)
+    saa, sab, sba, sbb = _zero_state(NA, NB)
     for step in range(T):
         off = base + (T - 1 - step) * row
-        ra, rb = _load2(r + off, oa, ob, ma, mb)
-        ka, kb = _load2(k + off, oa, ob, ma, mb)
-        va, vb = _load2(v + off, oa, ob, ma, mb)
-        wa, wb = _load2(w + off, oa, ob, ma, mb)
+        ra, rb, ka, kb, va, vb, wa, wb = _load_step(r, k, v, w, off, oa, ob, ma, mb)
         ya, yb = _vec_mat(ra, rb, saa, sab, sba, sbb)
         _store2(y + off, oa, ob, ma, mb, ya, yb)
         da, db = tl.exp(_log_decay(wa, w_max)), tl.exp(_log_decay(wb, w_max))
@@ -117,16 +137,10 @@ def wkv_bi_forward_kernel(
     tl.debug_barrier()
 
     # Left to right with the bonus u on the current token, added to the first half.
-    saa = tl.zeros([NA, NA], dtype=tl.float32)
-    sab = tl.zeros([NA, NB], dtype=tl.float32)
-    sba = tl.zeros([NB, NA], dtype=tl.float32)
-    sbb = tl.zeros([NB, NB], dtype=tl.float32)
+    saa, sab, sba, sbb = _zero_state(NA, NB)
     for t in range(T):
         off = base + t * row
-        ra, rb = _load2(r + off, oa, ob, ma, mb)
-        ka, kb = _load2(k + off, oa, ob, ma, mb)
-        va, vb = _load2(v + off, oa, ob, ma, mb)
-        wa, wb = _load2(w + off, oa, ob, ma, mb)
+        ra, rb, ka, kb, va, vb, wa, wb = _load_step(r, k, v, w, off, oa, ob, ma, mb)
         ya, yb = _vec_mat(ra, rb, saa, sab, sba, sbb)
         ruk = _sum(ra * ua * ka, 0) + _sum(rb * ub * kb, 0)
         pa, pb = _load2(y + off, oa, ob, ma, mb)
@@ -171,30 +185,15 @@ def wkv_bi_backward_kernel(
     the pairs across one step, so a bf16 rounding of their terms would be multiplied by
     up to the sum's length (and then by exp(w)).
     """
-    pid = tl.program_id(0)
-    batch, head = pid // H, pid % H
-    row = H * N
-    base = batch.to(tl.int64) * T * row + head * N
-    oa = tl.arange(0, NA)
-    ob = NA + tl.arange(0, NB)
-    ma, mb = oa < N, ob < N
-    ua, ub = _load2(u + head * N, oa, ob, ma, mb)
+    pid, base, row, oa, ob, ma, mb = _program(T, H, N, NA, NB)
+    ua, ub = _load2(u + (pid % H) * N, oa, ob, ma, mb)
 
     # Right to left: B (keys and values from the right) and GA (r g^T from the right).
-    baa = tl.zeros([NA, NA], dtype=tl.float32)
-    bab = tl.zeros([NA, NB], dtype=tl.float32)
-    bba = tl.zeros([NB, NA], dtype=tl.float32)
-    bbb = tl.zeros([NB, NB], dtype=tl.float32)
-    gaa = tl.zeros([NA, NA], dtype=tl.float32)
-    gab = tl.zeros([NA, NB], dtype=tl.float32)
-    gba = tl.zeros([NB, NA], dtype=tl.float32)
-    gbb = tl.zeros([NB, NB], dtype=tl.float32)
+    baa, bab, bba, bbb = _zero_state(NA, NB)
+    gaa, gab, gba, gbb = _zero_state(NA, NB)
     for step in range(T):
         off = base + (T - 1 - step) * row
-        ra, rb = _load2(r + off, oa, ob, ma, mb)
-        ka, kb = _load2(k + off, oa, ob, ma, mb)
-        va, vb = _load2(v + off, oa, ob, ma, mb)
-        wa, wb = _load2(w + off, oa, ob, ma, mb)
+        ra, rb, ka, kb, va, vb, wa, wb = _load_step(r, k, v, w, off, oa, ob, ma, mb)
         ga, gb = _load2(gy + off, oa, ob, ma, mb)
         drb_a, drb_b = _mat_vec(baa, bab, bba, bbb, ga, gb)
         _store2(dr + off, oa, ob, ma, mb, drb_a, drb_b)
@@ -210,14 +209,8 @@ def wkv_bi_backward_kernel(
     tl.debug_barrier()
 
     # Left to right: A (keys and values from the left) and GB (r g^T from the left).
-    aaa = tl.zeros([NA, NA], dtype=tl.float32)
-    aab = tl.zeros([NA, NB], dtype=tl.float32)
-    aba = tl.zeros([NB, NA], dtype=tl.float32)
-    abb = tl.zeros([NB, NB], dtype=tl.float32)
-    gaa = tl.zeros([NA, NA], dtype=tl.float32)
-    gab = tl.zeros([NA, NB], dtype=tl.float32)
-    gba = tl.zeros([NB, NA], dtype=tl.float32)
-    gbb = tl.zeros([NB, NB], dtype=tl.float32)
+    aaa, aab, aba, abb = _zero_state(NA, NB)
+    gaa, gab, gba, gbb = _zero_state(NA, NB)
     before_a = tl.zeros([NA], dtype=tl.float32)  # sum_{t<l} (kA_t + rB_t)
     before_b = tl.zeros([NB], dtype=tl.float32)
     upto_a = tl.zeros([NA], dtype=tl.float32)  # sum_{t<=l} (rA_t + kB_t)
@@ -226,10 +219,7 @@ def wkv_bi_backward_kernel(
     du_b = tl.zeros([NB], dtype=tl.float32)
     for t in range(T):
         off = base + t * row
-        ra, rb = _load2(r + off, oa, ob, ma, mb)
-        ka, kb = _load2(k + off, oa, ob, ma, mb)
-        va, vb = _load2(v + off, oa, ob, ma, mb)
-        wa, wb = _load2(w + off, oa, ob, ma, mb)
+        ra, rb, ka, kb, va, vb, wa, wb = _load_step(r, k, v, w, off, oa, ob, ma, mb)
         ga, gb = _load2(gy + off, oa, ob, ma, mb)
         # The right-to-left halves.
         drb_a, drb_b = _load2(dr + off, oa, ob, ma, mb)

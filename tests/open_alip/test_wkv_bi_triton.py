@@ -8,10 +8,6 @@ second child compiles them for sm_90 (H100/H200) to check their GPU lowering.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,9 +17,8 @@ import triton
 from src.open_alip import wkv_bi_triton as bi_binding
 from src.open_alip import wkv_fla as fla_binding
 from src.open_alip.wkv import resolve_wkv_impl, wkv, wkv_traffic_bytes
-from tests._repo import REPO as REPO_ROOT
 from tests._wkv_bi_triton_cases import CASES
-from tests._wkv_fla_cases import GRADIENTS, tolerance
+from tests._wkv_fla_cases import GRADIENTS, run_report, tolerance
 
 # bf16 keeps 8 significant bits, so one rounding costs up to 2^-8 of the largest value.
 # A bf16 gradient is rounded twice (the first pass's half, then the sum) and that half
@@ -33,13 +28,7 @@ BF16 = 2.0**-6
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests._wkv_bi_triton_cases"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_report("tests._wkv_bi_triton_cases")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -96,13 +85,7 @@ _CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuo
 
 @pytest.mark.skipif(not _CUOBJDUMP.exists(), reason="this triton wheel ships no NVIDIA tools")
 def test_kernels_compile_for_sm90_without_spilling():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests._wkv_bi_triton_compile"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = run_report("tests._wkv_bi_triton_compile", interpret=False, timeout=600)
     assert set(report) == {"forward_N80", "backward_N80", "forward_N64", "backward_N64"}
     for kernel, usage in report.items():
         # A spill would put the N x N states in local memory: traffic the design avoids.

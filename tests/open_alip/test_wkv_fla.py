@@ -7,7 +7,6 @@ run in one child process (tests/_wkv_fla_cases.py) and are asserted here case by
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,18 +25,12 @@ from src.open_alip.wkv import (
     wkv,
 )
 from tests._repo import REPO as REPO_ROOT
-from tests._wkv_fla_cases import CASES, GRADIENTS, tolerance
+from tests._wkv_fla_cases import CASES, GRADIENTS, run_report, tolerance
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests._wkv_fla_cases"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_report("tests._wkv_fla_cases")
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -175,15 +175,17 @@ def wkv_bi_backward_kernel(
     The log-decay of step l enters every pair (s, t) that straddles it. With pair sums
     rA_t = r_t * (A_t g_t), kA_s = k_s * (GA_s v_s) and likewise for B, and because the
     totals over all steps of r*(A g) and k*(GA v) are equal (both are the sum over
-    all left-to-right pairs), that gradient is two running sums the second pass keeps:
+    all left-to-right pairs), that gradient is a difference of two running sums:
 
         dlogd_l = sum_{t<l} (kA_t + rB_t) - sum_{t<=l} (rA_t + kB_t)
 
-    (the form fla uses too: a difference of sums, exact up to float32 rounding). The
-    terms kA + rB come from the first pass. They reach the second through `carry` in
-    float32, not re-read from the rounded halves of dk and dr: the sums cancel down to
-    the pairs across one step, so a bf16 rounding of their terms would be multiplied by
-    up to the sum's length (and then by exp(w)).
+    (fla computes the same difference, from two sums). The second pass keeps dlogd_l
+    itself and adds each step's difference of terms, which stays as small as the result
+    where the decays are fast; two separate sums would grow with l and lose more to
+    rounding (a third of the error at T = 196). The terms kA + rB come from the first
+    pass and reach the second through `carry` in float32, not re-read from the rounded
+    halves of dk and dr: a bf16 rounding there would be carried along the whole sum
+    (and then multiplied by exp(w)).
     """
     pid, base, row, oa, ob, ma, mb = _program(T, H, N, NA, NB)
     ua, ub = _load2(u + (pid % H) * N, oa, ob, ma, mb)
@@ -211,10 +213,12 @@ def wkv_bi_backward_kernel(
     # Left to right: A (keys and values from the left) and GB (r g^T from the left).
     aaa, aab, aba, abb = _zero_state(NA, NB)
     gaa, gab, gba, gbb = _zero_state(NA, NB)
-    before_a = tl.zeros([NA], dtype=tl.float32)  # sum_{t<l} (kA_t + rB_t)
-    before_b = tl.zeros([NB], dtype=tl.float32)
-    upto_a = tl.zeros([NA], dtype=tl.float32)  # sum_{t<=l} (rA_t + kB_t)
-    upto_b = tl.zeros([NB], dtype=tl.float32)
+    # dlogd_l itself, updated by the difference of one step's terms: the two sums are
+    # never held apart, so their size (up to l times a term) costs no rounding.
+    dlogd_a = tl.zeros([NA], dtype=tl.float32)
+    dlogd_b = tl.zeros([NB], dtype=tl.float32)
+    prev_a = tl.zeros([NA], dtype=tl.float32)  # kA + rB of the step before
+    prev_b = tl.zeros([NB], dtype=tl.float32)
     du_a = tl.zeros([NA], dtype=tl.float32)
     du_b = tl.zeros([NB], dtype=tl.float32)
     for t in range(T):
@@ -241,15 +245,14 @@ def wkv_bi_backward_kernel(
         du_a += ra * ka * vg
         du_b += rb * kb * vg
 
-        upto_a += ra * dra_a + ka * dkb_a
-        upto_b += rb * dra_b + kb * dkb_b
+        dlogd_a += prev_a - (ra * dra_a + ka * dkb_a)
+        dlogd_b += prev_b - (rb * dra_b + kb * dkb_b)
         la, lb = _log_decay(wa, w_max), _log_decay(wb, w_max)
         # d logd / d w = logd where w is below the clamp, 0 above it.
-        dwa = tl.where(wa <= w_max, (before_a - upto_a) * la, 0.0)
-        dwb = tl.where(wb <= w_max, (before_b - upto_b) * lb, 0.0)
+        dwa = tl.where(wa <= w_max, dlogd_a * la, 0.0)
+        dwb = tl.where(wb <= w_max, dlogd_b * lb, 0.0)
         _store2(dw + off, oa, ob, ma, mb, dwa, dwb)
-        before_a += xa
-        before_b += xb
+        prev_a, prev_b = xa, xb
 
         da, db = tl.exp(la), tl.exp(lb)
         aaa, aab, aba, abb = _decay_add(aaa, aab, aba, abb, da, db, ka, kb, va, vb)

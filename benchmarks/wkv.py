@@ -8,8 +8,13 @@ memory of one forward+backward of each; optionally times a full RWKV-CLIP traini
 step (bf16 autocast, AdamW) in samples/s.
 
 Implementations: "reference" and "chunked" everywhere; "fla" and "fla_chunk" on CUDA
-when fla-core imports. Under TRITON_INTERPRET=1 "fla" also runs on CPU, far too
-slowly for these shapes: name it with --impls to include it anyway.
+when fla-core imports, and "bi_triton" (our own kernel pair) when triton imports. Under
+TRITON_INTERPRET=1 "fla" and "bi_triton" also run on CPU, far too slowly for these
+shapes: name them with --impls to include them anyway.
+
+Every implementation is called as the model calls it (`wkv(..., impl=...)`): with
+`--dtype bfloat16` the inputs are bf16, as the bf16 linears make them under autocast;
+"bi_triton" reads them as they are, the others get float32 copies first.
 
 Memory method: on CUDA, torch.cuda.max_memory_allocated() above the inputs. On CPU,
 each implementation runs in a fresh child process with glibc told to serve every
@@ -36,7 +41,14 @@ from pathlib import Path
 
 import torch
 
-from src.open_alip.wkv import IMPLEMENTATIONS, WKV_IMPL_CHOICES, available_implementations, resolve_wkv_impl
+from src.open_alip.wkv import (
+    IMPLEMENTATIONS,
+    TRITON_IMPLEMENTATIONS,
+    WKV_IMPL_CHOICES,
+    available_implementations,
+    resolve_wkv_impl,
+    wkv,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,10 +58,15 @@ SHAPES = {
     "text": (8, 77, 640, 10),
 }
 DECAY_RANGE = (-6.0, 0.0)  # the released models' decay logits
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def make_inputs(
-    shape: tuple[int, int, int, int], device: str, seed: int = 0, decay: tuple[float, float] = DECAY_RANGE
+    shape: tuple[int, int, int, int],
+    device: str,
+    seed: int = 0,
+    decay: tuple[float, float] = DECAY_RANGE,
+    dtype: torch.dtype = torch.float32,
 ) -> list[torch.Tensor]:
     batch, time_, channels, heads = shape
     g = torch.Generator().manual_seed(seed)
@@ -57,20 +74,20 @@ def make_inputs(
     lo, hi = decay
     w = torch.rand(batch, time_, channels, generator=g) * (hi - lo) + lo
     u = torch.randn(heads, channels // heads, generator=g)
-    return [t.to(device).requires_grad_() for t in (r, k, v, w, u)]
+    return [t.to(device, dtype).requires_grad_() for t in (r, k, v, w, u)]
 
 
 def step(impl: str, inputs: list[torch.Tensor]) -> None:
     for t in inputs:
         t.grad = None
-    IMPLEMENTATIONS[impl](*inputs).square().sum().backward()
+    wkv(*inputs, impl=impl).square().sum().backward()
 
 
 def outputs_and_gradients(impl: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """[y, dr, dk, dv, dw, du] of one forward+backward with a fixed random output weight."""
     for t in inputs:
         t.grad = None
-    y = IMPLEMENTATIONS[impl](*inputs)
+    y = wkv(*inputs, impl=impl)
     weight = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y.device)
     (y * weight).sum().backward()
     return [y.detach()] + [torch.zeros_like(t) if t.grad is None else t.grad.clone() for t in inputs]
@@ -80,6 +97,7 @@ def largest_difference(got: list[torch.Tensor], want: list[torch.Tensor]) -> tup
     """The largest of max|got - want| / max|want| over y and the gradients, and which one."""
     worst, name = 0.0, "y"
     for label, a, b in zip(("y", "r", "k", "v", "w", "u"), got, want):
+        a, b = a.float(), b.float()
         diff = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
         if not diff <= worst:  # also catches nan
             worst, name = diff, label
@@ -112,9 +130,9 @@ def _proc_status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def memory_child(impl: str, shape_name: str) -> None:
+def memory_child(impl: str, shape_name: str, dtype_name: str) -> None:
     """Runs in a fresh process; prints the peak extra RSS of one forward+backward in bytes."""
-    inputs = make_inputs(SHAPES[shape_name], "cpu")
+    inputs = make_inputs(SHAPES[shape_name], "cpu", dtype=DTYPES[dtype_name])
     step(impl, inputs)
     for t in inputs:
         t.grad = None
@@ -124,10 +142,10 @@ def memory_child(impl: str, shape_name: str) -> None:
     print(json.dumps({"peak_bytes": (_proc_status_kib("VmHWM") - before) * 1024}))
 
 
-def cpu_peak_memory(impl: str, shape_name: str) -> int:
+def cpu_peak_memory(impl: str, shape_name: str, dtype_name: str) -> int:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "16384"}
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.wkv", "--_memory-child", impl, shape_name],
+        [sys.executable, "-m", "benchmarks.wkv", "--_memory-child", impl, shape_name, dtype_name],
         env=env,
         cwd=REPO_ROOT,
         check=True,
@@ -137,8 +155,8 @@ def cpu_peak_memory(impl: str, shape_name: str) -> int:
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
 
 
-def cuda_peak_memory(impl: str, shape_name: str) -> int:
-    inputs = make_inputs(SHAPES[shape_name], "cuda")
+def cuda_peak_memory(impl: str, shape_name: str, dtype_name: str) -> int:
+    inputs = make_inputs(SHAPES[shape_name], "cuda", dtype=DTYPES[dtype_name])
     step(impl, inputs)
     for t in inputs:
         t.grad = None
@@ -191,9 +209,9 @@ def mib(n: int) -> str:
 
 
 def default_impls(device: str) -> list[str]:
-    """Everything that runs on `device`, except fla interpreted on CPU (hours at these shapes)."""
+    """Everything that runs on `device`, except Triton kernels interpreted on CPU (hours at these shapes)."""
     impls = available_implementations(device)
-    return [i for i in impls if not (device == "cpu" and i.startswith("fla"))]
+    return [i for i in impls if not (device == "cpu" and i in TRITON_IMPLEMENTATIONS)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         "--decay-range", nargs=2, type=float, default=list(DECAY_RANGE), metavar=("LO", "HI"),
         help=f"decay logits are drawn uniformly from [LO, HI] (default {DECAY_RANGE[0]:g} {DECAY_RANGE[1]:g})",
     )  # fmt: skip
+    parser.add_argument(
+        "--dtype", default="float32", choices=list(DTYPES),
+        help="dtype of r, k, v, w, u (bfloat16: as under bf16 autocast; default float32)",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     parser.add_argument("--train-step", action="store_true", help="also time full training steps")
@@ -220,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-batch", type=int, default=256, help="batch size for --train-step")
     parser.add_argument("--train-steps", type=int, default=5, help="timed steps for --train-step")
     parser.add_argument("--train-impls", nargs="+", default=["auto"], choices=list(WKV_IMPL_CHOICES))
-    parser.add_argument("--_memory-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--_memory-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args._memory_child:
@@ -246,13 +268,16 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.get_device_name() if args.device == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     )
     lo, hi = args.decay_range
-    print(f"WKV forward+backward, float32, {device_name}, median of {args.repeats}, decay logits in [{lo:g}, {hi:g}]")
+    print(
+        f"WKV forward+backward, {args.dtype} inputs, {device_name}, median of {args.repeats}, "
+        f"decay logits in [{lo:g}, {hi:g}]"
+    )
     print("  speed-up: chunked time / this time; diff: largest |this - chunked| / max|chunked| over y and grads")
     for name in args.shapes:
         shape = SHAPES[name]
         b, t, c, h = shape
         print(f"  {name} B={b} T={t} C={c} H={h}")
-        inputs = make_inputs(shape, args.device, decay=(lo, hi))
+        inputs = make_inputs(shape, args.device, decay=(lo, hi), dtype=DTYPES[args.dtype])
         base_out = outputs_and_gradients(BASELINE, inputs)
         base_wall = base_cpu = None
         for impl in impls:
@@ -281,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             peaks = {}
             for impl in impls:
                 try:
-                    peaks[impl] = measure(impl, name)
+                    peaks[impl] = measure(impl, name, args.dtype)
                 except Exception as exc:
                     print(f"  {name:5s} {impl:10s} failed: {type(exc).__name__}")
             for impl, peak in peaks.items():

@@ -48,8 +48,9 @@ def build_parser(
     p.add_argument("--workers", type=int, default=4, help="image decoding processes (default 4)")
     p.add_argument("--device", default="auto", help="auto (GPU if present), cpu, cuda or cuda:N")
     p.add_argument("--wkv-impl", default="auto", metavar="IMPL",
-                   help="WKV implementation: auto (fla's kernels on a GPU when fla-core imports, else chunked), "
-                        "fla, fla_chunk, chunked or reference (src/open_alip/wkv.py)")
+                   help="WKV implementation: auto (fla's kernels on a GPU when fla-core imports, else chunked) "
+                        "or a name from WKV_IMPL_CHOICES in src/open_alip/wkv.py (an unknown name is refused "
+                        "with the list)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 

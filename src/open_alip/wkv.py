@@ -8,7 +8,7 @@ where D(s, t) is the product of the per-step decays d_l = exp(-exp(w_l)) strictl
 between s and t (both end points excluded). Inputs are `[B, T, C]` with channel
 c = head * N + d; the bonus `u` is `[H, N]`.
 
-Four implementations compute the same numbers:
+Five implementations compute the same numbers:
 
 * `wkv_reference`: the two recurrent scans of the original CUDA kernel, written in
   plain PyTorch. O(T) Python steps; memory for autograd grows with T * N * N.
@@ -26,9 +26,13 @@ Four implementations compute the same numbers:
   interpreter when TRITON_INTERPRET=1 is set, which is how it is checked without a GPU.
 * `wkv_fla_chunk`: fla's chunked RWKV-6 kernels, CUDA only and never chosen by "auto"
   (see its docstring).
+* `wkv_bi_triton`: one Triton kernel pair of our own for both directions
+  (`wkv_bi_triton.py`): reads r, k, v, w in the dtype they come in (bf16 under
+  autocast), no float32 copies, flips or partial buffers. Selected by name only until
+  a GPU measurement shows it faster than fla; checked like fla under the interpreter.
 
 `wkv(..., impl="auto")` takes "fla" for CUDA tensors when fla imports and "chunked"
-otherwise; `resolve_wkv_impl` says which implementation a name means on a device, or
+otherwise (never "bi_triton" until a GPU measurement shows it faster); `resolve_wkv_impl` says which implementation a name means on a device, or
 why it cannot run there.
 """
 
@@ -39,6 +43,7 @@ from collections.abc import Callable
 
 import torch
 
+from . import wkv_bi_triton as _bi
 from . import wkv_fla as _fla
 
 Tensor = torch.Tensor
@@ -212,10 +217,10 @@ def wkv_chunked(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: in
 
 
 # exp(-exp(w)) is 0 in float32 once exp(w) > 104 (exp(-104) is below half the smallest
-# subnormal). fla's gradient of the log-decay is a difference of two running sums, so
-# its rounding error is multiplied by dlogd/dw = -exp(w); clamping where float32 decays
-# are already 0 changes no forward value and caps that factor at 105.
-_FLA_W_MAX = math.log(105.0)
+# subnormal). fla's gradient of the log-decay, like bi_triton's, is a difference of two
+# running sums, so its rounding error is multiplied by dlogd/dw = -exp(w); clamping where
+# float32 decays are already 0 changes no forward value and caps that factor at 105.
+_F32_W_MAX = math.log(105.0)
 
 
 def _log_decay_per_head(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor) -> list[Tensor]:
@@ -223,7 +228,7 @@ def _log_decay_per_head(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor) -
     _check(r, k, v, w, u)
     heads, size = u.shape
     shape = (*r.shape[:2], heads, size)
-    logd = -torch.exp(w.float().clamp(max=_FLA_W_MAX))
+    logd = -torch.exp(w.float().clamp(max=_F32_W_MAX))
     return [t.float().reshape(shape).contiguous() for t in (r, k, v, logd)] + [u.float().contiguous()]
 
 
@@ -232,7 +237,7 @@ def wkv_fla(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor) -> Tensor:
 
     Forward and the gradients of r, k, v, u agree with the reference to float32
     rounding. The gradient of w carries fla's rounding error times exp(w) (at most
-    105, see _FLA_W_MAX): about 1e-4 of the largest w gradient when decay logits
+    105, see _F32_W_MAX): about 1e-4 of the largest w gradient when decay logits
     reach +4, about 1e-6 when they stay below 0.
     """
     problem = _fla.fla_problem(r.device)
@@ -264,6 +269,22 @@ def wkv_fla_chunk(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor) -> Tens
     return (left + right.flip(1)).reshape(r.shape).to(r.dtype)
 
 
+def wkv_bi_triton(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor) -> Tensor:
+    """`wkv_reference` through our own Triton kernel pair; float32 output.
+
+    r, k, v, w and u are read in their own dtypes (float32, bf16 or fp16, not
+    necessarily the same); float64 ones are computed in float32 and the output is then
+    float64. Gradients come back in each input's dtype. As with fla, the gradient of w
+    carries float32 rounding times exp(w), at most 105 (see _F32_W_MAX).
+    """
+    _check(r, k, v, w, u)
+    problem = _bi.bi_triton_problem(r.device)
+    if problem:
+        raise ValueError(f"wkv implementation 'bi_triton' cannot run on {r.device.type}: {problem}")
+    args = [t.float() if t.dtype == torch.float64 else t for t in (r, k, v, w, u)]
+    return _bi.wkv_bi_triton_op(*args, _F32_W_MAX).to(torch.float64 if r.dtype == torch.float64 else torch.float32)
+
+
 _CHUNK_CPU = "it runs only on CUDA tensors (Triton's interpreter cannot run fla's chunked kernels)"
 
 IMPLEMENTATIONS: dict[str, Callable[..., Tensor]] = {
@@ -271,9 +292,15 @@ IMPLEMENTATIONS: dict[str, Callable[..., Tensor]] = {
     "reference": wkv_reference,
     "fla": wkv_fla,
     "fla_chunk": wkv_fla_chunk,
+    "bi_triton": wkv_bi_triton,
 }
 # Every name `wkv`, `resolve_wkv_impl` and the model accept (for a CLI's `choices`).
 WKV_IMPL_CHOICES: tuple[str, ...] = ("auto", *IMPLEMENTATIONS)
+# Triton kernels: on CPU they run only under Triton's interpreter (for checks, slow).
+TRITON_IMPLEMENTATIONS = frozenset({"fla", "fla_chunk", "bi_triton"})
+# Implementations that take r, k, v, w, u in the dtypes they come in; `wkv` converts
+# the inputs of the others to float32 (float64) first.
+_OWN_DTYPES = frozenset({"bi_triton"})
 
 
 def _unusable(impl: str, device: torch.device) -> str | None:
@@ -282,6 +309,8 @@ def _unusable(impl: str, device: torch.device) -> str | None:
         return _CHUNK_CPU
     if impl in ("fla", "fla_chunk"):
         return _fla.fla_problem(device)
+    if impl == "bi_triton":
+        return _bi.bi_triton_problem(device)
     return None
 
 
@@ -316,7 +345,52 @@ def wkv(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, impl: str = "auto
     Returns `[B, T, C]` in float32 (float64 for float64 inputs; the fla kernels still
     compute in float32). `impl` is a name from WKV_IMPL_CHOICES, resolved for r's device.
     """
-    fn = IMPLEMENTATIONS[resolve_wkv_impl(impl, r.device)]
+    name = resolve_wkv_impl(impl, r.device)
+    fn = IMPLEMENTATIONS[name]
     dtype = torch.float64 if r.dtype == torch.float64 else torch.float32
     with torch.autocast(device_type=r.device.type, enabled=False):
+        if name in _OWN_DTYPES:
+            return fn(r, k, v, w, u)
         return fn(*(t.to(dtype) for t in (r, k, v, w, u)))
+
+
+def _converted(n: int, itemsize: int) -> int:
+    """Bytes of converting n elements between `itemsize` and float32 (0 when float32 already)."""
+    return 0 if itemsize == 4 else (itemsize + 4) * n
+
+
+def wkv_traffic_bytes(
+    impl: str,
+    batch: int,
+    time: int,
+    heads: int,
+    size: int,
+    dtype: torch.dtype = torch.bfloat16,
+    w_dtype: torch.dtype | None = None,
+) -> dict[str, int]:
+    """Bytes one forward plus backward of `wkv(..., impl=impl)` loads and stores in device memory.
+
+    Counted from the launch shapes, by part: keys start with "forward/" or "backward/",
+    and the values add up to the total. r, k, v and u arrive in `dtype`, w in `w_dtype`
+    (default `dtype`; the image tower's w is float32 under bf16 autocast, the text
+    tower's bf16). Every kernel pass counts what it reads and writes in full (an upper
+    bound on DRAM traffic: nothing is assumed to stay in L2). Counted for "fla" and
+    "bi_triton".
+    """
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    w_itemsize = torch.empty(0, dtype=w_dtype or dtype).element_size()
+    if impl == "bi_triton":
+        return _bi.traffic_bytes(batch, time, heads, size, itemsize, w_itemsize)
+    if impl != "fla":
+        raise ValueError(f"wkv traffic is counted for 'fla' and 'bi_triton', not {impl!r}")
+    n = batch * time * heads * size
+    e = 4 * n  # one float32 [B, T, C] tensor
+    converted = 3 * _converted(n, itemsize) + _converted(n, w_itemsize) + _converted(heads * size, itemsize)
+    return {
+        "forward/float32 copies of r k v w u": converted,
+        "forward/log-decay -exp(clamp(w)), three element-wise ops": 3 * 2 * e,
+        **_fla.traffic_bytes(batch, time, heads, size),
+        # neg: grad in, out; exp: grad and result in, out; clamp: w and grad in, out
+        "backward/log-decay backward": 2 * e + 3 * e + 3 * e,
+        "backward/gradients of r k v w u back to their dtypes": converted,
+    }

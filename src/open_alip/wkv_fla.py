@@ -26,25 +26,18 @@ first config (all configs compute the same numbers; they differ in speed only).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 import warnings
 from types import ModuleType
 
 import torch
 
-Tensor = torch.Tensor
+from .triton_env import device_guard, kernel_problem
 
-_TRUTHY = ("1", "true", "on", "yes")  # the values Triton accepts for TRITON_INTERPRET
+Tensor = torch.Tensor
 
 # device type -> why fla cannot run there (None: it can). Filled on first use.
 _problems: dict[str, str | None] = {}
-
-
-def interpreter_requested() -> bool:
-    """Whether TRITON_INTERPRET asks Triton to interpret kernels on the CPU."""
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUTHY
 
 
 def _import_fla() -> ModuleType:
@@ -78,41 +71,17 @@ def _pin_autotuners() -> None:
             tuner.configs = tuner.configs[:1]
 
 
-def _is_interpreted(fused_recurrent: ModuleType) -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-
-    kernel = fused_recurrent.fused_recurrent_rwkv6_fwd_kernel
-    while not isinstance(kernel, InterpretedFunction) and hasattr(kernel, "fn"):
-        kernel = kernel.fn
-    return isinstance(kernel, InterpretedFunction)
-
-
 def _probe(device_type: str) -> str | None:
-    if device_type not in ("cpu", "cuda"):
-        return f"it runs on CUDA tensors (and on CPU under TRITON_INTERPRET=1), not on {device_type}"
-    if device_type == "cpu" and not interpreter_requested():
-        return (
-            "it runs on CUDA tensors; for CPU tensors set TRITON_INTERPRET=1 in the environment "
-            "before starting Python (Triton's interpreter: exact but slow, meant for checks)"
-        )
-    try:
-        fused_recurrent = _import_fla()
-    except ImportError as exc:
-        return (
-            "it needs the fla-core and triton packages (fla-core is in requirements.txt; triton comes with a "
-            f"CUDA build of torch): {exc}"
-        )
-    except Exception as exc:  # a broken install (e.g. a triton that fla does not support)
-        first_line = (str(exc).splitlines() or [""])[0]
-        return f"fla-core failed to import ({type(exc).__name__}: {first_line})"
-    if device_type == "cpu":
-        if not _is_interpreted(fused_recurrent):
-            return (
-                "fla was imported before TRITON_INTERPRET=1 was set, so its kernels are not interpreted; "
-                "set it in the environment before starting Python"
-            )
+    problem = kernel_problem(
+        device_type,
+        lambda: _import_fla().fused_recurrent_rwkv6_fwd_kernel,
+        needs="the fla-core and triton packages",
+        package="fla-core",
+        module="fla",
+    )
+    if problem is None and device_type == "cpu":
         _pin_autotuners()
-    return None
+    return problem
 
 
 def fla_problem(device: torch.device | str) -> str | None:
@@ -133,17 +102,12 @@ def _problem_for(device_type: str) -> str | None:
     return _problems[device_type]
 
 
-def _device_guard(t: Tensor):
-    # Triton launches on the current CUDA device; a tensor on another GPU needs it switched.
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
-
-
 def _both_directions_forward(r: Tensor, k: Tensor, v: Tensor, logd: Tensor, u: Tensor) -> Tensor:
     fused_recurrent = _import_fla()
     # The kernels index memory as dense [B, T, H, N]; a compiler may hand over other strides.
     r, k, v, logd, u = (t.contiguous() for t in (r, k, v, logd, u))
     options = {"scale": 1.0, "initial_state": None, "output_final_state": False, "reverse": False}
-    with _device_guard(r):
+    with device_guard(r):
         left, _ = fused_recurrent.fused_recurrent_rwkv6_fwd(r, k, v, logd, u, **options)
         flipped = [t.flip(1) for t in (r, k, v, logd)]
         right, _ = fused_recurrent.fused_recurrent_rwkv6_fwd(*flipped, torch.zeros_like(u), **options)
@@ -169,7 +133,7 @@ def wkv_fla_backward_op(
     fused_recurrent = _import_fla()
     grad, r, k, v, logd, u = (t.contiguous() for t in (grad, r, k, v, logd, u))
     options = {"scale": 1.0, "initial_state": None, "reverse": False}
-    with _device_guard(r):
+    with device_guard(r):
         dr, dk, dv, dlogd, du, _ = fused_recurrent.fused_recurrent_rwkv6_bwd(r, k, v, logd, u, grad, **options)
         flipped = [t.flip(1) for t in (r, k, v, logd)]
         back = fused_recurrent.fused_recurrent_rwkv6_bwd(
@@ -201,3 +165,44 @@ def chunk_rwkv6():
     from fla.ops.rwkv6 import chunk_rwkv6 as fn
 
     return fn
+
+
+def _blocks(size: int, cap: int) -> int:
+    """How many tiles fla-core 0.6.0 cuts a head of `size` into, tiles of min(next pow2, cap)."""
+    tile = min(1 << max(size - 1, 0).bit_length(), cap)
+    return -(-size // tile)
+
+
+def traffic_bytes(batch: int, time: int, heads: int, size: int) -> dict[str, int]:
+    """Bytes `wkv_fla_op`'s forward and backward load plus store in device memory, by part.
+
+    Its inputs are float32. Counted from fla-core 0.6.0's fused recurrent RWKV-6 launch
+    shapes: each kernel program reads its key tile of r, k, logd and its value tile of
+    v and dy over all steps, so inputs are read once per tile of the other dimension;
+    outputs are float32 partials per tile, summed afterwards by torch. Flips, the final
+    additions and fla's element-wise bonus gradient are eager torch ops. The same
+    kernels run once per direction.
+    """
+    e = 4 * batch * time * heads * size  # one float32 [B, T, H, N] tensor
+    nk, nv = _blocks(size, 32), _blocks(size, 32)  # forward and dk/dv kernels
+    qk, qv = _blocks(size, 16), _blocks(size, 64)  # dq kernel
+    small = 4 * batch * heads * size
+    per_pass = {
+        # q, k, logd per value tile; v per key tile; o partials per key tile; o.sum(0)
+        "forward/fla kernel": (3 * nv + nk + nk) * e + nv * small,
+        "forward/fla sum of tile partials": (nk + 1) * e,
+        # k, logd per value tile, v and dy per key tile, dq and dq1 partials; their sums
+        "backward/fla dq kernel": (2 * qv + 2 * qk + 2 * qv) * e + qv * small,
+        "backward/fla dq sums": 2 * (qv + 1) * e,
+        # q, k, logd per value tile, v, dy per key tile; dk, dk1 and dv partials; their sums
+        "backward/fla dk dv kernel": (3 * nv + 2 * nk + 2 * nv + nk) * e + nv * small,
+        "backward/fla dk dv sums": (2 * nv + nk + 3) * e,
+        "backward/fla dw kernel": 5 * e,  # q, k, dq1, dk1 in, dw out
+        # (dy * v).sum(-1) * q * k * scale, then a sum over batch and time
+        "backward/fla du element-wise": 12 * e,
+    }
+    total = {part: 2 * n for part, n in per_pass.items()}
+    total["forward/flip r k v logd, flip and add the outputs"] = 4 * 2 * e + 2 * e + 3 * e
+    total["backward/flip r k v logd dy"] = 5 * 2 * e
+    total["backward/flip and add dr dk dv dlogd"] = 4 * (2 * e + 3 * e)
+    return total

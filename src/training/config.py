@@ -187,7 +187,8 @@ class TrainConfig:
     wkv_impl: str = setting(
         "auto", group=SPEED, choices=WKV_IMPL_CHOICES,
         help="WKV implementation (src/open_alip/wkv.py): auto takes fla's Triton kernels on CUDA when fla-core "
-             "imports, else chunked (PyTorch); reference is the slow exact recurrence")
+             "imports, else chunked (PyTorch); reference is the slow exact recurrence; bi_triton is our own kernel "
+             "pair for both directions (reads bf16, less memory traffic; opt-in until timed against fla)")
     compile: bool = setting(False, group=SPEED, help="torch.compile the model (DDP included)")
     compile_backend: str = setting("inductor", group=SPEED,
                                    help="torch.compile backend; aot_eager compiles quickly (tests, debugging)")

@@ -32,6 +32,7 @@ from src.convert import (
     VALIDATE_LEVELS,
 )
 from src.convert.cli import DEFAULT_INPUT, DEFAULT_NAME, run
+from src.fsutil import DEFAULT_MAX_FILE_BYTES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "other formats are converted at 95)")
     g.add_argument("--max-pixels", type=int, default=100_000_000, metavar="N",
                    help="skip images with more pixels than this (default 100M; 0: no limit)")
+    g.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES, metavar="N",
+                   help=f"skip image and caption files larger than this (default {DEFAULT_MAX_FILE_BYTES >> 20} MiB; "
+                        "0: no limit); only regular files are read: a FIFO or device is skipped, never waited on")
     g = p.add_argument_group("captions")
     g.add_argument("--image-column", help="manifest/parquet column with the image (path or bytes)")
     g.add_argument("--caption-columns", help="comma-separated manifest columns with captions "

@@ -1,15 +1,24 @@
-"""Writing files so that a reader never sees half of one.
+"""Files in and out: writing so that a reader never sees half of a file, and reading input
+trees and files so that no entry hangs the reader, eats its memory, or is left out unseen.
 
-Everything is written under a temporary name in the target's own folder (so the final
+Writing: everything is written under a temporary name in the target's own folder (so the final
 rename is atomic on POSIX) and renamed over the target only when complete; on any
 error the temporary file is removed. A kill between the two leaves the old file or
 none, plus at most a stray `*.tmp` that `remove_stale_temp_files` can clear.
+
+Reading: `read_regular_file` reads a regular file only (a FIFO named `x.jpg` would block a
+reader forever, `/dev/zero` never ends), up to a size cap. `walk_files` lists a tree
+following its symbolic links, each real folder once, so a link cycle ends and a folder
+linked twice is not read twice. `printable` / `json_safe` keep file names that are not
+UTF-8 (Python holds their bytes as lone surrogates) writable to text and JSON files.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,3 +113,141 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:  # someone else's process: alive
         return True
     return True
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+# Larger than any photo a dataset holds (a 100-megapixel JPEG is ~30 MB), small enough that a
+# few workers each holding one cannot exhaust a machine's memory.
+DEFAULT_MAX_FILE_BYTES = 64 << 20
+
+
+class NotARegularFile(OSError):
+    """A FIFO, socket or device where a file's contents were expected."""
+
+
+class FileTooLarge(OSError):
+    """A file over the size cap of `read_regular_file`."""
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None = DEFAULT_MAX_FILE_BYTES) -> bytes:
+    """The bytes of the regular file `path`, at most `max_bytes` of them (None or 0: no cap).
+
+    Raises NotARegularFile for a FIFO, device or socket (checked on the open descriptor, so a
+    file swapped in between cannot slip through), IsADirectoryError for a folder, FileTooLarge
+    past the cap (also when the file grows while read), and the usual OSErrors.
+    """
+    # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever; on a
+    # regular file it changes nothing.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", os.fspath(path))
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARegularFile(errno.EINVAL, f"not a regular file ({_kind(st.st_mode)})", os.fspath(path))
+        limit = max_bytes or None
+        if limit is not None and st.st_size > limit:
+            raise FileTooLarge(errno.EFBIG, f"{st.st_size} bytes, more than the limit of {limit}", os.fspath(path))
+        chunks, size = [], 0
+        want = (limit + 1) if limit is not None else None
+        while want is None or size < want:
+            chunk = f.read((want - size) if want is not None else max(st.st_size - size, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if limit is not None and size > limit:
+            raise FileTooLarge(errno.EFBIG, f"grew past the limit of {limit} bytes while read", os.fspath(path))
+        return b"".join(chunks)
+
+
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
+def walk_files(
+    root: str | os.PathLike[str], suffixes: tuple[str, ...] | None = None, *, skip_hidden: bool = True,
+) -> tuple[list[str], list[str]]:
+    """(files, notes): the relative POSIX paths of the files under `root` whose lower-cased name
+    ends with one of `suffixes` (None: all), sorted; and one line per linked folder not read.
+
+    Symbolic links are followed, also where they point outside `root`: a dataset folder is often
+    assembled from links to where the data lies. Each real folder is read once, at its first
+    place in the walk (sorted), so a link back to a parent (a cycle) or a second link to a folder
+    already listed is not followed; `notes` names each such link. Hidden folders and files
+    (a leading dot) are left out with `skip_hidden`. A folder that cannot be read raises its
+    OSError: a listing that silently lacks a folder would look complete.
+    """
+    top = os.fspath(root)
+    st = os.stat(top)
+    seen: dict[tuple[int, int], str] = {(st.st_dev, st.st_ino): top}
+    real_top = os.path.realpath(top)
+    files: list[str] = []
+    notes: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True, onerror=_raise):
+        rel = os.path.relpath(dirpath, top)
+        kept = []
+        for name in sorted(dirnames):
+            if skip_hidden and name.startswith("."):
+                continue
+            full = os.path.join(dirpath, name)
+            st = os.stat(full)
+            target = os.path.realpath(full)
+            if real_top == target or real_top.startswith(target.rstrip(os.sep) + os.sep):
+                # A link to `root` or above it: following it would list `root` again (and, for /,
+                # the whole machine).
+                where = "the folder itself" if target == real_top else f"a folder above {top}"
+                notes.append(f"{full}: a link to {target}, {where} (a cycle); not followed")
+                continue
+            first = seen.setdefault((st.st_dev, st.st_ino), full)
+            if first == full:
+                kept.append(name)
+            elif first == top or full.startswith(first + os.sep):
+                notes.append(f"{full}: a link back to {first}, which holds it (a cycle); not followed")
+            else:
+                notes.append(f"{full}: the same folder as {first}, which is listed already; not read twice")
+        dirnames[:] = kept
+        for name in filenames:
+            if (skip_hidden and name.startswith(".")) or (suffixes and not name.lower().endswith(suffixes)):
+                continue
+            files.append(name if rel == "." else f"{rel}/{name}".replace(os.sep, "/"))
+    files.sort()
+    return files, notes
+
+
+def printable(text: str) -> str:
+    """`text` as valid UTF-8 text: a byte that a non-UTF-8 file name held (a lone surrogate, as
+    os.fsdecode gives it) is shown as `\\xNN`, so reports name such files readably."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    return "".join(_printable_char(ch) for ch in text)
+
+
+def _printable_char(ch: str) -> str:
+    if not "\ud800" <= ch <= "\udfff":
+        return ch
+    if "\udc80" <= ch <= "\udcff":  # os.fsdecode's stand-in for the byte ord(ch) - 0xDC00
+        return f"\\x{ord(ch) - 0xDC00:02x}"
+    return f"\\u{ord(ch):04x}"  # any other lone surrogate (a JSON "\\udXXX" escape, say)
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every string (keys too) passed through `printable`: what json.dump can write
+    as UTF-8 and any JSON reader accepts (a lone surrogate is neither)."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,11 +14,17 @@ from src import devices
 from src.devices import DeviceError, resolve_device
 from src.errors import UserError, report
 from src.fsutil import (
+    FileTooLarge,
+    NotARegularFile,
     atomic_open,
     atomic_write_json,
     atomic_write_text,
+    json_safe,
+    printable,
+    read_regular_file,
     remove_stale_temp_files,
     temp_path_for,
+    walk_files,
 )
 
 # --- atomic writes ---------------------------------------------------------------------------
@@ -52,6 +59,65 @@ def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
     mine.write_bytes(b"in progress")
     removed = remove_stale_temp_files(tmp_path, "step_*.pt")
     assert removed == [stale] and not stale.exists() and mine.exists()
+
+
+# --- reading input files and trees -----------------------------------------------------------
+
+
+def test_only_regular_files_are_read_and_only_up_to_the_cap(tmp_path):
+    (tmp_path / "a.jpg").write_bytes(b"x" * 100)
+    assert read_regular_file(tmp_path / "a.jpg", 100) == b"x" * 100
+    assert read_regular_file(tmp_path / "a.jpg", 0) == b"x" * 100  # 0: no cap
+    with pytest.raises(FileTooLarge, match="100 bytes, more than the limit of 99"):
+        read_regular_file(tmp_path / "a.jpg", 99)
+    os.mkfifo(tmp_path / "pipe.jpg")  # no writer: a plain open() would block forever
+    with pytest.raises(NotARegularFile, match="a FIFO"):
+        read_regular_file(tmp_path / "pipe.jpg")
+    with pytest.raises(NotARegularFile, match="a character device"):
+        read_regular_file("/dev/zero")  # would never end
+    with pytest.raises(IsADirectoryError):
+        read_regular_file(tmp_path)
+    (tmp_path / "link.jpg").symlink_to(tmp_path / "a.jpg")  # a link to a file is that file
+    assert read_regular_file(tmp_path / "link.jpg") == b"x" * 100
+
+
+def test_walk_follows_links_reads_each_folder_once_and_ends_cycles(tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "deep").mkdir(parents=True)
+    (outside / "deep" / "b.jpg").write_bytes(b"")
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.JPG").write_bytes(b"")
+    (root / "a.txt").write_bytes(b"")
+    (root / ".hidden").mkdir()
+    (root / ".hidden" / "h.jpg").write_bytes(b"")
+    (root / "ext").symlink_to(outside)
+    (root / "ext_again").symlink_to(outside)
+    (root / "sub" / "back").symlink_to(root)
+    (outside / "deep" / "loop").symlink_to(outside)  # a cycle outside the root
+    files, notes = walk_files(root, (".jpg",))
+    assert files == ["a.JPG", "ext/deep/b.jpg"]
+    assert len(notes) == 3 and all(root.as_posix() in n for n in notes)
+    assert any("ext_again: the same folder as" in n for n in notes)
+    assert any("sub/back: a link to" in n and "the folder itself (a cycle)" in n for n in notes)
+    assert any("ext/deep/loop: a link back to" in n for n in notes)
+    assert walk_files(root, skip_hidden=False)[0] == [".hidden/h.jpg", "a.JPG", "a.txt", "ext/deep/b.jpg"]
+    (root / "sub" / "locked").mkdir()
+    (root / "sub" / "locked").chmod(0)
+    try:
+        if not os.access(root / "sub" / "locked", os.R_OK):  # root ignores permissions
+            with pytest.raises(PermissionError):
+                walk_files(root)
+    finally:
+        (root / "sub" / "locked").chmod(0o755)
+
+
+def test_names_that_are_not_utf8_become_printable_json():
+    name = os.fsdecode(b"caf\xe9.jpg")  # how Python holds such a name
+    assert printable(name) == "caf\\xe9.jpg" and printable("Zürich 東京") == "Zürich 東京"
+    safe = json_safe({name: [name, 1, None], "n": {"k": (name,)}})
+    assert json.loads(json.dumps(safe, ensure_ascii=False).encode("utf-8")) == {
+        "caf\\xe9.jpg": ["caf\\xe9.jpg", 1, None], "n": {"k": ["caf\\xe9.jpg"]}}
 
 
 # --- devices ---------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..caption_record import CONTEXT_LENGTH, InvalidCaptions, check_captions
-from .items import BAD_TOKENS, EMPTY_CAPTION, EMPTY_TOKENS
+from .items import BAD_TOKENS, EMPTY_CAPTION, EMPTY_TOKENS, UNDECODABLE_CAPTION
 
 
 class CaptionRejected(Exception):
@@ -13,6 +13,20 @@ class CaptionRejected(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+
+def decode_caption(data: bytes, name: str) -> str:
+    """A caption file's text (UTF-8, a leading byte-order mark dropped); CaptionRejected naming
+    `name` and the first bad byte if it is not UTF-8: decoding it with replacement characters
+    would store a caption nobody wrote, unseen."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise CaptionRejected(UNDECODABLE_CAPTION, f"{name}: not UTF-8 text ({undecodable(exc)})") from None
+
+
+def undecodable(exc: UnicodeDecodeError) -> str:
+    return f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
 
 
 def non_empty(captions: list[str]) -> list[str]:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from src.errors import UserError
+from src.fsutil import printable
 
 from .images import ImageOptions
 from .pipeline import ConvertOptions, TooManySkipped, convert, output_prefix
@@ -36,7 +37,7 @@ class _Out:
             return
         try:
             for line in lines:
-                print(line)
+                print(printable(line))
             sys.stdout.flush()
         except OSError as exc:
             self.failed = exc.strerror or str(exc)
@@ -51,7 +52,8 @@ say = _Out()
 
 def _err(*lines: str) -> None:
     try:
-        print(*(f"{PROG}: {line}" if i == 0 else line for i, line in enumerate(lines)), sep="\n", file=sys.stderr)
+        print(*(printable(f"{PROG}: {line}" if i == 0 else line) for i, line in enumerate(lines)), sep="\n",
+              file=sys.stderr)
     except OSError:
         pass
 
@@ -97,6 +99,8 @@ def run_verify(args: argparse.Namespace) -> int:
     result = verify(args.verify, decode=args.decode, progress=args.progress)
     for error in result["errors"][:20]:
         _err(f"  {error}")
+    for note in result["notes"]:
+        _err(f"note: {note}")
     if result["unfinished"]:
         status = "UNFINISHED (see above; rerun the conversion command to finish it)"
     else:
@@ -148,6 +152,7 @@ def convert_cli(args: argparse.Namespace) -> int:
         id_offset=args.id_offset,
         workers=args.workers,
         max_captions=args.max_captions,
+        max_file_bytes=args.max_file_bytes,
         max_skip_fraction=args.max_skip_fraction,
         resume=args.resume,
         overwrite=args.overwrite,

@@ -8,6 +8,8 @@ import numpy as np
 
 # Why an item was skipped. Reports count by these names, so they are part of the output format.
 UNREADABLE = "unreadable_file"
+NOT_REGULAR = "not_a_regular_file"  # a FIFO, device or socket with an image's or caption's name
+FILE_TOO_LARGE = "file_too_large"  # over --max-file-bytes
 EMPTY_IMAGE = "empty_image"
 NOT_AN_IMAGE = "not_an_image"
 TRUNCATED = "truncated_image"
@@ -16,6 +18,7 @@ TOO_LARGE = "image_too_large"
 MISSING_IMAGE = "missing_image"
 MISSING_CAPTION = "missing_caption"
 EMPTY_CAPTION = "empty_caption"
+UNDECODABLE_CAPTION = "undecodable_caption"  # not UTF-8 text
 EMPTY_TOKENS = "caption_tokenizes_to_nothing"
 BAD_TOKENS = "bad_tokens"
 TOO_MANY_CAPTIONS = "too_many_captions"

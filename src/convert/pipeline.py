@@ -20,6 +20,7 @@ from pathlib import Path
 
 from src.caption_record import CONTEXT_LENGTH, pack_caption_record
 from src.errors import UserError
+from src.fsutil import DEFAULT_MAX_FILE_BYTES, json_safe, printable
 
 from .distributor import chunked, ordered_map, prefetch
 from .images import ImageOptions
@@ -27,7 +28,7 @@ from .items import MAX_CAPTIONS, Item, Unit
 from .lock import OutputLock
 from .report import Report, percent
 from .sources import InputError, Source, SourceOptions, make_source
-from .state import load_state, new_state, write_json_atomic
+from .state import load_state, new_state, write_json_atomic, write_report
 from .worker import WorkerConfig
 from .writer import TMP_SUFFIX, ShardWriter
 
@@ -74,6 +75,7 @@ class ConvertOptions:
     id_offset: int = 0
     workers: int = 0  # 0: every core
     max_captions: int = MAX_CAPTIONS  # rows with more captions are skipped
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES  # image and caption files larger are skipped; 0: no cap
     max_skip_fraction: float | None = DEFAULT_MAX_SKIP_FRACTION  # None: any share of skips is fine
     resume: bool = True
     overwrite: bool = False
@@ -135,7 +137,28 @@ def _fingerprint(source: Source, units: list[Unit], opts: ConvertOptions) -> dic
         "machine_id": opts.machine_id,
         "id_offset": opts.id_offset,
         "max_captions": opts.max_captions,
+        # Only when changed: a run begun before the cap existed (at its default) still resumes.
+        **({"max_file_bytes": opts.max_file_bytes} if opts.max_file_bytes != DEFAULT_MAX_FILE_BYTES else {}),
     }))
+
+
+def _check_output_names(prefix: Path, sharded: bool) -> None:
+    """Refuse an output name that exists as something other than a file (a folder named
+    OUT.rec, say) before anything is written: the run would fail half-way, leaving an
+    orphan .idx, and no rerun could succeed."""
+    stems = [prefix.name + s for s in (".report.json", ".state.json", ".lock", ".probe" + TMP_SUFFIX)]
+    names = [prefix.parent / n for n in stems]
+    if sharded:
+        shard = glob.escape(prefix.name) + "-" + "[0-9]" * 5
+        names += [p for ext in (".rec", ".idx") for p in prefix.parent.glob(shard + ext + "*")]
+    else:
+        names += [prefix.parent / (prefix.name + ext) for ext in (".rec", ".idx")]
+    names += [n.with_name(n.name + TMP_SUFFIX) for n in names if not n.name.endswith(TMP_SUFFIX)]
+    for path in names:
+        if path.exists() and not path.is_file():
+            what = "a folder" if path.is_dir() else "not a regular file"
+            raise OutputError(f"{path} is {what}, but data2rec writes a file of that name; move it away or "
+                              "choose another --output")
 
 
 def _check_writable(prefix: Path) -> None:
@@ -190,6 +213,7 @@ def check_options(opts: ConvertOptions) -> None:
          f"--workers {opts.workers} must be between 0 (all cores) and {MAX_WORKERS_PER_CORE * cores} "
          f"({MAX_WORKERS_PER_CORE} per usable core; this machine lets us use {cores})"),
         (opts.max_captions >= 1, f"--max-captions {opts.max_captions} must be >= 1"),
+        (opts.max_file_bytes >= 0, f"--max-file-bytes {opts.max_file_bytes} must be >= 0 (0: no limit)"),
         (opts.max_skip_fraction is None or 0 <= opts.max_skip_fraction <= 1,
          f"--max-skip-fraction {opts.max_skip_fraction} must be between 0 and 1"),
     ]
@@ -216,6 +240,9 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
     units = source.units()
     if not units:
         raise InputError("the inputs hold nothing to convert")
+    for note in source.notes:
+        print(f"data2rec: note: {printable(note)}", file=sys.stderr)
+    _check_output_names(prefix, opts.shard_size > 0)
     _check_writable(prefix)
     with OutputLock(prefix) as lock:
         if lock.took_over:
@@ -266,8 +293,8 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
                     "pass --overwrite to convert everything again"
                 )
         if state["complete"]:
-            final = _final(state, state["report"], prefix, started)
-            write_json_atomic(report_path, final)
+            final = _final(state, state["report"], prefix, started, source.notes)
+            write_report(report_path, final)
             return {**final, "resumed": "already complete"}
     _clean_temps(prefix)
 
@@ -291,7 +318,7 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
 
     done_before = sum(counts[u.index] for u in mine[:next_slot]) + next_pos
     my_total = sum(counts[u.index] for u in mine)
-    config = WorkerConfig(opts.image, opts.max_captions)
+    config = WorkerConfig(opts.image, opts.max_captions, opts.max_file_bytes)
     workers = opts.workers or available_cores()
     sharded = opts.shard_size > 0
     writer: ShardWriter | None = None
@@ -327,18 +354,21 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
     state["report"] = report.to_dict()
     state["complete"] = True
     write_json_atomic(state_path, state)
-    final = _final(state, state["report"], prefix, started)
-    write_json_atomic(report_path, final)
+    final = _final(state, state["report"], prefix, started, source.notes)
+    write_report(report_path, final)
     return final
 
 
-def _final(state: dict, report: dict, prefix: Path, started: float) -> dict:
+def _final(state: dict, report: dict, prefix: Path, started: float, notes: list[str]) -> dict:
+    """The report as written and returned: json_safe, so that names that are not UTF-8 can be
+    written and printed."""
     elapsed = time.monotonic() - started
-    return {
+    return json_safe({
         "output": str(prefix),
         "complete": state["complete"],
         "units": state.get("units"),
         **report,
         "shards": state["shards"],
+        "notes": notes,
         "elapsed_s": round(elapsed, 3),
-    }
+    })

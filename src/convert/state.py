@@ -6,13 +6,22 @@ import json
 from pathlib import Path
 from typing import Any
 
-from src.fsutil import atomic_write_json
+from src.fsutil import atomic_write_json, json_safe
 
 STATE_VERSION = 1
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    atomic_write_json(path, data, durable=True, indent=1, ensure_ascii=False)
+    """For files only data2rec reads back (the resume state): ASCII escapes keep every string
+    exact, a non-UTF-8 file name's lone surrogates included, so names and fingerprints compare
+    equal when read back."""
+    atomic_write_json(path, data, durable=True, indent=1, ensure_ascii=True)
+
+
+def write_report(path: Path, report: dict) -> None:
+    """For files people and other tools read: UTF-8 text, a non-UTF-8 file name shown with `\\xNN`
+    for its odd bytes (src/fsutil.py's json_safe)."""
+    atomic_write_json(path, json_safe(report), durable=True, indent=1, ensure_ascii=False)
 
 
 def load_state(path: Path) -> dict | None:

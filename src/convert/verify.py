@@ -1,4 +1,5 @@
 """Re-read finished shards: index consistency, every record parses, optionally every image decodes;
+each shard against what the run recorded for it (every shard present, sizes and counts equal);
 and say so when the conversion itself is not finished (its resume state, its lock)."""
 
 from __future__ import annotations
@@ -50,7 +51,46 @@ def _check_record(record: bytes, decode: bool) -> str | None:
     return None
 
 
-def verify_shard(rec: Path, decode: bool = False, max_errors: int = 20) -> dict:
+def _index_problems(idx: Path, index: list[tuple[int, int]], records: dict[int, int | None]) -> list[str]:
+    """What is wrong with `index` (key, offset) for a .rec whose records start at the offsets of
+    `records` (offset -> the record's id, None if unreadable). An .idx is a key -> offset map, as
+    MXNet reads it: its lines may come in any order."""
+    problems = []
+    if len(index) != len(records):
+        problems.append(f"{idx}: {len(index)} index entries for the {len(records)} records of the .rec")
+    keys = [k for k, _ in index]
+    if len(set(keys)) != len(keys):
+        problems.append(f"{idx}: {len(keys) - len(set(keys))} duplicate keys")
+    stray = [(k, o) for k, o in index if o not in records]
+    if stray:
+        k, o = stray[0]
+        problems.append(f"{idx}: {len(stray)} entries point at no record's start (first: key {k} at byte {o})")
+    wrong = [(k, o) for k, o in index if o in records and records[o] is not None and records[o] != k]
+    if wrong:
+        k, o = wrong[0]
+        problems.append(f"{idx}: {len(wrong)} keys differ from their record's id (first: key {k} at byte {o}, "
+                        f"where the record's id is {records[o]})")
+    return problems
+
+
+def _listing_problems(rec: Path, listed: dict, records: int, ids: list[int]) -> list[str]:
+    """Where the shard differs from what the run recorded for it: a shard cut at a record
+    boundary (and its index cut to match) reads as whole otherwise."""
+    problems = []
+    if records != listed.get("records"):
+        problems.append(f"{rec}: {records} records, but the run wrote {listed.get('records')}")
+    size = rec.stat().st_size
+    if "bytes" in listed and size != listed["bytes"]:
+        problems.append(f"{rec}: {size} bytes, but the run wrote {listed['bytes']}")
+    if ids and (ids[0], ids[-1]) != (listed.get("first_id", ids[0]), listed.get("last_id", ids[-1])):
+        problems.append(f"{rec}: record ids {ids[0]}..{ids[-1]}, but the run wrote "
+                        f"{listed.get('first_id')}..{listed.get('last_id')}")
+    return problems
+
+
+def verify_shard(rec: Path, decode: bool = False, max_errors: int = 20, listed: dict | None = None) -> dict:
+    """Check one shard: every record parses, its index maps each record's id to its offset, and,
+    given what the run `listed` for it (its report entry), its size, record count and ids match."""
     idx = rec.with_suffix(".idx")
     errors: list[str] = []
     ids: list[int] = []
@@ -61,14 +101,15 @@ def verify_shard(rec: Path, decode: bool = False, max_errors: int = 20) -> dict:
     except (OSError, RecordIOError) as exc:
         errors.append(f"index {idx}: {exc}")
         return result
+    records: dict[int, int | None] = {}
     try:
-        offsets = []
         for offset, record in iter_records(rec):
-            offsets.append(offset)
+            records[offset] = None
             try:
                 problem = _check_record(record, decode)
                 header = unpack(record)[0]
                 ids.append(int(header.id))
+                records[offset] = int(header.id)
                 captions[header.flag // CONTEXT_LENGTH] += 1
             except RecordIOError as exc:
                 problem = str(exc)
@@ -76,18 +117,42 @@ def verify_shard(rec: Path, decode: bool = False, max_errors: int = 20) -> dict:
                 errors.append(f"record at byte {offset}: {problem}")
     except (OSError, RecordIOError) as exc:
         errors.append(f"{rec}: {exc}")
-    result["records"] = len(offsets)
-    if [o for _, o in index] != offsets:
-        errors.append(f"{idx}: {len(index)} index entries do not match the {len(offsets)} records' offsets")
-    if [k for k, _ in index] != ids[: len(index)]:
-        errors.append(f"{idx}: keys differ from the record ids")
+    result["records"] = len(records)
+    errors.extend(_index_problems(idx, index, records))
+    if listed is not None:
+        errors.extend(_listing_problems(rec, listed, len(records), ids))
     return result
 
 
-def _state_files(output: Path) -> list[Path]:
+def _run_files(output: Path, suffix: str) -> list[Path]:
+    """The run's own files named OUT + `suffix`, or OUT-mIII + `suffix` for a split's parts."""
     name = glob.escape(output.name)
-    found = [*output.parent.glob(name + ".state.json"), *output.parent.glob(name + "-m[0-9][0-9][0-9].state.json")]
+    found = [*output.parent.glob(name + suffix), *output.parent.glob(name + "-m[0-9][0-9][0-9]" + suffix)]
     return sorted(p for p in found if p.is_file())
+
+
+def listed_shards(output: str | Path) -> tuple[dict[Path, tuple[dict, Path]], list[Path]]:
+    """The shards the run at `output` recorded as finished: .rec path -> (its entry, the file that
+    lists it), from each part's resume state, or its report where the state is gone; and the
+    parts' prefixes that have neither."""
+    out = Path(output)
+    if out.suffix in (".rec", ".idx"):
+        out = out.with_suffix("")
+    listed: dict[Path, tuple[dict, Path]] = {}
+    prefixes: dict[Path, list[Path]] = {}
+    for suffix in (".state.json", ".report.json"):
+        for path in _run_files(out, suffix):
+            prefixes.setdefault(path.with_name(path.name[: -len(suffix)]), []).append(path)
+    for prefix, sources in sorted(prefixes.items()):
+        for source in sources:  # the state first: it is what a resume trusts
+            try:
+                shards = json.loads(source.read_text(encoding="utf-8"))["shards"]
+                entries = {prefix.parent / s["rec"]: (s, source) for s in shards}
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # unfinished() reports an unreadable state
+            listed.update(entries)
+            break
+    return listed, sorted(prefixes)
 
 
 def unfinished(output: str | Path) -> list[str]:
@@ -97,7 +162,7 @@ def unfinished(output: str | Path) -> list[str]:
     if out.suffix in (".rec", ".idx"):
         out = out.with_suffix("")
     problems: list[str] = []
-    states = _state_files(out)
+    states = _run_files(out, ".state.json")
     machines: set[int] = set()
     expected = 1
     for path in states:
@@ -140,23 +205,36 @@ def unfinished(output: str | Path) -> list[str]:
 
 
 def verify(output: str | Path, decode: bool = False, progress: bool = False) -> dict:
-    """Check every shard of `output`, and that the conversion finished; `ok` is True when
-    nothing is wrong. `records_by_caption_count` counts records by their number of captions."""
+    """Check every shard of `output` against what the run recorded (its resume state or report:
+    every shard there, each of the size, record count and ids written), and that the conversion
+    finished; `ok` is True when nothing is wrong. `records_by_caption_count` counts records by
+    their number of captions; `notes` says what could not be checked."""
     pending = unfinished(output)
     shards = find_shards(output)
+    listed, prefixes = listed_shards(output)
+    missing = [f"{rec}: listed as finished in {source.name} ({entry.get('records')} records) but missing; "
+               "rerun the conversion with --overwrite to write it again"
+               for rec, (entry, source) in sorted(listed.items()) if rec not in shards]
+    unlisted = [f"{rec}: not a shard of the run at {output} (not listed in its "
+                f"{', '.join(sorted({s.name for _, s in listed.values()}))}); move it away"
+                for rec in shards if listed and rec not in listed]
+    notes = [] if prefixes else [f"no report or resume state of {output} beside the shards, so a missing "
+                                 "shard cannot be told; each shard is checked on its own"]
     if not shards:
         return {"output": str(output), "ok": False, "shards": [], "records": 0, "unfinished": pending,
-                "records_by_caption_count": {}, "errors": [*pending, f"no .rec shards found at {output}"]}
+                "records_by_caption_count": {}, "notes": notes,
+                "errors": [*pending, *missing, f"no .rec shards found at {output}"]}
     from tqdm import tqdm
 
-    results = [verify_shard(rec, decode) for rec in tqdm(shards, disable=not progress, unit="shard")]
+    results = [verify_shard(rec, decode, listed=listed[rec][0] if rec in listed else None)
+               for rec in tqdm(shards, disable=not progress, unit="shard")]
     all_ids = [i for r in results for i in r.pop("ids")]
     by_captions: Counter = sum((r.pop("captions") for r in results), Counter())
-    errors = [*pending, *(e for r in results for e in r["errors"])]
+    errors = [*pending, *missing, *unlisted, *(e for r in results for e in r["errors"])]
     if len(set(all_ids)) != len(all_ids):
         errors.append(f"{len(all_ids) - len(set(all_ids))} duplicate record ids across shards")
     return {
         "output": str(output), "ok": not errors, "shards": results, "unfinished": pending,
-        "records": sum(r["records"] for r in results), "errors": errors,
+        "records": sum(r["records"] for r in results), "errors": errors, "notes": notes,
         "records_by_caption_count": {str(k): by_captions[k] for k in sorted(by_captions)},
     }

@@ -5,14 +5,18 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
+from src.fsutil import DEFAULT_MAX_FILE_BYTES, FileTooLarge, NotARegularFile, read_regular_file
+
 from ..caption_record import CONTEXT_LENGTH
-from .captions import CaptionRejected, check_tokens, non_empty, tokenize_captions
+from .captions import CaptionRejected, check_tokens, decode_caption, non_empty, tokenize_captions
 from .images import ImageOptions, ImageRejected, prepare_image
 from .items import (
     EMPTY_CAPTION,
+    FILE_TOO_LARGE,
     MAX_CAPTIONS,
     MISSING_CAPTION,
     MISSING_IMAGE,
+    NOT_REGULAR,
     PROCESSING_ERROR,
     TOO_MANY_CAPTIONS,
     UNDECODABLE,
@@ -27,6 +31,7 @@ from .processes import die_with_parent
 class WorkerConfig:
     image: ImageOptions = ImageOptions()
     max_captions: int = MAX_CAPTIONS
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES  # 0: no cap
 
 
 _config = WorkerConfig()
@@ -49,21 +54,43 @@ def init_worker(config: WorkerConfig, subprocess: bool = False) -> None:
     cv2.setNumThreads(1)
 
 
-def _read_captions(candidates: list[str], numbered: bool, most: int) -> list[str] | None:
+class FileSkip(Exception):
+    """An input file that is no regular file, or is over the size cap: the item's skip reason."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def read_input_file(path: str, max_bytes: int) -> bytes:
+    """An image or caption file's bytes: a regular file only (a FIFO would hang the worker, a
+    device never end), at most `max_bytes` (0: no cap); FileSkip with the reason if not."""
+    try:
+        return read_regular_file(path, max_bytes)
+    except NotARegularFile as exc:
+        raise FileSkip(NOT_REGULAR, f"{path}: {exc.strerror}") from None
+    except FileTooLarge as exc:
+        raise FileSkip(FILE_TOO_LARGE, f"{path}: {exc.strerror} (--max-file-bytes)") from None
+
+
+def _read_captions(candidates: list[str], numbered: bool, most: int, max_bytes: int) -> list[str] | None:
     """The captions of the first candidate `STEM.txt` that exists, with `STEM.1.txt`,
     `STEM.2.txt`, ... beside it (numbered from 1, until one is missing) when `numbered`;
-    at most `most` + 1 of them, enough to tell that a row has too many."""
+    at most `most` + 1 of them, enough to tell that a row has too many. A caption file that is
+    not UTF-8, not a regular file or too large raises CaptionRejected / FileSkip."""
     for path in candidates:
         base = path[: -len(".txt")]
         names = [path, *(f"{base}.{n}.txt" for n in range(1, most + 1))] if numbered else [path]
         captions: list[str] = []
         for n, name in enumerate(names):
             try:
-                with open(name, encoding="utf-8-sig", errors="replace") as f:
-                    captions.append(" ".join(f.read().split()))
+                data = read_input_file(name, max_bytes)
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 if n > 0:  # the numbered ones end at the first gap
                     break
+                continue
+            captions.append(" ".join(decode_caption(data, name).split()))
         if captions:
             return captions
     return None
@@ -77,12 +104,12 @@ def process_item(item: Item, config: WorkerConfig) -> Result:
     if item.error:
         return _skip(item, item.error, item.detail)
     captions = item.captions
-    if item.tokens is None and captions is None:
-        captions = _read_captions(item.extra.get("caption_files", []), item.extra.get("numbered", False),
-                                  config.max_captions)
-        if captions is None:
-            return _skip(item, MISSING_CAPTION, "no caption .txt found")
     try:
+        if item.tokens is None and captions is None:
+            captions = _read_captions(item.extra.get("caption_files", []), item.extra.get("numbered", False),
+                                      config.max_captions, config.max_file_bytes)
+            if captions is None:
+                return _skip(item, MISSING_CAPTION, "no caption .txt found")
         tokens = None
         if item.tokens is not None:
             tokens = check_tokens(item.tokens)
@@ -96,8 +123,7 @@ def process_item(item: Item, config: WorkerConfig) -> Result:
         data = item.image
         if data is None:
             try:
-                with open(item.image_path or "", "rb") as f:
-                    data = f.read()
+                data = read_input_file(item.image_path or "", config.max_file_bytes)
             except FileNotFoundError:
                 return _skip(item, MISSING_IMAGE, f"{item.image_path}: no such file")
             except OSError as exc:
@@ -105,8 +131,10 @@ def process_item(item: Item, config: WorkerConfig) -> Result:
         payload, converted = prepare_image(data, config.image)
         if tokens is None:
             tokens = tokenize_captions(captions or [])
-    except (ImageRejected, CaptionRejected) as exc:
+    except (ImageRejected, CaptionRejected, FileSkip) as exc:
         return _skip(item, exc.reason, exc.detail)
+    except OSError as exc:  # a caption file that exists but cannot be read
+        return _skip(item, UNREADABLE, f"{exc.filename}: {exc.strerror or exc}")
     if payload is item.image:
         payload = None  # passed through: the writer takes the item's own bytes
     return Result(item.pos, item.ref, item.slot, item.sample_id, tokens=tokens, payload=payload,

@@ -282,25 +282,27 @@ print(json.dumps(out))
 
 
 def _blocked_run(tmp_path: Path, n: int = 80, blocked: int = 70) -> tuple[Path, Path, list[str]]:
-    """A reference input and a copy whose image `blocked` is a FIFO: a worker opening it blocks,
-    so a run can be caught mid-shard. Returns (ref dir, run dir, CLI args after the input)."""
+    """A reference input and a copy of it whose image `blocked` a run started by
+    `_start_until_mid_shard` cannot read (opening it hangs), so that the run can be caught
+    mid-shard. Returns (ref dir, run dir, CLI args after the input)."""
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
     for d in (ref_dir, run_dir):
         (d / "img").mkdir(parents=True)
         rows = ["image,caption"] + [f"img/{i}.jpg,picture number {i}" for i in range(n)]
         (d / "list.csv").write_text("\n".join(rows) + "\n")
         for i in range(n):
-            if d is run_dir and i == blocked:
-                os.mkfifo(d / "img" / f"{i}.jpg")
-            else:
-                (d / "img" / f"{i}.jpg").write_bytes(jpeg(seed=i) if i % 9 else b"broken")
+            (d / "img" / f"{i}.jpg").write_bytes(jpeg(seed=i) if i % 9 else b"broken")
     # 9 of 80 images are broken (11%): accepted here, the mass-skip tests check the limit.
     return ref_dir, run_dir, ["--shard-size", "5", "--workers", "2", "--no-progress", "--max-skip-fraction", "0.2"]
 
 
-def _start_until_mid_shard(cmd: list[str], out: Path, shards: int) -> subprocess.Popen:
-    """Start `cmd` and wait until `shards` shards are final and the next one is being written."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def _start_until_mid_shard(cmd: list[str], out: Path, shards: int, hung: Path) -> subprocess.Popen:
+    """Start `cmd`, in which opening the file `hung` never returns (tests/_hung_open), and wait
+    until `shards` shards are final and the next one is being written."""
+    path = [str(REPO / "tests" / "_hung_open"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "RWKV_CLIP_TEST_HUNG_FILE": str(hung.resolve())}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=env)
     state, tmp = out / "x.state.json", out / f"x-{shards:05d}.rec.tmp"
 
     def caught() -> bool:
@@ -320,7 +322,7 @@ def test_second_writer_refused_kill_9_leaves_nothing_and_resume_takes_the_lock_o
     assert ref.returncode == 0, ref.stderr
     cmd = [*CLI, str(run_dir / "list.csv"), "--output", str(run_dir / "out" / "x"), *args]
     # 56 good images before the blocked chunk (items 64..) fill 11 shards of 5 and start the 12th.
-    proc = _start_until_mid_shard(cmd, run_dir / "out", 11)
+    proc = _start_until_mid_shard(cmd, run_dir / "out", 11, run_dir / "img" / "70.jpg")
     try:
         other = run_cli(str(ref_dir / "list.csv"), "--output", str(run_dir / "out" / "x"), *args)
         _one_line_error(other, f"pid {proc.pid} on host {socket.gethostname()}", "being written", "--output")
@@ -335,8 +337,6 @@ def test_second_writer_refused_kill_9_leaves_nothing_and_resume_takes_the_lock_o
         os.killpg(proc.pid, signal.SIGKILL)  # whatever the test failed to stop
         proc.communicate()
     assert (run_dir / "out" / "x.lock").exists()  # the killed run's, stale now
-    (run_dir / "img" / "70.jpg").unlink()
-    (run_dir / "img" / "70.jpg").write_bytes(jpeg(seed=70))
 
     resumed = run_cli(*cmd[2:])
     assert resumed.returncode == 0, resumed.stderr
@@ -357,7 +357,7 @@ def test_second_writer_refused_kill_9_leaves_nothing_and_resume_takes_the_lock_o
 def test_sigterm_stops_cleanly_verify_says_unfinished_and_resume_finishes(tmp_path):
     ref_dir, run_dir, args = _blocked_run(tmp_path)
     cmd = [*CLI, str(run_dir / "list.csv"), "--output", str(run_dir / "out" / "x"), *args]
-    proc = _start_until_mid_shard(cmd, run_dir / "out", 11)
+    proc = _start_until_mid_shard(cmd, run_dir / "out", 11, run_dir / "img" / "70.jpg")
     try:
         helpers = descendants(proc.pid)
         os.kill(proc.pid, signal.SIGTERM)  # the main process only, as a scheduler's time limit does
@@ -378,8 +378,6 @@ def test_sigterm_stops_cleanly_verify_says_unfinished_and_resume_finishes(tmp_pa
     assert "conversion unfinished" in pending.stderr and "11 finished shard(s)" in pending.stderr
     assert "rerun the same data2rec command" in pending.stderr
 
-    (run_dir / "img" / "70.jpg").unlink()
-    (run_dir / "img" / "70.jpg").write_bytes(jpeg(seed=70))
     resumed = run_cli(*cmd[2:])
     assert resumed.returncode == 0, resumed.stderr
     assert "taking it over" not in resumed.stderr  # a clean stop leaves no lock behind

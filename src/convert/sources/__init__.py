@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .base import IMAGE_EXTS, InputError, Source, SourceOptions, is_hidden
+from .base import FLAG_OPTIONS, IMAGE_EXTS, InputError, Source, SourceOptions, flag_name, is_hidden
 from .folder import FolderSource
 from .manifest import MANIFEST_EXTS, ManifestSource
 from .parquet import ParquetSource
@@ -69,6 +69,19 @@ def check_distinct(paths: list[Path]) -> None:
         seen[real] = path
 
 
+def check_options_apply(kind: str, options: SourceOptions) -> None:
+    """Refuse a flag that `kind` would ignore: `--image-column` on an image folder, say."""
+    for option in FLAG_OPTIONS:
+        if getattr(options, option) and option not in SOURCES[kind].uses:
+            value = getattr(options, option)
+            shown = ",".join(value) if isinstance(value, tuple) else value
+            applies = [k for k, cls in SOURCES.items() if option in cls.uses]
+            raise InputError(
+                f"{flag_name(option)} {shown} does not apply to {kind} input (only to {' and '.join(applies)} "
+                f"input); leave it out, or check the input path and --format"
+            )
+
+
 def make_source(
     paths: list[Path], kind: str = "auto", options: SourceOptions | None = None,
     exclude: Callable[[Path], bool] | None = None,
@@ -79,6 +92,9 @@ def make_source(
     for p in paths:
         if not p.exists():
             raise InputError(f"{p}: no such file or folder; check the input path")
+        if not (p.is_file() or p.is_dir()):  # reading a FIFO would wait for a writer forever
+            raise InputError(f"{p}: not a regular file or folder (a FIFO or a device); give the files or folders "
+                             "to convert")
         if exclude is not None and p.is_file() and exclude(p):
             raise InputError(f"{p} is an output file of this run, not an input; give the files or folders to convert")
     check_distinct(paths)
@@ -86,6 +102,7 @@ def make_source(
         kind = detect_kind(paths)
     if kind not in SOURCES:
         raise InputError(f"unknown input format {kind!r}; use one of: auto, {', '.join(SOURCES)}")
+    check_options_apply(kind, options)
     source = SOURCES[kind](paths, options)
     if exclude is not None:
         source.exclude = exclude

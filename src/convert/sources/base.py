@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from src.errors import UserError
+from src.fsutil import walk_files
 
 from ..items import Item, Unit
 
@@ -30,14 +31,28 @@ class SourceOptions:
     folder_chunk: int = 10_000  # images per unit of a folder input
 
 
+# The SourceOptions a user sets by flag, each data2rec.py's `--` + the name with dashes.
+FLAG_OPTIONS = ("image_column", "caption_columns", "image_root", "caption_dir")
+
+
+def flag_name(option: str) -> str:
+    return "--" + option.replace("_", "-")
+
+
 class Source(ABC):
     """One input kind. A new kind of input is one new subclass registered in `sources/__init__.py`."""
 
     kind: ClassVar[str]
+    # The SourceOptions fields this kind reads; make_source refuses the others when they are set
+    # (a flag silently ignored looks like it worked).
+    uses: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, paths: list[Path], options: SourceOptions) -> None:
         self.paths = paths
         self.options = options
+        # Things the user should know about the input that are no item's skip (a linked folder
+        # not read twice); the run prints them and keeps them in its report.
+        self.notes: list[str] = []
         # Files never to read as input: the run's own outputs when they sit among the inputs.
         self.exclude: Callable[[Path], bool] = lambda path: False
 
@@ -67,14 +82,29 @@ def is_hidden(path: Path, root: Path) -> bool:
     return any(part.startswith(".") for part in path.relative_to(root).parts)
 
 
-def expand(paths: list[Path], suffixes: tuple[str, ...], exclude: Callable[[Path], bool] = lambda p: False) -> list[Path]:
-    """Files given directly, plus matching files found (recursively, sorted) in given folders,
-    leaving out hidden folders and `exclude`d files."""
+def list_tree(root: Path, suffixes: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """src/fsutil.py's walk_files (links followed, each real folder once, hidden ones left out),
+    with a folder that cannot be read as an InputError."""
+    try:
+        return walk_files(root, suffixes)
+    except OSError as exc:
+        raise InputError(f"{exc.filename or root}: cannot read this folder ({exc.strerror or exc}); fix its "
+                         "permissions or move it out of the input") from None
+
+
+def expand(paths: list[Path], suffixes: tuple[str, ...], exclude: Callable[[Path], bool] = lambda p: False,
+           notes: list[str] | None = None) -> list[Path]:
+    """Files given directly, plus matching files found (recursively, following links, sorted) in
+    given folders, leaving out hidden folders, `exclude`d files and anything not a file; the
+    linked folders not read (see walk_files) are added to `notes`."""
     out: list[Path] = []
     for path in paths:
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(suffixes)
-                           and not is_hidden(p, path) and not exclude(p))
+            names, skipped = list_tree(path, suffixes)
+            if notes is not None:
+                notes.extend(skipped)
+            # Sorted as paths (by their parts), the order every earlier run used: ids depend on it.
+            found = sorted(p for p in (path / n for n in names) if p.is_file() and not exclude(p))
             if not found:
                 raise InputError(f"{path}: folder holds no {'/'.join(suffixes)} files")
             out.extend(found)

@@ -4,7 +4,8 @@ parallel tree (`img/0001.jpg` + `captions/0001.txt`, the seed guide's layout).
 Several captions per image are several files: `0001.txt`, `0001.1.txt`, `0001.2.txt`, ...
 (numbered from 1, read until the first missing number). Where an image `0001.1.jpg`
 exists too, `0001.1.txt` is that image's caption, not a second one of `0001.jpg`.
-Hidden folders (`.hfd/`, `.git/`) and hidden files are not read.
+Hidden folders (`.hfd/`, `.git/`) and hidden files are not read. Linked folders are
+followed (src/fsutil.py's walk_files: each real folder once, so cycles end).
 
 The folder listing is sorted, so item order (and thus sample ids) depends only on the
 file names, and it is cut into units of `folder_chunk` images so that several machines
@@ -19,23 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..items import Item, Unit
-from .base import IMAGE_EXTS, InputError, Source
+from .base import IMAGE_EXTS, InputError, Source, list_tree
 
 IMAGE_DIRS = ("img", "imgs", "image", "images")
 CAPTION_DIRS = ("captions", "caption", "texts", "text", "txt")
-
-
-def list_images(root: Path) -> list[str]:
-    """Relative POSIX paths of every image file under `root`, sorted."""
-    found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        rel = os.path.relpath(dirpath, root)
-        for name in filenames:
-            if name.lower().endswith(IMAGE_EXTS) and not name.startswith("."):
-                found.append(name if rel == "." else f"{rel}/{name}".replace(os.sep, "/"))
-    found.sort()
-    return found
 
 
 def caption_candidates(root: Path, rel: str, caption_dir: str | None) -> list[str]:
@@ -58,6 +46,7 @@ def caption_candidates(root: Path, rel: str, caption_dir: str | None) -> list[st
 
 class FolderSource(Source):
     kind = "folder"
+    uses = ("caption_dir",)
 
     def __init__(self, paths: list[Path], options) -> None:
         super().__init__(paths, options)
@@ -66,12 +55,17 @@ class FolderSource(Source):
 
     def _list(self, root: str) -> list[str]:
         if root not in self._listing:
-            self._listing[root] = list_images(Path(root))
+            self._listing[root], notes = list_tree(Path(root), IMAGE_EXTS)
+            self.notes.extend(notes)
         return self._listing[root]
 
     def units(self) -> list[Unit]:
         units: list[Unit] = []
         chunk = max(1, self.options.folder_chunk)
+        caption_dir = self.options.caption_dir
+        if caption_dir and not Path(caption_dir).is_dir():
+            raise InputError(f"--caption-dir {caption_dir}: no such folder; give the folder that holds the "
+                             ".txt captions")
         for path in self.paths:
             if not path.is_dir():
                 raise InputError(f"{path}: not a folder; folder input needs a folder of images and .txt captions")

@@ -12,10 +12,13 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..items import BROKEN_ROW, MISSING_CAPTION, MISSING_IMAGE, UNSAFE_PATH, Item, Unit
+from src.fsutil import printable
+
+from ..items import BROKEN_ROW, MISSING_CAPTION, MISSING_IMAGE, UNDECODABLE_CAPTION, UNSAFE_PATH, Item, Unit
 from .base import InputError, Source, expand
 
 MANIFEST_EXTS = (".csv", ".tsv", ".jsonl", ".json")
@@ -23,12 +26,16 @@ IMAGE_COLUMNS = ("image", "image_path", "filepath", "file", "filename", "path", 
 CAPTION_COLUMNS = ("caption", "captions", "text", "texts", "title")
 
 csv.field_size_limit(1 << 28)
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _rows(path: Path) -> Iterator[tuple[int, dict | None, str]]:
     """(row number, row dict or None if unparsable, error text), streaming."""
     name = path.name.lower()
-    with open(path, newline="", encoding="utf-8-sig", errors="replace") as f:
+    # surrogateescape: a byte that is not UTF-8 survives as a lone surrogate, so an image path
+    # written in another encoding still names its file, and a caption cell holding one is
+    # reported (`_item`) instead of stored with replacement characters.
+    with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as f:
         if name.endswith((".jsonl", ".json")):
             row = 0
             for line in f:
@@ -62,13 +69,18 @@ def _header(path: Path) -> list[str]:
 
 class ManifestSource(Source):
     kind = "manifest"
+    uses = ("image_column", "caption_columns", "image_root")
 
     def __init__(self, paths: list[Path], options) -> None:
         super().__init__(paths, options)
         self._columns: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     def units(self) -> list[Unit]:
-        units = [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, MANIFEST_EXTS, self.exclude))]
+        root = self.options.image_root
+        if root and not Path(root).is_dir():
+            raise InputError(f"--image-root {root}: no such folder; give the folder the manifest's image paths "
+                             "are relative to")
+        units = [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, MANIFEST_EXTS, self.exclude, self.notes))]
         for unit in units:  # wrong column names are found now, not after counting every row
             self.columns(Path(unit.path))
         return units
@@ -139,4 +151,8 @@ class ManifestSource(Source):
         if len(missing) == len(caption_cols):
             return Item(row, f"{ref} ({full})", row=row, error=MISSING_CAPTION,
                         detail=f"no {', '.join(map(repr, missing))}")
+        bad = next((c for c in captions if _SURROGATE.search(c)), None)
+        if bad is not None:
+            return Item(row, f"{ref} ({full})", row=row, error=UNDECODABLE_CAPTION,
+                        detail=f"caption \"{printable(bad)[:60]}\" is not UTF-8 text")
         return Item(row, f"{ref} ({full})", image_path=str(full), captions=captions, row=row)

@@ -51,9 +51,10 @@ def _image_bytes(col: pa.Array) -> list[bytes | None]:
 
 class ParquetSource(Source):
     kind = "parquet"
+    uses = ("image_column", "caption_columns")
 
     def units(self) -> list[Unit]:
-        return [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, (".parquet",), self.exclude))]
+        return [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, (".parquet",), self.exclude, self.notes))]
 
     def count(self, unit: Unit) -> int:
         try:

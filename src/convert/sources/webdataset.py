@@ -15,6 +15,7 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..captions import CaptionRejected, decode_caption
 from ..items import BROKEN_INPUT, MISSING_CAPTION, MISSING_IMAGE, Item, Unit
 from .base import IMAGE_EXTS, Source, expand
 
@@ -64,7 +65,7 @@ class WebDatasetSource(Source):
     kind = "webdataset"
 
     def units(self) -> list[Unit]:
-        return [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, TAR_EXTS, self.exclude))]
+        return [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, TAR_EXTS, self.exclude, self.notes))]
 
     def count(self, unit: Unit) -> int:
         n = 0
@@ -101,7 +102,10 @@ class WebDatasetSource(Source):
         caption = None
         if ".txt" in by_ext:
             f = tar.extractfile(by_ext[".txt"])
-            caption = f.read().decode("utf-8", errors="replace") if f else None
+            try:
+                caption = decode_caption(f.read(), f"{path}:{by_ext['.txt'].name}") if f else None
+            except CaptionRejected as exc:
+                return Item(pos, ref, row=pos, error=exc.reason, detail=exc.detail)
         elif ".json" in by_ext:
             f = tar.extractfile(by_ext[".json"])
             try:

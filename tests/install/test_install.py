@@ -132,7 +132,8 @@ def index(tmp_path_factory) -> Path:
              "typing-extensions": "4.10.0", "setuptools": "77.0.3", "sympy": "1.13.3", "networkx": "2.5.1",
              "jinja2": "3.0", "fsspec": "0.8.5", "einops": "0.8.0"}
     for name in ("requirements.txt", "requirements-dev.txt"):
-        plain.update(_requirement_names(REPO / name))
+        for requirement, version in _requirement_names(REPO / name).items():
+            plain.setdefault(requirement, version)  # torch's own pins above satisfy ours too (setuptools)
     for name, version in plain.items():
         if name != "fla-core":
             _wheel(folder, name, version)

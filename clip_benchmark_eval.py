@@ -6,6 +6,11 @@
 Every argument is CLIP_benchmark's own (`clip_benchmark eval --help`); this wrapper registers
 `--model_type rwkv_clip` (the default here), makes `--model` default to RWKV_CLIP_B32 and requires
 `--pretrained`: a .pt/.safetensors file or hf-hub:ORG/REPO[/FILE].
+
+Precision: fp32 (the wrapper passes CLIP_benchmark's `--no_amp`), as zero_shot.py evaluates;
+`--amp` runs CLIP_benchmark's default instead, torch.autocast (bfloat16 on CPU, float16 on CUDA),
+whose numbers differ. The run says which it used. CLIP_benchmark 1.6.2's top-k accuracy fails
+under numpy 2; the wrapper replaces that one function in this process (src/evaluation/clip_bench.py).
 """
 
 from __future__ import annotations

@@ -142,3 +142,24 @@ class ReferenceTokenizer:
     def close(self) -> None:
         self._proc.stdin.close()
         self._proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------------------------------------
+# CLIP_benchmark
+#
+# clip_benchmark 1.6.2 (the newest release) in its own venv, without its dependencies: its
+# command line imports torchvision and open_clip at module level, and torchvision's wheels are
+# CUDA builds, so neither is installed. What is installed is what its zero-shot metric modules
+# (clip_benchmark.metrics.zeroshot_classification / zeroshot_retrieval) import, plus this
+# repository's model code's own needs (CPU torch from the local wheel, numpy 2 as in the project).
+CLIP_BENCHMARK_VERSION = "1.6.2"
+CLIP_BENCHMARK_PACKAGES = (
+    f"clip_benchmark=={CLIP_BENCHMARK_VERSION}", "scikit-learn", "joblib", "cloudpickle", "narwhals", "threadpoolctl", "scipy",
+    "numpy>=2", "tqdm", "pillow", "torch==2.13.0", "typing-extensions", "filelock", "sympy", "mpmath",
+    "networkx", "jinja2", "MarkupSafe", "fsspec", "ftfy==6.3.1", "wcwidth", "regex==2026.11.19", "safetensors",
+)
+
+
+def clip_benchmark_python() -> Path:
+    """Python of a venv holding CLIP_benchmark's zero-shot metric code (see above)."""
+    return oracle_python("clip-benchmark", CLIP_BENCHMARK_PACKAGES, pip_args=("--no-deps",))

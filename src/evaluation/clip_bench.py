@@ -6,6 +6,15 @@ a loader `(model_name, pretrained, cache_dir, device) -> (model, transform, toke
 `MODEL_TYPES` made from it; `load_clip` dispatches through the dict, and `clip_benchmark.cli` offers
 the list (the same object) as the choices of `--model_type` and parses `sys.argv` in `main()`.
 Adding our loader to both, in this process, before `main()` runs, is all registering takes.
+
+Two things about 1.6.2 (the newest release) change what the wrapper passes or replaces, in this
+process only (site-packages are not touched):
+- its `metrics.zeroshot_classification.accuracy` calls `float()` on a one-element numpy array,
+  which numpy 2 refuses (TypeError); `use_compatible_accuracy` swaps in a function with the same
+  result (the share of images whose label is among the top-k logits) that numpy 1 and 2 accept.
+- it runs the model under `torch.autocast` unless `--no_amp` is given (bfloat16 on CPU, float16 on
+  CUDA). The wrapper passes `--no_amp` unless `--amp` is given, so that its numbers are the fp32
+  numbers zero_shot.py computes, and says which precision it used.
 """
 
 from __future__ import annotations
@@ -41,16 +50,43 @@ def register(models: ModuleType | Any) -> None:
         models.MODEL_TYPES.append(MODEL_TYPE)
 
 
+def compatible_accuracy(output: Any, target: Any, topk: Sequence[int] = (1,)) -> list[float]:
+    """CLIP_benchmark's `accuracy(output, target, topk)`: for each k, the share of rows whose target
+    is among the k largest logits (topk on the logits, as its version), as a Python float."""
+    ranked = output.topk(max(topk), dim=1, largest=True, sorted=True).indices
+    hits = ranked.eq(target.view(-1, 1))
+    return [hits[:, :k].any(dim=1).sum().item() / len(target) for k in topk]
+
+
+def use_compatible_accuracy(zeroshot_classification: ModuleType | Any) -> Any:
+    """Make the module's `evaluate` use `compatible_accuracy`; returns the function it replaced."""
+    replaced = zeroshot_classification.accuracy
+    zeroshot_classification.accuracy = compatible_accuracy
+    return replaced
+
+
 def _given(argv: Sequence[str], *options: str) -> bool:
     return any(a == o or a.startswith(o + "=") for a in argv for o in options)
 
 
+def precision_of(argv: Sequence[str]) -> str:
+    """The precision an `eval` with these (prepared) arguments runs the model in."""
+    return "fp32" if "--no_amp" in argv else "amp"
+
+
 def prepare_argv(argv: Sequence[str]) -> list[str]:
     """CLIP_benchmark's arguments with our defaults: `eval` gets `--model_type rwkv_clip` and
-    `--model RWKV_CLIP_B32` unless given; weights must be named (its default is an open_clip tag)."""
+    `--model RWKV_CLIP_B32` unless given, and `--no_amp` (fp32) unless our `--amp` asks for its
+    autocast; weights must be named (its default is an open_clip tag)."""
     argv = list(argv)
     if not argv or argv[0] != "eval":
         return argv
+    if "--amp" in argv:
+        if "--no_amp" in argv:
+            raise ClipBenchmarkError("--amp and --no_amp exclude each other; keep one (the default is fp32)")
+        argv = [a for a in argv if a != "--amp"]
+    elif "--no_amp" not in argv:
+        argv.append("--no_amp")
     if not _given(argv, "--pretrained", "--pretrained_model"):
         raise ClipBenchmarkError(
             "eval needs weights: add --pretrained W (a .pt/.safetensors file or hf-hub:ORG/REPO[/FILE])"
@@ -68,6 +104,7 @@ def run_clip_benchmark(argv: Sequence[str]) -> int:
     argv = prepare_argv(argv)
     try:
         import clip_benchmark.cli as cli
+        import clip_benchmark.metrics.zeroshot_classification as zeroshot_classification
         import clip_benchmark.models as models
     except ImportError as exc:
         raise ClipBenchmarkError(
@@ -75,10 +112,16 @@ def run_clip_benchmark(argv: Sequence[str]) -> int:
             "(it is not a dependency of this toolkit)"
         ) from None
     register(models)
+    replaced = use_compatible_accuracy(zeroshot_classification)
+    if argv and argv[0] == "eval":
+        print(f"clip_benchmark_eval.py: precision {precision_of(argv)} "
+              "(fp32 unless --amp; --amp is CLIP_benchmark's autocast: bfloat16 on CPU, float16 on CUDA)",
+              file=sys.stderr, flush=True)
     saved = sys.argv
     sys.argv = ["clip_benchmark", *argv]  # its main() parses sys.argv and takes no arguments
     try:
         result = cli.main()
     finally:
         sys.argv = saved
+        zeroshot_classification.accuracy = replaced
     return int(result or 0)

@@ -36,6 +36,7 @@ from PIL import Image
 
 from src import recordio
 from src.errors import UserError
+from src.evaluation.safe_pickle import restricted_load
 from src.open_alip.transform import preprocess_pil, preprocess_tensor
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
@@ -66,6 +67,9 @@ class ClassificationData:
     images: list[ImageSource]
     labels: list[int]
     classnames: list[str]
+    # The class names as the dataset's own files spell them, where a reader changes them (CIFAR's
+    # underscores); None: `classnames` are those names.
+    file_classnames: list[str] | None = None
 
     def __post_init__(self) -> None:
         if not self.images:
@@ -254,12 +258,23 @@ def read_imagenet_rec(path: Path | str, classnames: Sequence[str], name: str = "
     return ClassificationData(name, images, [LABEL_IN_RECORD] * len(images), list(classnames))
 
 
-def _unpickle(path: Path) -> dict:
+def _unpickle(path: Path, keys: Sequence[bytes]) -> dict:
+    """One CIFAR pickle: a dict holding `keys`, read without running anything the file names."""
     if not path.is_file():
         raise EvalDataError(f"CIFAR file {path} does not exist; pass the extracted cifar-*-python folder")
-    with open(path, "rb") as f:
-        # CIFAR's own format is a pickle; only open files the user downloaded from the CIFAR site.
-        return pickle.load(f, encoding="bytes")
+    try:
+        with open(path, "rb") as f:
+            data = restricted_load(f, encoding="bytes")
+    except pickle.UnpicklingError as exc:
+        raise EvalDataError(f"CIFAR file {path}: refusing to load it: {exc}; re-download the dataset") from None
+    except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, MemoryError) as exc:
+        raise EvalDataError(
+            f"CIFAR file {path} is truncated or not a CIFAR pickle ({type(exc).__name__}: {exc}); re-download it"
+        ) from None
+    missing = [k.decode() for k in keys if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise EvalDataError(f"CIFAR file {path} is not a CIFAR pickle (no {', '.join(missing)}); re-download it")
+    return data
 
 
 def read_cifar(root: Path | str, variant: str = "cifar10", split: str = "test") -> ClassificationData:
@@ -267,21 +282,33 @@ def read_cifar(root: Path | str, variant: str = "cifar10", split: str = "test") 
     root = _require_dir(Path(root), variant)
     if variant == "cifar10":
         files = ["test_batch"] if split == "test" else [f"data_batch_{i}" for i in range(1, 6)]
-        meta, names_key, labels_key = _unpickle(root / "batches.meta"), b"label_names", b"labels"
+        meta_file, names_key, labels_key = "batches.meta", b"label_names", b"labels"
     elif variant == "cifar100":
         files = ["test" if split == "test" else "train"]
-        meta, names_key, labels_key = _unpickle(root / "meta"), b"fine_label_names", b"fine_labels"
+        meta_file, names_key, labels_key = "meta", b"fine_label_names", b"fine_labels"
     else:
         raise EvalDataError(f"unknown CIFAR variant {variant!r}; use cifar10 or cifar100")
-    names = [_pretty(n.decode()) for n in meta[names_key]]
+    meta = _unpickle(root / meta_file, [names_key])
+    try:
+        raw_names = [n.decode() if isinstance(n, bytes) else str(n) for n in meta[names_key]]
+    except (TypeError, UnicodeDecodeError) as exc:
+        raise EvalDataError(f"CIFAR file {root / meta_file}: unreadable class names ({exc}); re-download it") from None
     images: list[ImageSource] = []
     labels: list[int] = []
     for file in files:
-        batch = _unpickle(root / file)
-        data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        batch = _unpickle(root / file, [b"data", labels_key])
+        try:
+            data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+            batch_labels = [int(x) for x in batch[labels_key]]
+        except (TypeError, ValueError) as exc:
+            raise EvalDataError(f"CIFAR file {root / file}: malformed data or labels ({exc}); re-download it") from None
+        if len(batch_labels) != len(data):
+            raise EvalDataError(
+                f"CIFAR file {root / file}: {len(data)} images but {len(batch_labels)} labels; re-download it"
+            )
         images.extend(np.ascontiguousarray(img) for img in data)
-        labels.extend(int(x) for x in batch[labels_key])
-    return ClassificationData(variant, images, labels, names)
+        labels.extend(batch_labels)
+    return ClassificationData(variant, images, labels, [_pretty(n) for n in raw_names], file_classnames=raw_names)
 
 
 # ---------------------------------------------------------------------------------------------

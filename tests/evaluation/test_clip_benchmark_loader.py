@@ -20,7 +20,7 @@ from PIL import Image
 
 import clip_benchmark_eval
 from src.errors import UserError
-from src.evaluation.clip_bench import ClipBenchmarkError, prepare_argv, register
+from src.evaluation.clip_bench import ClipBenchmarkError, precision_of, prepare_argv, register
 from src.open_alip import load_rwkv_clip
 from src.open_alip.errors import PretrainedError
 
@@ -81,9 +81,16 @@ def test_register_adds_the_model_type(weights, tmp_path):
 
 def test_wrapper_arguments_and_missing_clip_benchmark(monkeypatch, capsys):
     assert prepare_argv(["eval", "--dataset", "cifar10", "--pretrained", "w.pt"]) == [
-        "eval", "--model_type", "rwkv_clip", "--model", "RWKV_CLIP_B32", "--dataset", "cifar10", "--pretrained", "w.pt"]
+        "eval", "--model_type", "rwkv_clip", "--model", "RWKV_CLIP_B32", "--dataset", "cifar10", "--pretrained", "w.pt",
+        "--no_amp"]
     assert prepare_argv(["eval", "--model=RWKV_CLIP_B16", "--pretrained=w.pt", "--model_type", "open_clip"]) == [
-        "eval", "--model=RWKV_CLIP_B16", "--pretrained=w.pt", "--model_type", "open_clip"]
+        "eval", "--model=RWKV_CLIP_B16", "--pretrained=w.pt", "--model_type", "open_clip", "--no_amp"]
+    # precision: fp32 unless --amp (CLIP_benchmark's own default, autocast), never both
+    amp = prepare_argv(["eval", "--pretrained", "w.pt", "--amp"])
+    assert "--amp" not in amp and "--no_amp" not in amp and precision_of(amp) == "amp"
+    assert precision_of(prepare_argv(["eval", "--pretrained", "w.pt", "--no_amp"])) == "fp32"
+    with pytest.raises(ClipBenchmarkError, match="--amp and --no_amp exclude each other"):
+        prepare_argv(["eval", "--pretrained", "w.pt", "--amp", "--no_amp"])
     assert prepare_argv(["build", "a.json"]) == ["build", "a.json"]
     with pytest.raises(ClipBenchmarkError, match="eval needs weights: add --pretrained"):
         prepare_argv(["eval", "--dataset", "cifar10"])

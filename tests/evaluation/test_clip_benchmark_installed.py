@@ -1,0 +1,112 @@
+"""clip_benchmark_eval.py's glue against the real CLIP_benchmark 1.6.2, installed in its own venv
+(benchmarks/oracles.py: clip_benchmark_python).
+
+That venv holds CLIP_benchmark's zero-shot metric modules and what they import, with numpy 2 (the
+numpy this toolkit installs), but not torchvision or open_clip, which its command line imports at
+module level: torchvision's wheels are CUDA builds, not installed here. So its own `evaluate`
+functions run on a tiny dataset with the wrapper's loader and metric replacement, and the wrapper's
+command line is checked to stop with one line when CLIP_benchmark cannot be imported whole.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.oracles import REPO_ROOT, clip_benchmark_python, run_oracle
+
+SCRIPT = r"""
+import json, sys
+import numpy as np, torch, torch.nn.functional as F
+from PIL import Image
+sys.path.insert(0, sys.argv[1])
+import clip_benchmark.metrics.zeroshot_classification as zc
+import clip_benchmark.metrics.zeroshot_retrieval as zr
+import clip_benchmark_eval
+from src.evaluation.clip_bench import load_for_clip_benchmark, use_compatible_accuracy
+from src.open_alip.zero_shot import build_class_embeddings, classification_metrics, retrieval_metrics
+
+model, transform, tokenizer = load_for_clip_benchmark("RWKV_CLIP_tiny", sys.argv[2], None, "cpu")
+model.eval()
+rng = np.random.default_rng(0)
+pictures = [Image.fromarray((rng.random((20 + 3 * i, 24, 3)) * 255).astype(np.uint8)) for i in range(12)]
+images = torch.stack([transform(p) for p in pictures])
+labels = torch.arange(12) % 6
+
+class Tiny(torch.utils.data.Dataset):  # what CLIP_benchmark's evaluate reads: items and .classes
+    classes = ["red", "green", "blue", "yellow", "purple", "grey"]
+    def __len__(self):
+        return 12
+    def __getitem__(self, i):
+        return images[i], int(labels[i])
+
+loader = torch.utils.data.DataLoader(Tiny(), batch_size=5)
+templates = ["a photo of a {c}.", "a drawing of a {c}."]
+out = {"numpy": np.__version__}
+try:
+    zc.evaluate(model, loader, tokenizer, Tiny.classes, templates, "cpu", amp=False)
+    out["as_released"] = "ran"
+except TypeError as exc:
+    out["as_released"] = f"TypeError: {exc}"
+use_compatible_accuracy(zc)
+out["fp32"] = zc.evaluate(model, loader, tokenizer, Tiny.classes, templates, "cpu", amp=False)
+out["amp"] = zc.evaluate(model, loader, tokenizer, Tiny.classes, templates, "cpu", amp=True)
+with torch.no_grad():
+    classifier = build_class_embeddings(model, Tiny.classes, [t.replace("{c}", "{}") for t in templates], "cpu",
+                                        tokenizer=tokenizer)
+    features = F.normalize(model.encode_image(images), dim=-1)
+out["ours"] = classification_metrics(100.0 * features @ classifier, labels, 6)
+
+captions = [[f"photo number {i}", f"a picture, {i} of twelve"] for i in range(12)]
+class Pairs(torch.utils.data.Dataset):
+    def __len__(self):
+        return 12
+    def __getitem__(self, i):
+        return images[i], captions[i]
+
+pairs = torch.utils.data.DataLoader(Pairs(), batch_size=5, collate_fn=lambda b: (torch.stack([x for x, _ in b]),
+                                                                               [t for _, t in b]))
+out["retrieval"] = zr.evaluate(model, pairs, tokenizer, "cpu", amp=False, recall_k_list=[1, 5])
+with torch.no_grad():
+    texts = F.normalize(model.encode_text(tokenizer([t for ts in captions for t in ts])), dim=-1)
+out["retrieval_ours"] = retrieval_metrics(features, texts, torch.arange(12).repeat_interleave(2), ks=(1, 5))
+out["wrapper_rc"] = clip_benchmark_eval.main(["eval", "--dataset", "cifar10", "--pretrained", sys.argv[2]])
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def clip_benchmark_run(tiny_weights):
+    proc = run_oracle(clip_benchmark_python(), SCRIPT, str(REPO_ROOT), str(tiny_weights.path))
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_released_accuracy_fails_under_numpy2_and_the_replacement_matches_ours(clip_benchmark_run):
+    out, _ = clip_benchmark_run
+    assert out["numpy"].startswith("2.")
+    # the bug the wrapper works around, as 1.6.2 ships it
+    assert out["as_released"].startswith("TypeError") and "scalar" in out["as_released"]
+    fp32, ours = out["fp32"], out["ours"]
+    # CLIP_benchmark reports fractions, we report percent; same images, labels and model in fp32
+    assert fp32["acc1"] * 100 == pytest.approx(ours["top1"])
+    assert fp32["acc5"] * 100 == pytest.approx(ours["top5"])
+    assert fp32["mean_per_class_recall"] * 100 == pytest.approx(ours["mean_per_class_recall"])
+    assert set(out["amp"]) == {"acc1", "acc5", "mean_per_class_recall"}  # its autocast (bfloat16 on CPU) runs too
+
+
+def test_retrieval_recall_matches_ours(clip_benchmark_run):
+    out, _ = clip_benchmark_run
+    theirs, ours = out["retrieval"], out["retrieval_ours"]
+    for k in (1, 5):
+        # its "image retrieval" is text -> image, its "text retrieval" image -> text
+        assert theirs[f"image_retrieval_recall@{k}"] * 100 == pytest.approx(ours[f"text_to_image_R@{k}"])
+        assert theirs[f"text_retrieval_recall@{k}"] * 100 == pytest.approx(ours[f"image_to_text_R@{k}"])
+
+
+def test_wrapper_names_the_missing_part_in_one_line(clip_benchmark_run):
+    out, stderr = clip_benchmark_run
+    assert out["wrapper_rc"] == 2
+    lines = [line for line in stderr.splitlines() if line.startswith("clip_benchmark_eval.py:")]
+    assert lines == ["clip_benchmark_eval.py: error: cannot import CLIP_benchmark (No module named 'torchvision'); "
+                     "install it with `pip install clip-benchmark` (it is not a dependency of this toolkit)"]

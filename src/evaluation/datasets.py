@@ -36,7 +36,7 @@ from PIL import Image
 
 from src import recordio
 from src.errors import UserError
-from src.evaluation.safe_pickle import restricted_load
+from src.evaluation.safe_pickle import ForbiddenGlobal, restricted_load
 from src.open_alip.transform import preprocess_pil, preprocess_tensor
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
@@ -265,9 +265,9 @@ def _unpickle(path: Path, keys: Sequence[bytes]) -> dict:
     try:
         with open(path, "rb") as f:
             data = restricted_load(f, encoding="bytes")
-    except pickle.UnpicklingError as exc:
+    except ForbiddenGlobal as exc:
         raise EvalDataError(f"CIFAR file {path}: refusing to load it: {exc}; re-download the dataset") from None
-    except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, MemoryError) as exc:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, MemoryError) as exc:
         raise EvalDataError(
             f"CIFAR file {path} is truncated or not a CIFAR pickle ({type(exc).__name__}: {exc}); re-download it"
         ) from None

@@ -114,7 +114,11 @@ def _numbered(count: int) -> list[str]:
 
 
 def _lines(path: Path, name: str) -> list[str]:
-    return [line.strip() for line in _require_file(path, name).read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        text = _require_file(path, name).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise EvalDataError(f"{name}: {path} is not a text file ({exc}); re-download the dataset") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +127,14 @@ def _lines(path: Path, name: str) -> list[str]:
 
 def read_food101(folder: Path) -> ClassificationData:
     split_file = _require_file(folder / "meta" / "test.json", "food101")
-    meta = json.loads(split_file.read_text(encoding="utf-8"))
+    try:
+        meta = json.loads(split_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EvalDataError(f"food101: {split_file} is not valid JSON ({exc}); re-download the dataset") from None
+    if not isinstance(meta, dict) or not all(
+        isinstance(items, list) and all(isinstance(item, str) for item in items) for items in meta.values()
+    ):
+        raise EvalDataError(f"food101: {split_file} is not a {{class: [image id, ...]}} object; re-download the dataset")
     classes = sorted(meta)
     index = {c: i for i, c in enumerate(classes)}
     images: list[ImageSource] = []

@@ -64,15 +64,16 @@ def write_food101(root: Path) -> tuple[list[Path], list[int]]:
     return paths, labels
 
 
-def write_cifar(root: Path, variant: str, labels: list[int]) -> list[int]:
+def write_cifar(root: Path, variant: str, labels: list[int], names: list[str] | None = None) -> list[int]:
+    """The test batch and the class names (`names`, default c0, c1, ...) as CIFAR's pickles hold them."""
     if variant == "cifar10":
         base, test, meta, names_key, labels_key = root / "cifar-10-batches-py", "test_batch", "batches.meta", \
             b"label_names", b"labels"
-        names = [f"c{i}".encode() for i in range(10)]
     else:
         base, test, meta, names_key, labels_key = root / "cifar-100-python", "test", "meta", b"fine_label_names", \
             b"fine_labels"
-        names = [f"c{i}".encode() for i in range(100)]
+    count = 10 if variant == "cifar10" else 100
+    names = [n.encode() for n in (names or [f"c{i}" for i in range(count)])]
     base.mkdir(parents=True)
     with open(base / meta, "wb") as f:
         pickle.dump({names_key: names}, f)
@@ -85,11 +86,13 @@ def write_cifar(root: Path, variant: str, labels: list[int]) -> list[int]:
 SUN_CLASSES = ["/a/abbey", "/a/apartment_building/outdoor", "/b/bakery/shop", "/y/youth_hostel"]
 
 
-def write_sun397(root: Path, per_class: int = 5) -> tuple[list[Path], list[int]]:
-    """A SUN397 tree with a few classes (nested names included); all images, sorted by path."""
+def write_sun397(root: Path, per_class: int = 5, all_classes: bool = False) -> tuple[list[Path], list[int]]:
+    """A SUN397 tree with a few classes (nested names included); all images, sorted by path.
+    `all_classes`: ClassName.txt lists 397 classes, the others without images."""
     base = root / "SUN397"
     base.mkdir(parents=True)
-    (base / "ClassName.txt").write_text("".join(c + "\n" for c in SUN_CLASSES))
+    listed = SUN_CLASSES + ([f"/z/zz_scene_{i:03d}" for i in range(397 - len(SUN_CLASSES))] if all_classes else [])
+    (base / "ClassName.txt").write_text("".join(c + "\n" for c in listed))
     source = _image(root / "one.jpg")
     listing = []
     for label, cls in enumerate(SUN_CLASSES):
@@ -149,10 +152,23 @@ def write_dtd(root: Path) -> tuple[list[Path], list[int]]:
     return paths, [classes.index(line.split("/")[0]) for line in lines]
 
 
-def write_pets(root: Path) -> tuple[list[Path], list[int]]:
+# The image-id prefixes of the 37 Oxford-IIIT Pet breeds, in class-id order (cats capitalised).
+PET_BREEDS = (
+    "Abyssinian american_bulldog american_pit_bull_terrier basset_hound beagle Bengal Birman Bombay boxer "
+    "British_Shorthair chihuahua Egyptian_Mau english_cocker_spaniel english_setter german_shorthaired "
+    "great_pyrenees havanese japanese_chin keeshond leonberger Maine_Coon miniature_pinscher newfoundland Persian "
+    "pomeranian pug Ragdoll Russian_Blue saint_bernard samoyed scottish_terrier shiba_inu Siamese Sphynx "
+    "staffordshire_bull_terrier wheaten_terrier yorkshire_terrier"
+).split()
+
+
+def write_pets(root: Path, every_breed: bool = False) -> tuple[list[Path], list[int]]:
+    """test.txt with three images, or (`every_breed`) one image of each of the 37 breeds."""
     base = root / "oxford-iiit-pet"
     (base / "annotations").mkdir(parents=True)
     lines = [("Abyssinian_201", 1, 1, 1), ("yorkshire_terrier_9", 37, 2, 25), ("Bengal_3", 6, 1, 2)]
+    if every_breed:
+        lines = [(f"{breed}_{7 + i}", i + 1, 1 if breed[0].isupper() else 2, 1) for i, breed in enumerate(PET_BREEDS)]
     (base / "annotations" / "test.txt").write_text("".join(f"{a} {b} {c} {d}\n" for a, b, c, d in lines))
     paths = [_image(base / "images" / f"{a}.jpg") for a, *_ in lines]
     return paths, [b - 1 for _, b, _, _ in lines]

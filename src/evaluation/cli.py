@@ -14,9 +14,10 @@ from typing import Any
 PROTOCOL_HELP = (
     "original: the paper's numbers (integer-truncated logits, the original's ImageNet DALI resize and "
     "counted padding rows, 'a photo of ' before captions); standard: float logits, open_clip's "
-    "transform, captions as written, comparable with CLIP_benchmark (default: %(default)s)"
+    "transform, captions as written, on the original's dataset definitions; clip_benchmark: as standard, "
+    "on CLIP_benchmark's dataset definitions (SUN397 and Caltech101 whole, Caltech101's background class, "
+    "its class names), comparable with `clip_benchmark eval` (docs/evaluation.md) (default: %(default)s)"
 )
-
 
 def build_parser(
     prog: str, description: str, epilog: str, add_dataset_options: Callable[[argparse.ArgumentParser], None]
@@ -40,7 +41,8 @@ def build_parser(
     p.add_argument("--data-root", type=Path, default=None,
                    help="folder for bare NAME items: torchvision's root for the paper's datasets, else ROOT/NAME")
     add_dataset_options(p)
-    p.add_argument("--protocol", choices=("original", "standard"), default="standard", help=PROTOCOL_HELP)
+    p.add_argument("--protocol", choices=("original", "standard", "clip_benchmark"), default="standard",
+                   help=PROTOCOL_HELP)
     p.add_argument("--output-dir", "--output", dest="output", type=Path, default=Path("eval_results"),
                    help="folder for the per-dataset JSON results, checked writable before anything runs "
                         "(default: eval_results)")

@@ -155,23 +155,29 @@ def read_cifar100(folder: Path) -> ClassificationData:
     return read_cifar(folder, "cifar100")
 
 
-def read_sun397(folder: Path, lengths: Sequence[int] = SUN397_SPLIT, seed: int = SPLIT_SEED) -> ClassificationData:
+def sun397_images(folder: Path) -> ClassificationData:
+    """Every `sun_*.jpg` under SUN397/, sorted by relative path (torchvision keeps rglob's filesystem
+    order, which differs between machines), labelled by its folder's line in ClassName.txt."""
     names_file = folder / "ClassName.txt"
     classes = [line[3:] for line in _lines(names_file, "sun397")]  # "/a/abbey" -> "abbey"
     index = {c: i for i, c in enumerate(classes)}
-    # Sorted relative paths: torchvision keeps rglob's filesystem order, which differs between machines.
-    found = sorted(folder.rglob("sun_*.jpg"), key=lambda p: p.relative_to(folder).as_posix())
-    chosen = seeded_split(len(found), lengths, 1, seed, "sun397", f"sun_*.jpg images under {folder}")
-    images: list[ImageSource] = []
+    images: list[ImageSource] = sorted(folder.rglob("sun_*.jpg"), key=lambda p: p.relative_to(folder).as_posix())
     labels: list[int] = []
-    for i in chosen:
-        path = found[i]
+    for path in images:
         cls = "/".join(path.relative_to(folder).parts[1:-1])
         if cls not in index:
             raise EvalDataError(f"sun397: {path} is in folder {cls!r}, which {names_file} does not list")
-        images.append(path)
         labels.append(index[cls])
+    if not images:
+        raise EvalDataError(f"sun397: no sun_*.jpg images under {folder}")
     return ClassificationData("sun397", images, labels, classes)
+
+
+def read_sun397(folder: Path, lengths: Sequence[int] = SUN397_SPLIT, seed: int = SPLIT_SEED) -> ClassificationData:
+    every = sun397_images(folder)
+    chosen = seeded_split(len(every.images), lengths, 1, seed, "sun397", f"sun_*.jpg images under {folder}")
+    return ClassificationData("sun397", [every.images[i] for i in chosen], [every.labels[i] for i in chosen],
+                              every.classnames)
 
 
 def read_stanford_car(folder: Path) -> ClassificationData:

@@ -1,15 +1,17 @@
-"""The two evaluation protocols: `original` reproduces the RWKV-CLIP paper's numbers, `standard`
-is the plain CLIP protocol that CLIP_benchmark's numbers are comparable with.
+"""The evaluation protocols: `original` reproduces the RWKV-CLIP paper's numbers, `standard` is
+the plain CLIP protocol on the original's dataset definitions, `clip_benchmark` is the plain CLIP
+protocol on CLIP_benchmark 1.6.2's dataset definitions (src/evaluation/clip_benchmark_protocol.py).
 
-Both use the same datasets, splits, class names, templates, metrics and ranks; they differ only
-in what docs/evaluation.md lists as the original's quirks:
+`original` and `standard` use the same datasets, splits, class names, templates, metrics and
+ranks; they differ only in what docs/evaluation.md lists as the original's quirks:
 
-| | original | standard |
-|---|---|---|
-| classification logits | 100 x cosine written into an int64 tensor (truncated toward zero), top-k on CPU | float |
-| ImageNet preprocessing | DALI: triangular resize of the shorter side to 256/224 x size, centre crop | open_clip eval transform |
-| ImageNet zero rows | the original's 8 ranks x batch 120 leave 880 zero rows, counted with target 0 | none |
-| retrieval captions | "a photo of " + caption | caption |
+| | original | standard | clip_benchmark |
+|---|---|---|---|
+| classification logits | 100 x cosine written into an int64 tensor (truncated toward zero), top-k on CPU | float | float |
+| ImageNet preprocessing | DALI: triangular resize of the shorter side to 256/224 x size, centre crop | open_clip eval transform | open_clip eval transform |
+| ImageNet zero rows | the original's 8 ranks x batch 120 leave 880 zero rows, counted with target 0 | none | none |
+| retrieval captions | "a photo of " + caption | caption | caption |
+| dataset definitions | the original's | the original's | CLIP_benchmark's |
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ class Protocol:
     # unfilled logit rows it counts; None: count only real images.
     imagenet_padding_launch: tuple[int, int] | None
     caption_prefix: str
+    # Whose splits, class names and headline metrics the paper's datasets get: "original" or "clip_benchmark".
+    dataset_definitions: str = "original"
 
 
 ORIGINAL = Protocol("original", True, True, (8, 120), "a photo of ")
 STANDARD = Protocol("standard", False, False, None, "")
-PROTOCOLS = {p.name: p for p in (ORIGINAL, STANDARD)}
+CLIP_BENCHMARK = Protocol("clip_benchmark", False, False, None, "", dataset_definitions="clip_benchmark")
+PROTOCOLS = {p.name: p for p in (ORIGINAL, STANDARD, CLIP_BENCHMARK)}
 
 
 def get_protocol(name: str | Protocol) -> Protocol:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from src.evaluation.clip_benchmark_protocol import clip_benchmark_metrics, read_clip_benchmark_dataset
 from src.evaluation.datasets import (
     IMAGE_EXTENSIONS,
     ClassificationData,
@@ -134,12 +135,18 @@ def _has_class_folders(path: Path) -> bool:
     return path.is_dir() and any(p.is_dir() for p in path.iterdir())
 
 
-def load_classification_data(spec: DatasetSpec | str | Path) -> tuple[ClassificationData, list[str]]:
-    """Read a classification dataset and pick its templates; returns (data, templates)."""
+def load_classification_data(
+    spec: DatasetSpec | str | Path, protocol: Protocol | str = STANDARD
+) -> tuple[ClassificationData, list[str]]:
+    """Read a classification dataset (a paper dataset as `protocol` defines it) and pick its
+    templates; returns (data, templates)."""
     spec = as_spec(spec)
     entry = paper_dataset_of(spec)
     if entry is not None:
-        data, templates = read_paper_dataset(entry, spec.path)
+        if get_protocol(protocol).dataset_definitions == "clip_benchmark":
+            data, templates = read_clip_benchmark_dataset(entry, spec.path)
+        else:
+            data, templates = read_paper_dataset(entry, spec.path)
         if spec.classnames is not None:
             names = read_classnames_file(spec.classnames)
             if len(names) != len(data.classnames):
@@ -326,7 +333,7 @@ def evaluate_classification(
     """
     spec = as_spec(dataset_spec)
     protocol = get_protocol(protocol)
-    data, templates = load_classification_data(spec)
+    data, templates = load_classification_data(spec, protocol)
     entry = paper_dataset_of(spec)
     imagenet = entry is not None and entry.name == "imagenet"
     count, num_classes = len(data.images), len(data.classnames)
@@ -368,6 +375,9 @@ def evaluate_classification(
             torch.cat([labels_all, torch.zeros(padding, dtype=torch.long)]), num_classes,
         )
     headline = "mean_per_class_recall" if entry is not None and entry.metric == "mean_per_class" else "top1"
+    if protocol.dataset_definitions == "clip_benchmark":  # it has no per-dataset headline; its tables rank by acc1
+        headline = "top1"
+        result["clip_benchmark_metrics"] = clip_benchmark_metrics(metrics, num_classes)
     result.update(metric=headline, score=metrics[headline], metrics=metrics)
     if return_predictions:
         result["predictions"] = top1_all.tolist()

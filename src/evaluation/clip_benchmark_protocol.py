@@ -16,6 +16,8 @@ original's definitions (src/evaluation/paper_datasets.py), this module follows C
 The splits of the other datasets, and every dataset's templates, are the original's (the same
 files and lists). CLIP_benchmark reports top-1, top-5 and mean per-class recall for every dataset,
 as fractions; `clip_benchmark_metrics` gives them in its form, and the headline is top-1.
+Retrieval is the standard protocol's (captions as written); `clip_benchmark_retrieval_metrics`
+gives its recalls in CLIP_benchmark's form.
 """
 
 from __future__ import annotations
@@ -122,3 +124,15 @@ def clip_benchmark_metrics(metrics: dict[str, float], num_classes: int) -> dict[
         "acc5": metrics["top5"] / 100.0 if num_classes >= 5 else None,
         "mean_per_class_recall": metrics["mean_per_class_recall"] / 100.0,
     }
+
+
+def clip_benchmark_retrieval_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Our retrieval recalls in CLIP_benchmark's form: fractions, "image_retrieval" for text -> image
+    and "text_retrieval" for image -> text (it computes only R@5 unless --recall_k says more)."""
+    out = {}
+    for key, value in metrics.items():
+        direction, _, k = key.rpartition("_R@")
+        if direction in ("text_to_image", "image_to_text"):
+            kind = "image" if direction == "text_to_image" else "text"
+            out[f"{kind}_retrieval_recall@{k}"] = value / 100.0
+    return out

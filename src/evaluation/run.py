@@ -22,7 +22,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from src.evaluation.clip_benchmark_protocol import clip_benchmark_metrics, read_clip_benchmark_dataset
+from src.evaluation.clip_benchmark_protocol import (
+    clip_benchmark_metrics,
+    clip_benchmark_retrieval_metrics,
+    read_clip_benchmark_dataset,
+)
 from src.evaluation.datasets import (
     IMAGE_EXTENSIONS,
     ClassificationData,
@@ -407,7 +411,7 @@ def evaluate_retrieval(
         text_emb = encode_texts(model, captions, device, tokenizer=tokenizer)
         loader = make_loader(data.images, None, input_size, batch_size, device, workers)
         image_emb, _ = encode_images(model, loader, input_size, device, progress, desc=data.name)
-    return {
+    result = {
         "dataset": data.name,
         "task": "retrieval",
         "protocol": protocol.name,
@@ -415,6 +419,9 @@ def evaluate_retrieval(
         "num_captions": len(data.captions),
         "metrics": retrieval_metrics(image_emb, text_emb, data.caption_image),
     }
+    if protocol.dataset_definitions == "clip_benchmark":
+        result["clip_benchmark_metrics"] = clip_benchmark_retrieval_metrics(result["metrics"])
+    return result
 
 
 def list_images(paths: Sequence[Path | str]) -> list[Path]:

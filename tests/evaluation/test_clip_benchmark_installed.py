@@ -71,6 +71,8 @@ out["retrieval"] = zr.evaluate(model, pairs, tokenizer, "cpu", amp=False, recall
 with torch.no_grad():
     texts = F.normalize(model.encode_text(tokenizer([t for ts in captions for t in ts])), dim=-1)
 out["retrieval_ours"] = retrieval_metrics(features, texts, torch.arange(12).repeat_interleave(2), ks=(1, 5))
+from src.evaluation.clip_benchmark_protocol import clip_benchmark_retrieval_metrics
+out["retrieval_ours_form"] = clip_benchmark_retrieval_metrics(out["retrieval_ours"])
 out["wrapper_rc"] = clip_benchmark_eval.main(["eval", "--dataset", "cifar10", "--pretrained", sys.argv[2]])
 print(json.dumps(out))
 """
@@ -102,6 +104,38 @@ def test_retrieval_recall_matches_ours(clip_benchmark_run):
         # its "image retrieval" is text -> image, its "text retrieval" image -> text
         assert theirs[f"image_retrieval_recall@{k}"] * 100 == pytest.approx(ours[f"text_to_image_R@{k}"])
         assert theirs[f"text_retrieval_recall@{k}"] * 100 == pytest.approx(ours[f"image_to_text_R@{k}"])
+
+
+def test_our_clip_benchmark_form_has_its_keys(clip_benchmark_run):
+    out, _ = clip_benchmark_run
+    assert out["retrieval_ours_form"] == pytest.approx(out["retrieval"])
+
+
+BUNDLED = r"""
+import json, pathlib, sys
+import clip_benchmark  # the package's own folder; its datasets/__init__ would import torchvision
+folder = pathlib.Path(clip_benchmark.__file__).parent / "datasets"
+print(json.dumps({kind: json.loads((folder / f"en_{kind}.json").read_text())
+                  for kind in ("classnames", "zeroshot_classification_templates")}))
+"""
+
+
+def test_our_definitions_use_clip_benchmarks_bundled_names_and_templates(tmp_path):
+    from src.evaluation.clip_benchmark_protocol import CLIP_BENCHMARK_NAMES, read_clip_benchmark_dataset
+    from src.evaluation.paper_datasets import find_paper_dataset
+    from src.open_alip.zero_shot import load_metadata
+    from tests import _eval_layouts as layouts
+
+    bundled = json.loads(run_oracle(clip_benchmark_python(), BUNDLED).stdout)
+    names, templates = bundled["classnames"], bundled["zeroshot_classification_templates"]
+    for ours, theirs in CLIP_BENCHMARK_NAMES.items():  # the same templates, {c} written {}
+        assert load_metadata(ours)[1] == [t.replace("{c}", "{}") for t in templates[theirs]], ours
+    assert load_metadata("flowers")[0] == names["flowers"] and load_metadata("imagenet")[0] == names["imagenet1k"]
+    layouts.write_caltech101(tmp_path, total=101)
+    layouts.write_pets(tmp_path, every_breed=True)
+    for ours, theirs in (("caltech101", "caltech101"), ("pets", "pets")):
+        # its caltech101 list is what its builder uses; its pets list is what torchvision derives
+        assert read_clip_benchmark_dataset(find_paper_dataset(ours), tmp_path)[0].classnames == names[theirs]
 
 
 def test_wrapper_names_the_missing_part_in_one_line(clip_benchmark_run):

@@ -117,3 +117,22 @@ def test_zero_shot_cli_takes_the_protocol(tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     saved = json.loads((tmp_path / "out" / "classification_sun397.json").read_text())
     assert saved["protocol"] == "clip_benchmark" and saved["num_images"] == 8 and saved["metric"] == "top1"
+
+
+def test_retrieval_is_the_standard_one_with_clip_benchmarks_form(tmp_path):
+    from PIL import Image
+
+    from src.evaluation.run import evaluate_retrieval
+
+    entries = []
+    for i, colour in enumerate([(250, 0, 0), (0, 250, 0), (0, 0, 250)]):
+        Image.new("RGB", (20, 12), colour).save(tmp_path / f"{i}.jpg")
+        entries.append({"image": f"{i}.jpg", "caption": [f"colour {i}", f"picture {i}"]})
+    (tmp_path / "test.json").write_text(json.dumps(entries))
+    model = layouts.micro_model()
+    ours = evaluate_retrieval(model, f"set={tmp_path / 'test.json'}", 32, "cpu", protocol="clip_benchmark")
+    standard = evaluate_retrieval(model, f"set={tmp_path / 'test.json'}", 32, "cpu", protocol="standard")
+    assert ours["protocol"] == "clip_benchmark" and ours["metrics"] == standard["metrics"]
+    form = ours["clip_benchmark_metrics"]
+    assert form["image_retrieval_recall@5"] == ours["metrics"]["text_to_image_R@5"] / 100
+    assert form["text_retrieval_recall@1"] == ours["metrics"]["image_to_text_R@1"] / 100 and len(form) == 6

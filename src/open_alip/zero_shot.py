@@ -150,7 +150,7 @@ def classification_metrics(logits: torch.Tensor, targets: torch.Tensor, num_clas
 
 def _positions(sim: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Position of candidate `target[q]` in query q's ranking: a descending sort of `sim[q]` in
-    which equal scores keep the candidates' order (a stable sort), as an argsort ranks them."""
+    which equal scores keep the candidates' order (a stable sort)."""
     score = sim.gather(1, target.unsqueeze(1))
     candidates = torch.arange(sim.shape[1], device=sim.device)
     earlier_tie = (sim == score) & (candidates < target.unsqueeze(1))
@@ -166,9 +166,13 @@ def retrieval_metrics(
 ) -> dict:
     """Recall@K both ways, in %.
 
-    Ranks are positions in each query's candidates sorted by similarity, as the original and
-    CLIP_benchmark rank them (argsort / top-k). Ties are broken by order: of equally similar
-    candidates, the one listed first in the dataset ranks first.
+    Ranks are positions in each query's candidates sorted by similarity, ties broken by order: of
+    equally similar candidates, the one listed first in the dataset ranks first. That is exactly
+    `torch.sort(descending=True, stable=True)` (or numpy's stable argsort of the negated scores).
+    Without ties it is also what the original's `argsort(descending=True)` and CLIP_benchmark's
+    `topk` give; among tied scores those two return an unspecified order (on CPU it stops following
+    the candidates' order once a row has a few dozen values; on CUDA it depends on the kernel), so
+    on sets with duplicate captions or images their numbers may differ from these and from run to run.
     image->text: the rank of the image's best-placed caption; text->image: the rank of its image.
     """
     device = image_emb.device

@@ -4,6 +4,7 @@ integer logits, result files and the bundled metadata."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -184,3 +185,27 @@ def test_identical_captions_do_not_all_rank_first():
     m = retrieval_metrics(images, texts, torch.arange(12), ks=(1, 12))
     assert m["image_to_text_R@1"] == pytest.approx(100 / 12)  # only image 0's caption comes first
     assert m["image_to_text_R@12"] == 100.0
+
+
+def test_duplicate_captions_and_images_follow_the_position_rule():
+    # 8 images x 12 captions whose texts repeat: caption j is text j % 12, so every image owns one copy of
+    # each of the 12 texts (96 candidates per image query, past the size where CPU argsort/topk order ties
+    # arbitrarily). Rule: among equal scores the candidate listed first ranks first. The best own caption of
+    # image i is the copy of its best text at index 12 i + b; the copies at b, 12 + b, ... come before it,
+    # so image i ranks at position i exactly.
+    g = torch.Generator().manual_seed(4)
+    texts = torch.nn.functional.normalize(torch.randn(12, 8, generator=g), dim=1).repeat(8, 1)
+    images = torch.nn.functional.normalize(torch.randn(8, 8, generator=g), dim=1)
+    images[6:] = images[:2]  # images 6 and 7 repeat images 0 and 1: text queries tie on them
+    owner = torch.arange(8).repeat_interleave(12)
+    m = retrieval_metrics(images, texts, owner, ks=(1, 5, 8))
+    assert [m[f"image_to_text_R@{k}"] for k in (1, 5, 8)] == pytest.approx([100 / 8, 500 / 8, 100.0])
+    # both directions equal a stable descending sort (numpy's stable argsort of the negated scores too)
+    i2t, t2i = _stable_ranks(images, texts, owner.tolist())
+    sim = (texts @ images.t()).numpy()
+    numpy_t2i = [list(np.argsort(-sim[j], kind="stable")).index(int(owner[j])) for j in range(96)]
+    assert t2i.tolist() == numpy_t2i
+    for k in (1, 5, 8):
+        assert m[f"text_to_image_R@{k}"] == pytest.approx(100 * (t2i < k).float().mean().item())
+    # a caption of image 6 ties with image 0, listed first: it can never rank first
+    assert (t2i[owner == 6] >= 1).all() and (t2i[owner == 7] >= 1).all()

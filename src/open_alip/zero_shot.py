@@ -170,9 +170,10 @@ def retrieval_metrics(
     equally similar candidates, the one listed first in the dataset ranks first. That is exactly
     `torch.sort(descending=True, stable=True)` (or numpy's stable argsort of the negated scores).
     Without ties it is also what the original's `argsort(descending=True)` and CLIP_benchmark's
-    `topk` give; among tied scores those two return an unspecified order (on CPU it stops following
-    the candidates' order once a row has a few dozen values; on CUDA it depends on the kernel), so
-    on sets with duplicate captions or images their numbers may differ from these and from run to run.
+    `topk` give; among tied scores those two return an unspecified order (with torch 2.13 on CPU,
+    argsort stops following the candidates' order from 17 values per row and topk already below
+    that; on CUDA it depends on the kernel), so on sets with duplicate captions or images their
+    numbers may differ from these, and between devices and versions.
     image->text: the rank of the image's best-placed caption; text->image: the rank of its image.
     """
     device = image_emb.device

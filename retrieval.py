@@ -23,8 +23,9 @@ dataset forms (NAME=PATH):
                                Flickr30k images may sit in DIR/ or DIR/flickr30k-images/
   NAME=FILE.csv|.tsv|.jsonl    manifest: an image column and caption columns (caption*, text*),
                                or a JSONL list of captions per image
-IMAGE_ROOT is --image-root, by default the JSON's folder. Ranks are positions in the sorted
-similarities (as the original and CLIP_benchmark); equal scores keep the dataset's order.
+IMAGE_ROOT is --image-root, by default the JSON's folder. Ranks are positions in the similarities
+sorted stably: equal scores keep the dataset's order (the original's argsort and CLIP_benchmark's
+topk agree without ties only; docs/evaluation.md).
 Results: one JSON per dataset in --output-dir (retrieval_NAME.json) and a printed table.
 """
 

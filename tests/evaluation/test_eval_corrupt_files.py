@@ -99,3 +99,13 @@ def test_zero_shot_cli_reports_a_truncated_cifar_file_in_one_line(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
     assert err[0].startswith(f"zero_shot.py: error: CIFAR file {meta} is truncated or not a CIFAR pickle")
+
+
+def test_a_binary_split_file_is_one_line_naming_it(tmp_path):
+    layouts.write_dtd(tmp_path)
+    split_file = tmp_path / "dtd" / "dtd" / "labels" / "test1.txt"
+    split_file.write_bytes(b"\x89PNG\r\n\x1a\n\xff\x00")
+    with pytest.raises(EvalDataError) as info:
+        read_paper_dataset(find_paper_dataset("dtd"), tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"dtd: {split_file} is not a text file") and "\n" not in message

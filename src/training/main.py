@@ -24,6 +24,7 @@ from src.fsutil import atomic_write_json
 from src.lock import OutputLock, OutputLocked
 from src.open_alip.model import unwrap_model
 from src.training import checkpoint as ckpt_io
+from src.training.agreement import check_same_data, check_shared_output
 from src.training.batching import BatchPlan, plan_for_device
 from src.training.config import TrainConfig, recipe_notices
 from src.training.distributed import DistEnv, barrier, broadcast_object, cleanup, init_distributed, wrap_ddp
@@ -33,6 +34,7 @@ from src.training.observe import LOG, RunLog, Throughput, close_logging, setup_l
 from src.training.progress import Progress
 from src.training.schedule import FORMER_MEANING, ONECYCLE, Schedule
 from src.training.state import TrainState
+from src.training.warmup import warm_wkv
 
 # Called at the end of each epoch on every rank as hook(model, epochs_done, config, plan, env),
 # with the unwrapped model in eval mode under no_grad, the run's settings and its batch plan
@@ -82,10 +84,15 @@ def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resum
     )
     if why:
         LOG.info("%s", why)
+    check_shared_output(cfg.output, env)
     loader = _build_loader(cfg, plan, env)  # first: a wrong data path fails before the model is built
+    check_same_data(loader.shardset, env)
     steps_per_epoch = _steps_per_epoch(cfg, plan, loader)
     seed_everything(cfg.seed, env.rank)
     model = _build_model(cfg, env, wkv_impl, checkpointing)
+    warmed = warm_wkv(cfg.model, wkv_impl, plan.micro_batch, env.device, cfg.precision)
+    if warmed is not None:
+        LOG.info("WKV kernels (%s) tuned at the micro-batch %d in %.1f s", wkv_impl, plan.micro_batch, warmed)
     optimizer = _build_optimizer(cfg, model, env)
     schedule = Schedule(cfg.lr_scheduler, cfg.lr, steps_per_epoch * cfg.epochs, cfg.warmup)
     state = TrainState(model, optimizer, make_grad_scaler(cfg.precision, env.device), loader, env)

@@ -9,8 +9,11 @@ import hashlib
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from src.errors import UserError
 from src.training.distributed import DistEnv, barrier, broadcast_object, gather_object
 from src.training.errors import TrainingError
 
@@ -27,6 +30,20 @@ def data_view(shardset) -> dict:
 
 def _where(rank: int, view: dict) -> str:
     return f"rank {rank} on {view['host']}"
+
+
+def build_on_every_rank(build: Callable[[], Any], env: DistEnv) -> Any:
+    """`build()` on every rank; a UserError on any rank stops all of them (with its message),
+    instead of leaving the others waiting in the next collective."""
+    result, error = None, None
+    try:
+        result = build()
+    except UserError as exc:
+        error = f"{exc}" if not env.distributed else f"rank {env.rank} on {socket.gethostname()}: {exc}"
+    errors = [e for e in gather_object(error, env) if e]
+    if errors:
+        raise TrainingError(errors[0])
+    return result
 
 
 def check_same_data(shardset, env: DistEnv) -> None:

@@ -24,7 +24,7 @@ from src.fsutil import atomic_write_json
 from src.lock import OutputLock, OutputLocked
 from src.open_alip.model import unwrap_model
 from src.training import checkpoint as ckpt_io
-from src.training.agreement import check_same_data, check_shared_output
+from src.training.agreement import build_on_every_rank, check_same_data, check_shared_output
 from src.training.batching import BatchPlan, plan_for_device
 from src.training.config import TrainConfig, recipe_notices
 from src.training.distributed import DistEnv, barrier, broadcast_object, cleanup, init_distributed, wrap_ddp
@@ -85,7 +85,8 @@ def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resum
     if why:
         LOG.info("%s", why)
     check_shared_output(cfg.output, env)
-    loader = _build_loader(cfg, plan, env)  # first: a wrong data path fails before the model is built
+    # First: a wrong data path fails before the model is built, on every rank at once.
+    loader = build_on_every_rank(lambda: _build_loader(cfg, plan, env), env)
     check_same_data(loader.shardset, env)
     steps_per_epoch = _steps_per_epoch(cfg, plan, loader)
     seed_everything(cfg.seed, env.rank)
@@ -408,12 +409,20 @@ class _Saver:
     def save(self, path: Path) -> None:
         self.trainer.raise_if_nonfinite()
         ckpt = self.state.state_dict(plan=self.plan, run=self.cfg.to_json())
+        error = None
         if ckpt is not None:
-            if path.name.startswith("step_"):
-                ckpt_io.prune_before_save(self.cfg.output, self.cfg.keep_checkpoints)
-            ckpt_io.atomic_save(ckpt, path)
-            ckpt_io.prune_step_checkpoints(self.cfg.output, self.cfg.keep_checkpoints)
-            LOG.info("saved %s", path)
+            try:
+                if path.name.startswith("step_"):
+                    ckpt_io.prune_before_save(self.cfg.output, self.cfg.keep_checkpoints)
+                ckpt_io.atomic_save(ckpt, path)
+            except TrainingError as exc:  # a full disk: every rank stops, none waits in the barrier
+                error = str(exc)
+            else:
+                ckpt_io.prune_step_checkpoints(self.cfg.output, self.cfg.keep_checkpoints)
+                LOG.info("saved %s", path)
+        error = broadcast_object(error, self.env)
+        if error:
+            raise TrainingError(error)
         self.last, self._saved_step = path, self.state.step
         barrier(self.env)
 

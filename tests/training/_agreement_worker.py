@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from dataloaders.shards import load_shards
-from src.training.agreement import check_same_data, check_shared_output
+from src.training.agreement import build_on_every_rank, check_same_data, check_shared_output
 from src.training.distributed import cleanup, init_distributed
 from src.training.errors import TrainingError
 
@@ -14,7 +14,7 @@ if __name__ == "__main__":
     env = init_distributed("cpu", timeout_s=60)
     try:
         check_shared_output(output, env)
-        check_same_data(load_shards(data, cache_dir=output / "cache"), env)
+        check_same_data(build_on_every_rank(lambda: load_shards(data, cache_dir=output / "cache"), env), env)
         print("agreed")
     except TrainingError as exc:
         print(f"error: {exc}")

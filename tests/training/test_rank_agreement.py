@@ -63,3 +63,12 @@ def test_an_output_one_rank_cannot_see_stops_every_rank(tmp_path):
                      f"error: --output {outs[1]} is not one folder all ranks see: rank 1 on {host} cannot read "
                      "what rank 0 wrote there; pass a folder on storage every node shares"]
     assert not list(outs[0].iterdir())  # the token is removed
+
+
+def test_data_missing_on_one_rank_stops_every_rank(tmp_path):
+    data = write_colour_records(tmp_path / "part-0", 8, side=8)
+    out = tmp_path / "out"
+    out.mkdir()
+    lines = _two_ranks([str(data), str(tmp_path / "elsewhere" / "part-0.rec")], [str(out)] * 2)
+    assert lines[0] == lines[1] and lines[0].startswith(f"error: rank 1 on {socket.gethostname()}: "), lines
+    assert "elsewhere" in lines[0] and "\n" not in lines[0]

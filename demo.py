@@ -35,6 +35,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _unwritable(output: Path) -> str | None:
+    """Why nothing can be written under `output` (None if it can): checked before the first
+    step, which would otherwise fail deep inside with a traceback."""
+    import tempfile
+
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=output, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from src.demo.pipeline import Demo, DemoSettings, format_summary
@@ -52,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     if settings.train_samples < settings.batch_size * settings.processes:
         print(f"demo.py: error: --train-samples must be at least {settings.batch_size * settings.processes} "
               "(one global batch)", file=sys.stderr)
+        return 2
+    unwritable = _unwritable(args.output)
+    if unwritable:
+        print(f"demo.py: error: --output {args.output}: cannot write there ({unwritable}); pass a folder you "
+              "can write", file=sys.stderr)
         return 2
     try:
         summary = Demo(settings).run()

@@ -19,12 +19,12 @@
 # must be node 0's address as the other nodes reach it (README: "Training on GPUs" names
 # the NCCL variables hosts with several network interfaces need):
 #
-#   NNODES=4 NODE_RANK=0 MASTER_ADDR=10.0.0.1 MASTER_PORT=23760 bash shell/train_RWKV_CLIP_B32_YFCC15M.sh
+#   NNODES=4 NPROC_PER_NODE=8 NODE_RANK=0 MASTER_ADDR=10.0.0.1 MASTER_PORT=23760 bash shell/train_RWKV_CLIP_B32_YFCC15M.sh
 #
 # Environment (defaults in brackets): DATA_ROOT [./YFCC15M; several folders, .rec files or
-# prefixes separated by spaces or colons], OUTPUT [./output/RWKV_CLIP_B32_YFCC15M], NNODES
+# prefixes separated by spaces or colons; a path holding a space: alone, or colon-separated], OUTPUT [./output/RWKV_CLIP_B32_YFCC15M], NNODES
 # [1], NODE_RANK [0], MASTER_ADDR [127.0.0.1], MASTER_PORT [23760], NPROC_PER_NODE [the GPUs
-# torch sees, CUDA_VISIBLE_DEVICES included; else 1], PYTHON [.venv/bin/python if present,
+# torch sees, CUDA_VISIBLE_DEVICES included; else 1; required when NNODES > 1], PYTHON [.venv/bin/python if present,
 # else python3], DRY_RUN [unset; 1 prints the command instead of running it].
 # Re-running the same command after a crash resumes from the newest checkpoint in OUTPUT
 # (for several nodes OUTPUT must be a folder all nodes share).

@@ -5,9 +5,10 @@ tokenise, pack) -> ShardWriter, spread by the distributor, with a report and res
 state beside the output. `convert()` runs it; `verify()` re-reads finished shards.
 """
 
+from src.lock import OutputLocked
+
 from .images import VALIDATE_LEVELS, ImageOptions
 from .items import MAX_CAPTIONS
-from .lock import OutputLocked
 from .pipeline import (
     DEFAULT_MAX_SKIP_FRACTION,
     MAX_ID,

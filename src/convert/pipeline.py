@@ -21,11 +21,11 @@ from pathlib import Path
 from src.caption_record import CONTEXT_LENGTH, pack_caption_record
 from src.errors import UserError
 from src.fsutil import DEFAULT_MAX_FILE_BYTES, json_safe, printable
+from src.lock import OutputLock
 
 from .distributor import chunked, ordered_map, prefetch
 from .images import ImageOptions
 from .items import MAX_CAPTIONS, Item, Unit
-from .lock import OutputLock
 from .report import Report, percent
 from .sources import InputError, Source, SourceOptions, make_source
 from .state import load_state, new_state, write_json_atomic, write_report
@@ -246,7 +246,7 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
     _check_writable(prefix)
     with OutputLock(prefix) as lock:
         if lock.took_over:
-            from .lock import describe
+            from src.lock import describe
 
             print(f"data2rec: {lock.path} was left by {describe(lock.took_over)}, which is no longer running; "
                   "taking it over", file=sys.stderr)

@@ -10,10 +10,11 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from src.lock import describe, held_by, lock_path
+
 from ..caption_record import CONTEXT_LENGTH, InvalidCaptions, unpack_caption_record
 from ..recordio import RecordIOError, iter_records, read_index, unpack
 from .images import sniff
-from .lock import describe, held_by, lock_path
 
 _SHARD = re.compile(r"-(m\d{3}-)?\d{5}\.rec$|-m\d{3}\.rec$")
 

@@ -9,9 +9,12 @@ model's parameters (no `module.` / `_orig_mod.` prefixes) in the released layout
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
+import resource
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +47,37 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     any moment leaves either the previous file or the complete new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path, durable=True) as tmp:
-        torch.save(obj, tmp)
+    try:
+        with atomic_path(path, durable=True) as tmp:
+            torch.save(obj, tmp)
+    except (OSError, RuntimeError) as exc:
+        # torch's writer reports a full disk as a bare RuntimeError ("basic_ios::clear",
+        # "file write failed"), so the free space decides what to say.
+        need = _tensor_bytes(obj)
+        full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        if full or _room(path.parent) < need:
+            raise TrainingError(
+                f"no space left on device, need ≈ {need / 1e9:.3g} GB at {path.parent} for {path.name}; "
+                "free some space (or lower --keep-checkpoints) and resume with --resume latest") from None
+        raise
     return path
+
+
+def _room(folder: Path) -> int:
+    """Bytes one file may still take at `folder`: the free space, or less under a file-size limit."""
+    room = shutil.disk_usage(folder).free
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return room if limit == resource.RLIM_INFINITY else min(room, limit)
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 def list_checkpoints(output: str | os.PathLike) -> list[tuple[int, Path]]:
@@ -77,6 +108,13 @@ def _step_of(path: Path) -> int:
         return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])
     except Exception:
         return -1
+
+
+def prune_before_save(output: str | os.PathLike, keep: int) -> None:
+    """Make room for one more step checkpoint, so that a disk holding exactly `keep` of them
+    can still save: only while at least one complete checkpoint stays (keep >= 2)."""
+    if keep >= 2:
+        prune_step_checkpoints(output, keep - 1)
 
 
 def prune_step_checkpoints(output: str | os.PathLike, keep: int) -> None:

@@ -85,6 +85,14 @@ _DEPTH = 2
 # Batch sizes measured. Batch 1 is special: some reshapes of size-1 dimensions are
 # views where larger batches copy, so it is not on the line through the others.
 BATCHES = (2, 3)
+# Batch sizes for a WKV measured with real tensors on a GPU: its first calls there are also
+# the Triton autotuner's, whose choice is kept for the run (src/training/warmup.py), so they
+# run at a batch near the real one rather than at 2.
+GPU_WKV_BATCHES = (64, 96)
+
+
+def wkv_batches(device: str, fake: bool) -> tuple[int, int]:
+    return GPU_WKV_BATCHES if device == "cuda" and not fake else BATCHES
 
 
 class CostModelError(UserError, ValueError):
@@ -296,12 +304,13 @@ def wkv_footprint(impl: str, shape: WkvShape, precision: str = "bf16") -> WkvFoo
     errors = []
     for device, fake in _wkv_places():
         try:
-            one, two = (_wkv_run(impl, shape, b, precision, device, fake) for b in BATCHES)
+            batches = wkv_batches(device, fake)
+            one, two = (_wkv_run(impl, shape, b, precision, device, fake) for b in batches)
         except Exception as exc:  # each place fails its own way: no fake kernel, no driver
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             errors.append(f"{'fake ' if fake else ''}{device}: {type(exc).__name__}: {first}")
             continue
-        saved, retained, peak, flops = (Linear.through(a, b).per_sample for a, b in zip(one, two))
+        saved, retained, peak, flops = (Linear.through(a, b, batches).per_sample for a, b in zip(one, two))
         where = f"{'FakeTensors' if fake else 'real tensors'} on {device}"
         return WkvFootprint(impl, saved, retained, peak, flops, where)
     raise CostModelError(

@@ -10,7 +10,8 @@ MASTER_PORT [23760], NPROC_PER_NODE [the GPUs torch sees, else 1], DRY_RUN [prin
 command instead of running it], TRAIN_SCRIPT_NAME [the name errors start with].
 
 DATA_ROOT is one or more folders, `.rec` files or shard prefixes, separated by spaces or
-colons. A folder means the `.rec` files directly in it (no deeper), each with its `.idx`.
+colons. A path holding a space is given alone, or with the others separated by colons
+(`DATA_ROOT="/data/my shards:/data/more"`): with a colon present, spaces are part of the paths. A folder means the `.rec` files directly in it (no deeper), each with its `.idx`.
 What is plainly not training data there is left out, and the launcher says so: parquet
 files (data2rec.py's input), evaluation shards named `val*`, and a `.rec` without its `.idx`.
 A file or prefix named explicitly is taken as it is. A `--train-data` flag, if given,
@@ -26,6 +27,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +94,11 @@ def read_env(environ: Mapping[str, str]) -> LaunchEnv:
             f"MASTER_ADDR={addr} is {kind}, so with NNODES={nnodes} every node would wait for "
             "itself; set MASTER_ADDR to node 0's address that the other nodes reach (its hostname or IP)"
         )
+    if nnodes > 1 and nproc is None:
+        # torchrun's static rendezvous needs the same process count on every node; counting
+        # each node's GPUs would start a run that hangs when the counts differ.
+        raise LaunchError(f"NNODES={nnodes} needs NPROC_PER_NODE (the processes per node, the same on every "
+                          "node); export NPROC_PER_NODE=<GPUs per node>")
     return LaunchEnv(environ.get("DATA_ROOT") or "./YFCC15M", nnodes, node_rank, addr, port, nproc)
 
 
@@ -174,7 +181,13 @@ def count_records(idx: Path) -> int:
 
 
 def _split_data_root(spec: str) -> list[str]:
-    return [part for part in re.split(r"[\s:]+", spec.strip()) if part]
+    """One path if DATA_ROOT as a whole names one; else colon-separated paths (which may hold
+    spaces) when it holds a colon; else space-separated ones."""
+    spec = spec.strip()
+    if spec and (Path(spec).exists() or Path(spec + ".rec").is_file()):
+        return [spec]
+    sep = r":+" if ":" in spec else r"\s+"
+    return [part.strip() for part in re.split(sep, spec) if part.strip()]
 
 
 def _scan_folder(folder: Path, scan: ShardScan) -> None:
@@ -248,6 +261,16 @@ def resolve_train_args(train_args: Sequence[str], data_root: str) -> tuple[Train
     return resolve(args, train_data=[str(rec) for rec, _ in scan.shards]), scan
 
 
+def compile_cache_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """Triton's and Inductor's cache folders on node-local disk unless the user chose them: their
+    defaults sit under the home folder, which on a cluster is often NFS that every node shares
+    (slow, and nodes race on the same files)."""
+    user = re.sub(r"[^A-Za-z0-9_.-]", "_", environ.get("USER") or str(os.getuid()))
+    base = Path(tempfile.gettempdir()) / f"rwkv-clip-{user}"
+    wanted = {"TRITON_CACHE_DIR": base / "triton", "TORCHINDUCTOR_CACHE_DIR": base / "inductor"}
+    return {k: str(v) for k, v in wanted.items() if not environ.get(k)}
+
+
 def torchrun_command(env: LaunchEnv, nproc: int, scan: ShardScan | None, train_args: Sequence[str]) -> list[str]:
     data = ["--train-data", *(str(rec) for rec, _ in scan.shards)] if scan else []
     return [
@@ -275,11 +298,12 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     for notice in recipe_notices(config):
         print(f"{prog}: NOTICE: {notice}", file=sys.stderr)
     cmd = torchrun_command(env, nproc, scan, train_args)
+    caches = compile_cache_env(environ)
     if environ.get("DRY_RUN"):
-        print(shlex.join(cmd))
+        print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in caches.items()), shlex.join(cmd)]))
         return 0
     sys.stderr.flush()
-    os.execv(cmd[0], cmd)
+    os.execve(cmd[0], cmd, {**environ, **caches})
     return 0  # not reached
 
 

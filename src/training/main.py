@@ -21,8 +21,10 @@ import torch
 from torch import nn
 
 from src.fsutil import atomic_write_json
+from src.lock import OutputLock, OutputLocked
 from src.open_alip.model import unwrap_model
 from src.training import checkpoint as ckpt_io
+from src.training.agreement import build_on_every_rank, check_same_data, check_shared_output
 from src.training.batching import BatchPlan, plan_for_device
 from src.training.config import TrainConfig, recipe_notices
 from src.training.distributed import DistEnv, barrier, broadcast_object, cleanup, init_distributed, wrap_ddp
@@ -32,6 +34,7 @@ from src.training.observe import LOG, RunLog, Throughput, close_logging, setup_l
 from src.training.progress import Progress
 from src.training.schedule import FORMER_MEANING, ONECYCLE, Schedule
 from src.training.state import TrainState
+from src.training.warmup import warm_wkv
 
 # Called at the end of each epoch on every rank as hook(model, epochs_done, config, plan, env),
 # with the unwrapped model in eval mode under no_grad, the run's settings and its batch plan
@@ -40,6 +43,8 @@ from src.training.state import TrainState
 # itself whether this epoch is one to evaluate (e.g. from config.zeroshot_frequency) and may
 # return None. train.py passes `run(config, [hook, ...])`.
 EpochEndHook = Callable[[nn.Module, int, TrainConfig, BatchPlan, DistEnv], "dict[str, float] | None"]
+
+LOCK_NAME = "train.lock"  # held by rank 0 for the whole run: one writer per --output
 
 # Settings a resume may change; it says which ones did (they take effect at once).
 _RESUME_MAY_CHANGE = ("lr", "lr_scheduler", "warmup", "epochs", "max_steps", "beta1", "beta2", "eps",
@@ -60,7 +65,16 @@ def _run(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook]) -> None:
     if cfg.zeroshot_data and not hooks:
         raise TrainingError("--zeroshot-data was given but no zero-shot evaluation is wired into this "
                             "train.py; leave the flag out")
-    resume_path = _prepare_output(cfg, env)
+    locks: list[OutputLock] = []
+    try:
+        resume_path = _prepare_output(cfg, env, locks)
+        _run_locked(cfg, env, hooks, resume_path)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resume_path: Path | None) -> None:
 
     wkv_impl = _resolve_wkv_impl(cfg, env)
     plan, checkpointing, why = plan_for_device(
@@ -70,10 +84,16 @@ def _run(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook]) -> None:
     )
     if why:
         LOG.info("%s", why)
-    loader = _build_loader(cfg, plan, env)  # first: a wrong data path fails before the model is built
+    check_shared_output(cfg.output, env)
+    # First: a wrong data path fails before the model is built, on every rank at once.
+    loader = build_on_every_rank(lambda: _build_loader(cfg, plan, env), env)
+    check_same_data(loader.shardset, env)
     steps_per_epoch = _steps_per_epoch(cfg, plan, loader)
     seed_everything(cfg.seed, env.rank)
     model = _build_model(cfg, env, wkv_impl, checkpointing)
+    warmed = warm_wkv(cfg.model, wkv_impl, plan.micro_batch, env.device, cfg.precision)
+    if warmed is not None:
+        LOG.info("WKV kernels (%s) tuned at the micro-batch %d in %.1f s", wkv_impl, plan.micro_batch, warmed)
     optimizer = _build_optimizer(cfg, model, env)
     schedule = Schedule(cfg.lr_scheduler, cfg.lr, steps_per_epoch * cfg.epochs, cfg.warmup)
     state = TrainState(model, optimizer, make_grad_scaler(cfg.precision, env.device), loader, env)
@@ -83,7 +103,7 @@ def _run(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook]) -> None:
     _announce(cfg, env, plan, model, loader, steps_per_epoch, schedule)
 
     stop_step = min(schedule.total_steps, cfg.max_steps or schedule.total_steps)
-    run_log = RunLog(cfg.output, enabled=env.is_master)
+    run_log = RunLog(cfg.output, enabled=env.is_master, resume_step=state.step)
     meter = Throughput(plan.per_process, env.world_size, stop_step, state.step)
     progress = Progress(cfg, env, trainer, run_log, meter, steps_per_epoch, stop_step)
     saver = _Saver(cfg, env, state, trainer, plan, last=resume_path)
@@ -132,7 +152,7 @@ def train_one_epoch(state: TrainState, trainer: Trainer, plan: BatchPlan, steps_
 # --- prepare -------------------------------------------------------------------------------
 
 
-def _prepare_output(cfg: TrainConfig, env: DistEnv) -> Path | None:
+def _prepare_output(cfg: TrainConfig, env: DistEnv, locks: list[OutputLock]) -> Path | None:
     """Create the run folder, clear what killed saves left, pick the checkpoint to resume from.
 
     Rank 0 decides and tells the others, so all ranks resume from the same file, and all
@@ -141,7 +161,7 @@ def _prepare_output(cfg: TrainConfig, env: DistEnv) -> Path | None:
     decision: tuple[str, Any] = ("ok", (None, []))
     if env.is_master:
         try:
-            decision = ("ok", _prepare_on_master(cfg))
+            decision = ("ok", _prepare_on_master(cfg, locks))
         except TrainingError as exc:
             decision = ("error", str(exc))
     decision = broadcast_object(decision, env)
@@ -154,12 +174,22 @@ def _prepare_output(cfg: TrainConfig, env: DistEnv) -> Path | None:
     return path
 
 
-def _prepare_on_master(cfg: TrainConfig) -> tuple[Path | None, list[str]]:
+def _prepare_on_master(cfg: TrainConfig, locks: list[OutputLock]) -> tuple[Path | None, list[str]]:
     try:
         cfg.output.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise TrainingError(f"--output {cfg.output}: cannot create it ({exc.strerror or exc}); "
                             "pass a folder you can write") from exc
+    # Two runs into one folder would overwrite each other's checkpoints and interleave metrics.
+    lock = OutputLock(cfg.output, tool="train.py", path=cfg.output / LOCK_NAME)
+    try:
+        lock.acquire()
+    except OutputLocked as exc:
+        raise TrainingError(f"--output {exc}") from None
+    except OSError as exc:
+        raise TrainingError(f"--output {cfg.output}: cannot write there ({exc.strerror or exc}); "
+                            "pass a folder you can write") from exc
+    locks.append(lock)
     notices = []
     removed = ckpt_io.remove_interrupted_saves(cfg.output)
     if removed:
@@ -379,10 +409,20 @@ class _Saver:
     def save(self, path: Path) -> None:
         self.trainer.raise_if_nonfinite()
         ckpt = self.state.state_dict(plan=self.plan, run=self.cfg.to_json())
+        error = None
         if ckpt is not None:
-            ckpt_io.atomic_save(ckpt, path)
-            ckpt_io.prune_step_checkpoints(self.cfg.output, self.cfg.keep_checkpoints)
-            LOG.info("saved %s", path)
+            try:
+                if path.name.startswith("step_"):
+                    ckpt_io.prune_before_save(self.cfg.output, self.cfg.keep_checkpoints)
+                ckpt_io.atomic_save(ckpt, path)
+            except TrainingError as exc:  # a full disk: every rank stops, none waits in the barrier
+                error = str(exc)
+            else:
+                ckpt_io.prune_step_checkpoints(self.cfg.output, self.cfg.keep_checkpoints)
+                LOG.info("saved %s", path)
+        error = broadcast_object(error, self.env)
+        if error:
+            raise TrainingError(error)
         self.last, self._saved_step = path, self.state.step
         barrier(self.env)
 

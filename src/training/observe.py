@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from src.fsutil import atomic_write_text
+
 LOG = logging.getLogger("rwkv_clip.train")
 
 
@@ -108,12 +110,13 @@ class Throughput:
 class RunLog:
     """TensorBoard scalars and `metrics.jsonl` (one JSON object per logged step), rank 0 only."""
 
-    def __init__(self, output: Path, enabled: bool) -> None:
+    def __init__(self, output: Path, enabled: bool, resume_step: int = 0) -> None:
         self.enabled = enabled
         self._writer = None
         self._metrics = None
         if not enabled:
             return
+        _truncate_metrics(output / "metrics.jsonl", resume_step)
         self._metrics = open(output / "metrics.jsonl", "a", buffering=1)
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -136,3 +139,22 @@ class RunLog:
             self._writer.close()
         if self._metrics is not None:
             self._metrics.close()
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop the lines a killed run logged after its last checkpoint (`step`): the resumed run
+    logs those steps again, and each step must appear once."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    except FileNotFoundError:
+        return
+    kept = []
+    for line in lines:
+        try:
+            logged = int(json.loads(line).get("step", 0))
+        except (ValueError, AttributeError, TypeError):
+            continue  # a line cut by the kill
+        if logged <= step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) != len(lines):
+        atomic_write_text(path, "".join(kept))

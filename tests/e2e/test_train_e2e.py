@@ -154,6 +154,10 @@ def test_kill_and_resume_gives_the_uninterrupted_losses(data, full_run, tmp_path
     resumed = _train(*_args(data, output, "--resume", "latest"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in (output / "train.log").read_text()
+    # metrics.jsonl was cut back to the resumed step: each step is logged once.
+    logged = [json.loads(line)["step"] for line in (output / "metrics.jsonl").read_text().splitlines()
+              if json.loads(line)["kind"] == "train"]
+    assert logged == sorted(set(logged))
     want, got = _losses(full_run), _losses(output)
     assert sorted(got) == sorted(want)
     for step in range(11, max(want) + 1):

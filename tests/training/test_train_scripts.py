@@ -91,6 +91,7 @@ def test_b32_script_passes_the_recipe(data_root):
     proc = _script("B32", data_root.parent, NPROC_PER_NODE="8")
     assert proc.returncode == 0, proc.stderr
     cmd = shlex.split(proc.stdout)
+    cmd = [w for w in cmd if not w.split("=", 1)[0].endswith("_CACHE_DIR")]  # the env prefix
     assert cmd[1:4] == ["-m", "torch.distributed.run", "--nnodes"]
     assert [_flag(cmd, f) for f in ("--nnodes", "--node_rank", "--nproc_per_node", "--master_port")] == \
         ["1", "0", "8", "23760"]
@@ -278,3 +279,31 @@ def test_record_counts_come_from_the_index(tmp_path):
     assert launch.count_records(idx) == 3
     idx.write_text("")
     assert launch.count_records(idx) == 0
+
+
+def test_several_nodes_need_nproc_per_node(data_root, launcher):
+    proc = launcher(data_root.parent, DATA_ROOT=str(data_root), NNODES="2", MASTER_ADDR="10.1.2.3")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "NNODES=2 needs NPROC_PER_NODE" in proc.stderr and "export NPROC_PER_NODE=" in proc.stderr
+
+
+def test_compile_caches_go_to_node_local_disk_unless_set(data_root, launcher, tmp_path):
+    proc = launcher(data_root.parent, DATA_ROOT=str(data_root), NPROC_PER_NODE="1", USER="ann")
+    assert proc.returncode == 0, proc.stderr
+    env = dict(w.split("=", 1) for w in shlex.split(proc.stdout) if w.split("=", 1)[0].endswith("CACHE_DIR"))
+    assert Path(env["TRITON_CACHE_DIR"]).parent.name == "rwkv-clip-ann"
+    assert Path(env["TORCHINDUCTOR_CACHE_DIR"]).parent == Path(env["TRITON_CACHE_DIR"]).parent
+    mine = str(tmp_path / "my cache")
+    proc = launcher(data_root.parent, DATA_ROOT=str(data_root), NPROC_PER_NODE="1", TRITON_CACHE_DIR=mine)
+    assert "TRITON_CACHE_DIR" not in proc.stdout and "TORCHINDUCTOR_CACHE_DIR=" in proc.stdout
+
+
+def test_a_data_root_path_with_a_space(tmp_path, launcher):
+    one = _shard(tmp_path / "my shards", "a", 3)
+    two = _shard(tmp_path / "more shards", "b", 4)
+    proc = launcher(tmp_path, DATA_ROOT=str(tmp_path / "my shards"), NPROC_PER_NODE="1")
+    assert proc.returncode == 0, proc.stderr
+    assert _train_data(shlex.split(proc.stdout)) == [str(one)]
+    proc = launcher(tmp_path, DATA_ROOT=f"{tmp_path / 'my shards'}:{tmp_path / 'more shards'}", NPROC_PER_NODE="1")
+    assert proc.returncode == 0, proc.stderr
+    assert _train_data(shlex.split(proc.stdout)) == [str(one), str(two)]

@@ -1,4 +1,5 @@
-"""One writer per output: `OUT.lock`, held with flock(2) for the whole run.
+"""One writer per output: a lock file held with flock(2) for the whole run (data2rec's
+`OUT.lock`, train.py's `--output`/train.lock).
 
 The kernel drops the lock when its holder dies, however it dies, so a lock file whose
 lock is free is stale by construction and is taken over. The file also names its holder
@@ -35,12 +36,12 @@ def read_holder(path: Path) -> dict:
     return holder if isinstance(holder, dict) else {}
 
 
-def describe(holder: dict) -> str:
+def describe(holder: dict, tool: str = "data2rec") -> str:
     if not holder:
-        return "another data2rec run"
+        return f"another {tool} run"
     started = holder.get("started")
     when = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" if started else ""
-    return f"data2rec run pid {holder.get('pid', '?')} on host {holder.get('host', '?')}{when}"
+    return f"{holder.get('tool', tool)} run pid {holder.get('pid', '?')} on host {holder.get('host', '?')}{when}"
 
 
 def held_by(path: Path) -> dict | None:
@@ -61,11 +62,12 @@ def held_by(path: Path) -> dict | None:
 
 
 class OutputLock:
-    """`with OutputLock(prefix):` holds OUT.lock or raises OutputLocked naming the holder."""
+    """`with OutputLock(prefix):` holds OUT.lock (or `path`) or raises OutputLocked naming the holder."""
 
-    def __init__(self, prefix: Path) -> None:
-        self.path = lock_path(prefix)
+    def __init__(self, prefix: Path, tool: str = "data2rec", path: Path | None = None) -> None:
+        self.path = path if path is not None else lock_path(prefix)
         self.output = prefix
+        self.tool = tool
         self._fd: int | None = None
         self.took_over: dict | None = None  # the holder of a stale lock this run replaced
 
@@ -78,11 +80,11 @@ class OutputLock:
                 os.close(fd)
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise OutputLocked(
-                        f"{self.output} is being written by {describe(read_holder(self.path))}; wait for it to "
+                        f"{self.output} is being written by {describe(read_holder(self.path), self.tool)}; wait for it to "
                         f"finish or stop it (rerun this command afterwards to resume it), or choose another --output"
                     ) from None
                 if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                    print(f"data2rec: warning: {self.path.parent} does not support file locks; make sure "
+                    print(f"{self.tool}: warning: {self.path.parent} does not support file locks; make sure "
                           "no other run writes to the same --output", file=sys.stderr)
                     self._fd = None
                     return
@@ -100,7 +102,7 @@ class OutputLock:
         previous = read_holder(self.path)
         if previous:
             self.took_over = previous
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3),
+        record = {"tool": self.tool, "pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3),
                   "command": " ".join(sys.argv)[:500]}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)

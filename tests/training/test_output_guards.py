@@ -1,0 +1,134 @@
+"""One writer per train.py --output, a full disk during a checkpoint save, metrics.jsonl after
+a resume, and demo.py on a read-only --output.
+
+The full disk is a real one: a small tmpfs mounted for the test when the test runs as root;
+otherwise a real file-size limit (RLIMIT_FSIZE) in a subprocess, which makes the kernel fail
+the write with EFBIG the same way.
+"""
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+from src.lock import OutputLock, OutputLocked
+from src.training import checkpoint as ckpt_io
+from src.training.errors import TrainingError
+from src.training.observe import RunLog
+from tests._repo import REPO
+
+MB = 1 << 20
+
+
+@contextmanager
+def small_disk(path: Path, size: int, read_only: bool = False):
+    """A real filesystem of `size` bytes at `path` (a tmpfs), or skip where mounting needs root."""
+    path.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size}" + (",ro" if read_only else "")
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)  # lazy: a failed save may hold a file open
+
+
+def test_a_full_disk_during_a_save_is_one_line_naming_the_space_needed(tmp_path):
+    with small_disk(tmp_path / "disk", 1 * MB) as disk:
+        with pytest.raises(TrainingError) as info:
+            ckpt_io.atomic_save({"w": torch.zeros(MB)}, disk / "checkpoints" / "step_000000001.pt")  # 4 MB
+        assert str(info.value).startswith(f"no space left on device, need ≈ {4 * MB / 1e9:.3g} GB at ")
+        assert str(disk / "checkpoints") in str(info.value) and "\n" not in str(info.value)
+        assert list((disk / "checkpoints").iterdir()) == []  # no half-written file stays
+
+
+def test_a_file_size_limit_gives_the_same_line(tmp_path):
+    # Works without root: the kernel refuses writes past RLIMIT_FSIZE with EFBIG.
+    code = (
+        "import resource, signal, sys, torch\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({MB}, {MB}))\n"
+        "from src.training import checkpoint as c\n"
+        "from src.training.errors import TrainingError\n"
+        "try:\n"
+        f"    c.atomic_save({{'w': torch.zeros({MB})}}, {str(tmp_path / 'step_000000001.pt')!r})\n"
+        "except TrainingError as e:\n"
+        "    print(e); sys.exit(3)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert proc.stdout.startswith(f"no space left on device, need ≈ {4 * MB / 1e9:.3g} GB at {tmp_path} "), proc.stdout
+    assert resource.getrlimit(resource.RLIMIT_FSIZE)  # the limit lived in the child only
+
+
+def test_a_disk_holding_exactly_keep_checkpoints_still_saves(tmp_path):
+    ckpt = {"w": torch.zeros(MB // 4)}  # 1 MB each
+    with small_disk(tmp_path / "disk", int(2.6 * MB)) as disk:
+        for step in (1, 2):
+            ckpt_io.atomic_save(ckpt, ckpt_io.step_checkpoint_path(disk, step))
+        with pytest.raises(TrainingError):  # the old order: save, then prune
+            ckpt_io.atomic_save(ckpt, ckpt_io.step_checkpoint_path(disk, 3))
+        ckpt_io.prune_before_save(disk, keep=2)
+        ckpt_io.atomic_save(ckpt, ckpt_io.step_checkpoint_path(disk, 3))
+        assert [s for s, _ in ckpt_io.list_checkpoints(disk)] == [2, 3]
+        ckpt_io.prune_before_save(disk, keep=1)  # would delete the only complete checkpoint
+        assert [s for s, _ in ckpt_io.list_checkpoints(disk)] == [2, 3]
+
+
+def test_metrics_are_truncated_to_the_resumed_step(tmp_path):
+    lines = [{"kind": "train", "step": s, "loss": 1.0} for s in range(1, 8)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"kind": "tr')
+    log = RunLog(tmp_path, enabled=True, resume_step=5)
+    log.scalars(6, {"loss": 0.5})
+    log.close()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_second_writer_of_one_output_is_refused_naming_the_first(tmp_path, capsys):
+    import train
+
+    output = tmp_path / "run"
+    output.mkdir()
+    # The first run's lock, held by another process (as a running train.py holds it).
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from src.lock import OutputLock\n"
+         f"OutputLock(Path({str(output)!r}), tool='train.py', path=Path({str(output / 'train.lock')!r})).acquire()\n"
+         "print('held', flush=True); time.sleep(120)"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert train.main(["--train-data", str(tmp_path / "none"), "--output", str(output), "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"train.py: error: --output {output} is being written by train.py run pid "
+                              f"{holder.pid} on host "), err
+        assert err.count("\n") == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder died without releasing: its lock is stale and the next run takes it over.
+    lock = OutputLock(output, tool="train.py", path=output / "train.lock")
+    lock.acquire()
+    assert lock.took_over["pid"] == holder.pid
+    lock.release()
+    with OutputLock(output, tool="train.py", path=output / "train.lock"):
+        with pytest.raises(OutputLocked):
+            OutputLock(output, tool="train.py", path=output / "train.lock").acquire()
+
+
+def test_demo_on_a_read_only_output_is_one_line(tmp_path, capsys):
+    import demo
+
+    with small_disk(tmp_path / "ro", MB, read_only=True) as ro:
+        assert demo.main(["--output", str(ro / "out"), "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"demo.py: error: --output {ro / 'out'}: cannot write there (Read-only file system); " \
+                  "pass a folder you can write\n"

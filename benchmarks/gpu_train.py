@@ -31,7 +31,9 @@ class Kept:
     cases: list[dict[str, Any]] = field(default_factory=list)  # every training case measured
 
     def drop(self) -> None:
-        self.step, self.label = None, ""
+        if self.step is not None:
+            self.step, self.label = None, ""
+            torch._dynamo.reset()  # compiled graphs hold the model they were traced from
         free_memory()
 
 

@@ -297,6 +297,29 @@ def _build_optimizer(cfg: TrainConfig, model: nn.Module, env: DistEnv) -> torch.
 
 def _build_trainer(cfg: TrainConfig, state: TrainState, schedule: Schedule, plan: BatchPlan,
                    env: DistEnv) -> Trainer:
+    return _make_trainer(cfg, state.model, state.optimizer, state.scaler, schedule, plan, env)
+
+
+def build_training_step(cfg: TrainConfig, env: DistEnv, total_steps: int) -> tuple[Trainer, BatchPlan]:
+    """The Trainer of a run of `cfg` on `env`, built as `run` builds it (WKV, batch plan, model,
+    optimizer, schedule, DDP and compile wrappers, loss), without data or an output folder: what
+    benchmarks/gpu.py times. Feed `trainer.step` batches of `plan.micro_batch`."""
+    wkv_impl = _resolve_wkv_impl(cfg, env)
+    plan, checkpointing, _ = plan_for_device(
+        model_config=cfg.model, wkv_impl=wkv_impl, precision=cfg.precision, device=env.device,
+        world_size=env.world_size, global_batch=cfg.global_batch_size, accum_freq=cfg.accum_freq,
+        batch_size=cfg.batch_size, force_checkpointing=bool(cfg.model.get("with_cp")),
+    )
+    seed_everything(cfg.seed, env.rank)
+    model = _build_model(cfg, env, wkv_impl, checkpointing)
+    optimizer = _build_optimizer(cfg, model, env)
+    schedule = Schedule(cfg.lr_scheduler, cfg.lr, total_steps, cfg.warmup)
+    scaler = make_grad_scaler(cfg.precision, env.device)
+    return _make_trainer(cfg, model, optimizer, scaler, schedule, plan, env), plan
+
+
+def _make_trainer(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
+                  scaler: torch.amp.GradScaler | None, schedule: Schedule, plan: BatchPlan, env: DistEnv) -> Trainer:
     from src.open_alip import ClipLoss
 
     if cfg.precision == "tf32":
@@ -304,15 +327,15 @@ def _build_trainer(cfg: TrainConfig, state: TrainState, schedule: Schedule, plan
         torch.backends.cudnn.allow_tf32 = True
     # static_graph: every step runs the same graph, except that accumulation's non-final
     # passes skip the gradient sync, which static graphs do not allow for.
-    train_model = wrap_ddp(state.model, env, static_graph=plan.accum_freq == 1)
+    train_model = wrap_ddp(model, env, static_graph=plan.accum_freq == 1)
     if cfg.compile:
         train_model = torch.compile(train_model, backend=cfg.compile_backend)
     loss_fn = ClipLoss(local_loss=cfg.local_loss, gather_with_grad=cfg.gather_with_grad,
                        rank=env.rank, world_size=env.world_size)
     if cfg.local_loss and not cfg.gather_with_grad and env.world_size > 1:
         LOG.warning("--local-loss without --gather-with-grad drops cross-rank gradient terms (an approximation)")
-    return Trainer(train_model, state.optimizer, schedule, loss_fn, env, precision=cfg.precision,
-                   grad_clip_norm=cfg.grad_clip_norm, accum_freq=plan.accum_freq, scaler=state.scaler)
+    return Trainer(train_model, optimizer, schedule, loss_fn, env, precision=cfg.precision,
+                   grad_clip_norm=cfg.grad_clip_norm, accum_freq=plan.accum_freq, scaler=scaler)
 
 
 def _announce(cfg: TrainConfig, env: DistEnv, plan: BatchPlan, model: nn.Module, loader,
@@ -447,4 +470,4 @@ def _run_hooks(hooks: list[EpochEndHook], model: nn.Module, epochs_done: int, cf
         barrier(env)
 
 
-__all__ = ["EpochEndHook", "TrainingError", "run", "train_one_epoch"]
+__all__ = ["EpochEndHook", "TrainingError", "build_training_step", "run", "train_one_epoch"]

@@ -1,32 +1,121 @@
-"""benchmarks/gpu.py on a machine without a GPU: its one-line exit and every piece that
-does not need a GPU (report writing, time budgets, section isolation, the generated
-JPEG shards, the training step). No GPU number is faked here."""
+"""benchmarks/gpu.py on a machine without a GPU: its one-line exit, the import check, the wheel
+download (against a local folder of stand-in wheels, no network), the section runner's time
+budget and report, and every section's code on the CPU through the test-only `--cpu-test`
+flag (the tiny model; its numbers mean nothing and nothing here asserts one). The GPU numbers
+come only from a run on a GPU."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks import gpu
+from benchmarks import gpu, gpu_extras, gpu_report, gpu_setup, gpu_train
 from dataloaders.imagenet import build_loader
-from src.open_alip import ClipLoss, create_model
 from tests._repo import REPO
+
+
+def _run(args: list[str], env: dict[str, str] | None = None, code: str | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "benchmarks.gpu", *args]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
 def test_without_a_gpu_it_prints_one_line_and_exits_0(tmp_path):
     out = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu", "--output", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
+    proc = _run(["--output", str(out)])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("\n") == 1 and "no CUDA GPU" in proc.stdout
     assert not out.exists()
+
+
+def test_a_missing_fla_stops_the_run_naming_it_and_the_wheels(tmp_path):
+    # sys.modules[name] = None is Python's own way to make an import fail: fla is installed here.
+    code = ("import sys; sys.modules['fla'] = None\n"
+            "from benchmarks import gpu; sys.exit(gpu.main(sys.argv[1:]))")
+    out = tmp_path / "r.json"
+    proc = _run(["--cpu-test", "--wkv-impl", "fla", "--output", str(out)], code=code)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("benchmarks.gpu: error: missing: fla (fla-core, ")
+    assert "--download-wheels .whl" in lines[0] and gpu_setup.install_line() in lines[0]
+    assert not out.exists()  # nothing was timed under another implementation's name
+
+
+def test_the_import_check_names_each_missing_module_and_why():
+    problems = gpu_setup.missing([gpu_setup.Need("json", "json", "x"),
+                                  gpu_setup.Need("no_such_module_3f9a", "no-such-dist", "the test")])
+    assert [(need.module, why) for need, why in problems] == [("no_such_module_3f9a", "not installed")]
+    assert "no_such_module_3f9a (no-such-dist, for the test): not installed" in gpu_setup.missing_message(problems)
+    assert {n.module for n in gpu_setup.needs("fla")} >= {"torch", "triton", "einops", "fla"}
+    assert "fla" not in {n.module for n in gpu_setup.needs("chunked")}
+
+
+def _wheel(folder: Path, name: str, version: str) -> Path:
+    """A pure-Python stand-in wheel, its RECORD hashed as pip expects."""
+    stem = f"{name.replace('-', '_')}-{version}"
+    contents = {
+        f"{name.replace('-', '_')}/__init__.py": f"__version__ = {version!r}\n",
+        f"{stem}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{stem}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in contents.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    contents[f"{stem}.dist-info/RECORD"] = "\n".join([*record, f"{stem}.dist-info/RECORD,,"]) + "\n"
+    wheel = folder / f"{stem}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for path, text in contents.items():
+            z.writestr(path, text)
+    return wheel
+
+
+def _pip_env(index: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(index), PIP_NO_CACHE_DIR="1")
+    return env
+
+
+def test_download_wheels_fetches_exactly_the_pins_and_says_how_to_carry_them(tmp_path):
+    pins = gpu_setup.carried_pins()
+    assert pins[0] == "fla-core==0.6.0"  # requirements.txt's pin
+    index = tmp_path / "index"
+    index.mkdir()
+    for pin in pins:
+        name, version = pin.split("==")
+        _wheel(index, name, version)
+        _wheel(index, name, "9.9.9")  # a newer one that must not be taken
+    dest = tmp_path / "carried"
+    proc = _run(["--download-wheels", str(dest)], env=_pip_env(index))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = sorted(p.name for p in dest.iterdir())
+    assert got == sorted(f"{p.split('==')[0].replace('-', '_')}-{p.split('==')[1]}-py3-none-any.whl" for p in pins)
+    assert gpu_setup.install_line(str(dest)) in proc.stdout
+
+    # A wheel of another version left in the folder would be installed beside the pinned one.
+    _wheel(dest, "einops", "0.1.0")
+    proc = _run(["--download-wheels", str(dest)], env=_pip_env(index))
+    assert proc.returncode == 2 and "einops-0.1.0-py3-none-any.whl, another version" in proc.stderr
+    # No such version where pip looks: one line from pip's last, no traceback.
+    proc = _run(["--download-wheels", str(tmp_path / "none")], env=_pip_env(tmp_path / "none"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "pip could not download" in proc.stderr
+
+
+def test_download_wheels_dry_run_prints_pips_command():
+    proc = _run(["--download-wheels", ".whl", "--dry-run"])
+    assert proc.returncode == 0, proc.stderr
+    words = proc.stdout.split()
+    assert words[2:4] == ["pip", "download"] and "--no-deps" in words and words[-2:] == gpu_setup.carried_pins()
+    assert words[words.index("-d") + 1] == ".whl" and words[words.index("--python-version") + 1] == "3.12"
 
 
 class FakeClock:
@@ -39,81 +128,93 @@ class FakeClock:
 
 def test_budget_counts_down_and_refuses_what_does_not_fit():
     clock = FakeClock()
-    budget = gpu.Budget(60, clock=clock)
+    budget = gpu_report.Budget(60, clock=clock)
     assert budget.allows(60) and budget.left() == 60
     clock.now += 45
     assert budget.elapsed() == 45 and budget.allows(15) and not budget.allows(16)
-    clock.now += 30
-    assert budget.left() == -15 and not budget.allows(0)
 
 
-def test_report_is_rewritten_after_every_change(tmp_path):
-    path = tmp_path / "r.json"
-    results = gpu.Results(path, {"device": "test"})
-    assert json.loads(path.read_text())["status"] == "running"
-    results.add_case("wkv", {"impl": "chunked", "ms": 1.5})
-    assert json.loads(path.read_text())["sections"]["wkv"]["cases"] == [{"impl": "chunked", "ms": 1.5}]
-    results.set("wkv", note="x")
-    assert json.loads(path.read_text())["sections"]["wkv"]["note"] == "x"
+def test_sections_run_in_order_within_the_budget_and_the_report_is_written_as_they_finish(tmp_path):
+    clock, path = FakeClock(), tmp_path / "r.json"
+    results = gpu_report.Results(path, {"device": "test"})
+    seen = {}
+
+    def first(r, b):
+        seen["first_budget"] = b.seconds
+        r.add_case("first", {"samples_per_s": 1.0})
+        clock.now += 50
+
+    def broken(r, b):
+        clock.now += 10
+        raise RuntimeError("kernel exploded\nsecond line")
+
+    def third(r, b):
+        seen["on_disk"] = json.loads(path.read_text())["sections"]  # what a kill now would leave
+        seen["third_budget"] = b.seconds
+
+    sections = [gpu_report.Section("first", first, needs_s=10, cap_s=60),
+                gpu_report.Section("broken", broken, needs_s=10, cap_s=100),
+                gpu_report.Section("compile", lambda r, b: None, needs_s=90, cap_s=200),
+                gpu_report.Section("third", third, needs_s=5, cap_s=20)]
+    gpu_report.run_sections(sections, results, gpu_report.Budget(100, clock=clock))
+    assert seen["first_budget"] == 60  # its cap, not all 100 s
+    on_disk = seen["on_disk"]
+    assert on_disk["first"]["status"] == "done" and on_disk["first"]["cases"] == [{"samples_per_s": 1.0}]
+    assert on_disk["broken"]["status"] == "error" and on_disk["broken"]["error"] == "RuntimeError: kernel exploded"
+    assert on_disk["compile"]["status"] == "skipped" and "40 s of the time limit left" in on_disk["compile"]["note"]
+    assert seen["third_budget"] == 20
+    assert json.loads(path.read_text())["sections"]["third"]["status"] == "done"
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary file left
 
 
-def test_a_failing_section_is_recorded_and_the_next_one_runs(tmp_path, capsys):
-    results = gpu.Results(tmp_path / "r.json", {})
+def test_every_section_runs_on_the_cpu_in_order_with_the_real_trainer(tmp_path):
+    out = tmp_path / "r.json"
+    proc = _run(["--cpu-test", "--output", str(out), "--only", "train_eager", "--only", "wkv",
+                 "--only", "profile", "--only", "dali"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["status"] == "done" and report["args"]["wkv_impl"] == "chunked"
+    sections = report["sections"]
+    assert list(sections) == ["train_eager", "wkv", "profile", "dali"]
+    assert sections["dali"]["status"] == "skipped"
+    (train,) = sections["train_eager"]["cases"]
+    assert train["loss_finite"] and train["steps_timed"] == 2
+    assert {"first_step_s", "second_step_s", "step_ms", "samples_per_s"} <= set(train)
+    wkv = sections["wkv"]["cases"]
+    assert {(c["shape"], c["inputs"]) for c in wkv} == {(s, d) for s in ("image", "text") for d in ("fp32", "bf16")}
+    assert all("ms" in c for c in wkv if c["impl"] == "chunked")
+    profile = sections["profile"]
+    assert profile["status"] == "done" and profile["step_case"]["compile"] is False  # no compiled step this run
+    assert profile["cases"] and abs(sum(profile["shares"].values()) - 1) < 1e-3
+    assert "== profile: done" in proc.stdout and "gemm" in proc.stdout
 
-    def broken(r, b):
-        r.add_case("wkv", {"impl": "chunked", "ms": 2.0})
-        raise RuntimeError("kernel exploded\nsecond line")
 
-    def fine(r, b):
-        r.add_case("nccl", {"init_s": 0.5, "budget_seen": b.seconds})
-
-    gpu.run_section("wkv", broken, results, gpu.Budget(10))
-    gpu.run_section("nccl", fine, results, gpu.Budget(20))
-    saved = json.loads((tmp_path / "r.json").read_text())["sections"]
-    assert saved["wkv"]["status"] == "error"
-    assert saved["wkv"]["error"] == "RuntimeError: kernel exploded"
-    assert saved["wkv"]["cases"] == [{"impl": "chunked", "ms": 2.0}]  # what ran before the failure stays
-    assert saved["nccl"]["status"] == "done" and saved["nccl"]["cases"][0]["budget_seen"] == 20
-    gpu.print_tables(results)
-    out = capsys.readouterr().out
-    assert "== wkv: error" in out and "== nccl: done" in out
-
-
-def test_a_rerun_keeps_the_sections_it_does_not_redo(tmp_path):
-    path = tmp_path / "r.json"
-    first = gpu.Results(path, {})
-    first.add_case("train", {"model": "B32", "peak_bytes": 5})
-    first.add_case("wkv", {"impl": "chunked"})
-    kept = gpu._earlier_sections(path, ["wkv"])
-    assert list(kept) == ["train"]
-    second = gpu.Results(path, {}, keep=kept)
-    gpu.run_section("wkv", lambda r, b: r.add_case("wkv", {"impl": "fla"}), second, gpu.Budget(5))
-    sections = json.loads(path.read_text())["sections"]
-    assert sections["train"]["cases"] == [{"model": "B32", "peak_bytes": 5}]
-    assert sections["wkv"]["cases"] == [{"impl": "fla"}]
-    assert gpu._earlier_sections(tmp_path / "missing.json", ["wkv"]) == {}
+def test_kernel_names_sort_into_kinds_and_shares():
+    names = {
+        "fused_recurrent_rwkv6_fwd_kernel": "wkv", "wkv_bi_forward_kernel": "wkv",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "gemm", "nvjet_tst_128x256_64x4": "gemm",
+        "triton_tem_fused_mm_3": "gemm", "aten::addmm": "gemm", "aten::mm": "gemm",
+        "triton_poi_fused_add_mul_0": "element-wise", "triton_red_fused_native_layer_norm_1": "element-wise",
+        "Memcpy HtoD (Pageable -> Device)": "copy", "aten::commit": "element-wise",
+    }
+    assert {n: gpu_train.kernel_kind(n) for n in names} == names
+    rows, shares = gpu_train.kernel_table([("aten::mm", 600.0, 2), ("triton_poi_fused_add_0", 300.0, 5),
+                                           ("fused_recurrent_rwkv6_bwd_kernel", 100.0, 1)], top=2)
+    assert [r["kernel"] for r in rows] == ["aten::mm", "triton_poi_fused_add_0"] and rows[0]["share"] == 0.6
+    assert shares == {"gemm": 0.6, "element-wise": 0.3, "wkv": 0.1}
 
 
 def test_table_layout():
-    text = gpu.format_table([{"impl": "chunked", "ms": 12.3456789}, {"impl": "fla", "error": "OOM"}],
-                            ["impl", "ms", "error"])
+    text = gpu_report.format_table([{"impl": "chunked", "ms": 12.3456789}, {"impl": "fla", "error": "OOM"}],
+                                   ["impl", "ms", "error"])
     lines = text.splitlines()
     assert lines[0].split() == ["impl", "ms", "error"]
     assert set(lines[1]) <= {"-", " "}
     assert lines[2].split() == ["chunked", "12.35"] and lines[3].split() == ["fla", "OOM"]
 
 
-def test_training_cases_put_eager_before_compiled():
-    for quick in (False, True):
-        cases = gpu.train_cases(quick, "chunked")
-        flags = [c["compile"] for c in cases]
-        assert flags == sorted(flags) and any(flags) and not all(flags)
-        assert {c["model"] for c in cases} == {"B32", "B16"}
-
-
 def test_generated_photos_are_read_by_the_training_loader(tmp_path):
-    prefix = gpu._photo_records(tmp_path, records=12, unique=3)
+    prefix = gpu_extras.photo_records(tmp_path, records=12, unique=3)
     loader = build_loader(f"{prefix}.rec", 4, input_size=32, train=True, backend="dali", device="cpu",
                           num_threads=1, rank=0, world_size=1, seed=0, cache_dir=tmp_path)
     images, tokens = next(iter(loader))
@@ -121,36 +222,26 @@ def test_generated_photos_are_read_by_the_training_loader(tmp_path):
     assert tokens.shape == (4, 77) and tokens[:, :3].tolist() == [[49406, 320, 49407]] * 4
 
 
-def test_the_training_step_trains_on_the_cpu():
-    torch.manual_seed(0)
-    model = create_model("RWKV_CLIP_tiny").train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    images, tokens = torch.randn(8, 3, 32, 32), torch.randint(1, 400, (8, 77))
-    step = gpu._train_step_fn(model, model, optimizer, ClipLoss(), images, tokens)
-    before = [p.detach().clone() for p in model.parameters()]
-    with pytest.warns(UserWarning, match="CUDA is not available"):  # autocast("cuda") is off here
-        step()
-    moved = sum(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
-    assert moved > len(before) // 2
-    assert all(p.grad is None for p in model.parameters())  # zero_grad(set_to_none=True)
-    assert 0 <= model.logit_scale.item() <= gpu.LOGIT_SCALE_MAX
-
-
 def test_the_watchdog_saves_the_report_and_stops_a_run_that_overstays(tmp_path):
     path = tmp_path / "r.json"
     code = (
         "import time\n"
         "from pathlib import Path\n"
-        "from benchmarks import gpu\n"
-        f"r = gpu.Results(Path({str(path)!r}), {{}})\n"
-        "r.add_case('train', {'model': 'B32', 'samples_per_s': 1.0})\n"
-        "gpu._watchdog(r, 0.5)\n"
+        "from benchmarks import gpu, gpu_report\n"
+        f"r = gpu_report.Results(Path({str(path)!r}), {{}})\n"
+        "r.add_case('train_eager', {'model': 'B32', 'samples_per_s': 1.0})\n"
+        "gpu_report.start_watchdog(r, 0.5, gpu.COLUMNS)\n"
         "time.sleep(60)\n"
         "print('not stopped')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=50)
+    proc = _run([], code=code)
     assert proc.returncode == 0, proc.stderr
     assert "time limit of 0.5 s reached" in proc.stdout and "not stopped" not in proc.stdout
     assert "B32" in proc.stdout  # the tables of what finished are printed
     saved = json.loads(path.read_text())
-    assert saved["status"].startswith("stopped at the") and saved["sections"]["train"]["cases"]
+    assert saved["status"].startswith("stopped at the") and saved["sections"]["train_eager"]["cases"]
+
+
+def test_the_default_run_fits_eight_minutes():
+    # The sections' time plus the watchdog's grace leaves at least 40 s for start-up.
+    assert gpu.DEFAULT_TIME_LIMIT + gpu.HARD_STOP_GRACE <= 8 * 60 - 40

@@ -64,10 +64,12 @@ def held_by(path: Path) -> dict | None:
 class OutputLock:
     """`with OutputLock(prefix):` holds OUT.lock (or `path`) or raises OutputLocked naming the holder."""
 
-    def __init__(self, prefix: Path, tool: str = "data2rec", path: Path | None = None) -> None:
+    def __init__(self, prefix: Path, tool: str = "data2rec", path: Path | None = None,
+                 resume_hint: str = "rerun this command afterwards to resume it") -> None:
         self.path = path if path is not None else lock_path(prefix)
         self.output = prefix
         self.tool = tool
+        self.resume_hint = resume_hint
         self._fd: int | None = None
         self.took_over: dict | None = None  # the holder of a stale lock this run replaced
 
@@ -81,7 +83,7 @@ class OutputLock:
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise OutputLocked(
                         f"{self.output} is being written by {describe(read_holder(self.path), self.tool)}; wait for it to "
-                        f"finish or stop it (rerun this command afterwards to resume it), or choose another --output"
+                        f"finish or stop it ({self.resume_hint}), or choose another --output"
                     ) from None
                 if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                     print(f"{self.tool}: warning: {self.path.parent} does not support file locks; make sure "

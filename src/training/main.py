@@ -181,7 +181,8 @@ def _prepare_on_master(cfg: TrainConfig, locks: list[OutputLock]) -> tuple[Path 
         raise TrainingError(f"--output {cfg.output}: cannot create it ({exc.strerror or exc}); "
                             "pass a folder you can write") from exc
     # Two runs into one folder would overwrite each other's checkpoints and interleave metrics.
-    lock = OutputLock(cfg.output, tool="train.py", path=cfg.output / LOCK_NAME)
+    lock = OutputLock(cfg.output, tool="train.py", path=cfg.output / LOCK_NAME,
+                      resume_hint="then rerun with --resume latest to continue it")
     try:
         lock.acquire()
     except OutputLocked as exc:

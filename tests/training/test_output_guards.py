@@ -111,6 +111,7 @@ def test_a_second_writer_of_one_output_is_refused_naming_the_first(tmp_path, cap
         assert err.startswith(f"train.py: error: --output {output} is being written by train.py run pid "
                               f"{holder.pid} on host "), err
         assert err.count("\n") == 1
+        assert "rerun with --resume latest" in err, err
     finally:
         holder.kill()
         holder.wait()

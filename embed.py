@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from src.evaluation.cli import WEIGHTS_HELP
+
 EPILOG = """\
 inputs:
   --images DIR          every image under DIR (recursively, sorted by path; hidden files left out)
@@ -43,8 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model-name", "--config", dest="model_name", default="RWKV_CLIP_B32",
                    help="model config: a shipped name (RWKV_CLIP_B32, RWKV_CLIP_B16, RWKV_CLIP_tiny) or a JSON file")
-    p.add_argument("--model-weight", "--pretrained", dest="weights", default=None,
-                   help="weights: a .pt/.safetensors file or hf-hub:ORG/REPO[/FILE] (required unless --random-init)")
+    p.add_argument("--model-weight", "--pretrained", dest="weights", default=None, metavar="WEIGHTS", help=WEIGHTS_HELP)
     p.add_argument("--random-init", action="store_true",
                    help="embed with untrained random weights (for testing a setup, never for real use)")
     what = p.add_mutually_exclusive_group(required=True)
@@ -55,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64, help="inputs per forward pass (default 64)")
     p.add_argument("--workers", type=int, default=4, help="image decoding processes (default 4; 0 decodes in this one)")
     p.add_argument("--device", default="auto", help="auto (GPU if present), cpu, cuda or cuda:N")
-    p.add_argument("--wkv-impl", default=None,
-                   help="WKV implementation (see src/open_alip/wkv.py); default: the library's choice")
+    p.add_argument("--wkv-impl", default="auto", metavar="IMPL",
+                   help="WKV implementation: auto (fla's kernels on a GPU when fla-core imports, else chunked) "
+                        "or a name from WKV_IMPL_CHOICES in src/open_alip/wkv.py")
     p.add_argument("--cache-dir", type=Path, default=None, help="hub cache folder for hf-hub: weights (default: HF_HOME's)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p

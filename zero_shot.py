@@ -66,7 +66,7 @@ def _usage_error(args: argparse.Namespace) -> str | None:
 
 
 def _configure(args: argparse.Namespace, specs: list) -> None:
-    from src.evaluation.run import parse_name_map
+    from src.evaluation.specs import parse_name_map
 
     classnames = parse_name_map(args.classnames, "--classnames")
     templates = parse_name_map(args.templates, "--templates")
@@ -74,7 +74,7 @@ def _configure(args: argparse.Namespace, specs: list) -> None:
         spec.classnames = classnames.get(spec.name)
         spec.templates = templates.get(spec.name)
     if args.csv is not None:
-        from src.evaluation.run import check_output_dir
+        from src.evaluation.results import check_output_dir
 
         check_output_dir(args.csv.parent)
 
@@ -93,32 +93,34 @@ def _summary(result: dict) -> str:
 
 
 def _finish(args: argparse.Namespace, results) -> None:
+    from src.evaluation.model_loader import weights_label
     from src.evaluation.report import append_csv_line, format_paper_table, paper_scores
 
     if paper_scores(results):
         print(f"\nThe paper's table ({args.protocol} protocol):")
-        print(format_paper_table(results, label=Path(str(args.checkpoint or "random init")).stem))
+        print(format_paper_table(results, label=weights_label(args.checkpoint)))
     if args.csv is not None:
         print(f"[zero_shot] result line appended to {append_csv_line(args.csv, results)}")
 
 
 def list_datasets() -> int:
     from src.evaluation.paper_datasets import describe
+    from src.evaluation.results import format_rows
 
-    rows = describe()
     header = ["name", "classes", "templates", "test images", "metric", "layout under ROOT"]
-    table = [[r["name"], str(r["classes"]), str(r["templates"]), f"{r['test_images']:,}", r["metric"], r["layout"]]
-             for r in rows]
-    widths = [max(len(x) for x in col) for col in zip(header, *table)]
-    for line in [header, ["-" * w for w in widths], *table]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+    print(format_rows(header, [[r["name"], r["classes"], r["templates"], f"{r['test_images']:,}", r["metric"], r["layout"]]
+                               for r in describe()]))
     return 0
 
 
 def classify_labels(args: argparse.Namespace) -> int:
-    """--images with --labels: print each image's top label and write labels.tsv to --output-dir."""
+    """--images with --labels: print each image's top label and write labels.tsv to --output-dir;
+    unreadable images are skipped, counted and named."""
     from src.errors import UserError, report
-    from src.evaluation.run import EvalDataError, classify_images, list_images, read_templates
+    from src.evaluation.datasets import EvalDataError
+    from src.evaluation.images import list_images, skip_notice
+    from src.evaluation.run import classify_images
+    from src.evaluation.templates import read_templates
     from src.fsutil import atomic_write_text
 
     try:
@@ -130,14 +132,17 @@ def classify_labels(args: argparse.Namespace) -> int:
         templates = read_templates(args.label_templates) if args.label_templates else None
         images = list_images(args.images)
         device, model = eval_cli.prepare(args, _usage_error)
-        rows = classify_images(model, images, labels, model.config["input_size"], device, templates,
-                               args.batch_size, args.workers)
+        rows, skipped = classify_images(model, images, labels, model.config["input_size"], device, templates,
+                                        args.batch_size, args.workers)
         lines = [f"{r['image']}\t{r['label']}\t{r['probability']:.4f}" for r in rows]
         path = atomic_write_text(args.output / "labels.tsv", "image\tlabel\tprobability\n" + "\n".join(lines) + "\n")
     except UserError as exc:
         return report("zero_shot.py", exc)
     print("\n".join(lines))
-    print(f"[zero_shot] {len(rows)} images -> {path}", file=sys.stderr)
+    if skipped:
+        print(skip_notice("[zero_shot]", skipped), file=sys.stderr)
+    print(f"[zero_shot] {len(rows)} images -> {path}" + (f" ({len(skipped)} skipped)" if skipped else ""),
+          file=sys.stderr)
     return 0
 
 

@@ -258,7 +258,8 @@ class Demo:
 
         from src.demo import report
         from src.demo.scenes import all_descriptions
-        from src.evaluation.run import evaluate_classification, load_eval_model
+        from src.evaluation.model_loader import load_model
+        from src.evaluation.run import evaluate_classification
         from src.open_alip.zero_shot import encode_texts
 
         points = report.read_loss_points(self.out / "train" / "metrics.jsonl")
@@ -268,7 +269,7 @@ class Demo:
         # predicted captions: the best of every scene description the grammar can produce
         torch.set_num_threads(self.s.threads_per_process)
         device = torch.device("cpu")
-        model = load_eval_model(self.s.config, self.checkpoint, device)
+        model = load_model(self.s.config, self.checkpoint, device)
         input_size = int(model.config["input_size"])
         tree = self.out / "eval_data" / "classification" / "images"
         cls = evaluate_classification(model, f"scenes={tree}", input_size, device, return_predictions=True)

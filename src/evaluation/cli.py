@@ -11,6 +11,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+# Torch-free, so --help stays instant.
+WEIGHTS_HELP = (
+    "weights: a .pt or .safetensors file (the released weights, or a checkpoint written by train.py) or "
+    "hf-hub:ORG/REPO[/FILE] (fetched through huggingface_hub: HF_ENDPOINT, HF_TOKEN, the hub cache; "
+    "HF_HUB_OFFLINE=1 uses the cache only); required unless --random-init"
+)
+
 PROTOCOL_HELP = (
     "original: the paper's numbers (integer-truncated logits, the original's ImageNet DALI resize and "
     "counted padding rows, 'a photo of ' before captions); standard: float logits, open_clip's "
@@ -30,9 +37,8 @@ def build_parser(
     )
     p.add_argument("--model-name", "--config", dest="config", default="RWKV_CLIP_B32",
                    help="model config: a shipped name (RWKV_CLIP_B32, RWKV_CLIP_B16, ...) or a JSON file")
-    p.add_argument("--model-weight", "--pretrained", dest="checkpoint", type=Path, default=None,
-                   help="checkpoint .pt (the released weights or one written by train.py); required unless "
-                        "--random-init")
+    p.add_argument("--model-weight", "--pretrained", dest="checkpoint", default=None, metavar="WEIGHTS",
+                   help=WEIGHTS_HELP)
     p.add_argument("--random-init", action="store_true",
                    help="evaluate randomly initialised weights (a baseline); without it a missing "
                         "--model-weight is an error")
@@ -53,29 +59,27 @@ def build_parser(
                    help="WKV implementation: auto (fla's kernels on a GPU when fla-core imports, else chunked) "
                         "or a name from WKV_IMPL_CHOICES in src/open_alip/wkv.py (an unknown name is refused "
                         "with the list)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="hub cache folder for hf-hub: weights (default: huggingface_hub's, under HF_HOME)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 
 def prepare(args: argparse.Namespace, usage_error: Callable[[argparse.Namespace], str | None]):
     """Checks that need no model (option ranges, weights given, output folder writable), then the
-    device and the model: returns (device, model). Raises UserError."""
+    device and the model (src/evaluation/model_loader.py): returns (device, model). Raises UserError."""
     from src.devices import resolve_device
-    from src.evaluation.run import EvalDataError, check_output_dir, load_eval_model
+    from src.evaluation.datasets import EvalDataError
+    from src.evaluation.model_loader import check_weights_given, load_model
+    from src.evaluation.results import check_output_dir
 
     message = usage_error(args)
     if message:
         raise EvalDataError(message)
-    if args.checkpoint is None and not args.random_init:
-        raise EvalDataError(
-            "no --model-weight given; pass the checkpoint to evaluate (or --random-init to evaluate "
-            "untrained weights on purpose)"
-        )
-    if args.checkpoint is not None and args.random_init:
-        raise EvalDataError("--random-init and --model-weight exclude each other; keep one")
+    check_weights_given(args.checkpoint, args.random_init)
     check_output_dir(args.output)
     device = resolve_device(args.device)
-    return device, load_eval_model(args.config, args.checkpoint, device, args.wkv_impl)
+    return device, load_model(args.config, args.checkpoint, device, args.wkv_impl, args.random_init, args.cache_dir)
 
 
 def run(
@@ -96,7 +100,9 @@ def run(
     A bad input ends the run with one `PROG: error: ...` line and exit status 2, not a traceback.
     """
     from src.errors import UserError, report
-    from src.evaluation.run import format_table, parse_dataset_list, write_result
+    from src.evaluation.images import skip_notice
+    from src.evaluation.results import format_table, write_result
+    from src.evaluation.specs import parse_dataset_list
 
     tag = f"[{prog.removesuffix('.py')}]"
     try:
@@ -111,6 +117,8 @@ def run(
             result = {"dataset": result.pop("dataset"), "model": str(args.config),
                       "checkpoint": str(args.checkpoint) if args.checkpoint else None, **result}
             path = write_result(result, args.output)
+            if result.get("skipped_images"):
+                print(skip_notice(f"{tag} {spec.name}:", result["skipped_images"]), flush=True)
             print(f"{tag} {spec.name}: {summary(result)} -> {path}", flush=True)
             results.append(result)
         print(format_table(results))

@@ -25,7 +25,9 @@ from types import ModuleType
 from typing import Any
 
 from src.errors import UserError
-from src.open_alip.clip_benchmark_loader import MODEL_TYPE, load_rwkv_clip
+from src.evaluation.model_loader import ModelLoadError, load_model_and_transform
+from src.open_alip import get_tokenizer
+from src.open_alip.clip_benchmark_loader import MODEL_TYPE
 from src.open_alip.errors import OpenAlipError
 
 DEFAULT_MODEL = "RWKV_CLIP_B32"
@@ -36,10 +38,14 @@ class ClipBenchmarkError(UserError):
 
 
 def load_for_clip_benchmark(model_name: str, pretrained: str, cache_dir: str | None = None, device: Any = "cpu"):
-    """`load_rwkv_clip` with the model library's errors turned into this CLI's one-line errors."""
+    """CLIP_benchmark's loader signature over the inference CLIs' one loader
+    (src/evaluation/model_loader.py): (model in fp32 eval mode, the evaluation transform, the
+    tokenizer), with every error this CLI's one line. Weights are required."""
+    weights = pretrained if pretrained is not None and str(pretrained).strip() else None
     try:
-        return load_rwkv_clip(model_name=model_name, pretrained=pretrained, cache_dir=cache_dir, device=device)
-    except OpenAlipError as exc:
+        model, transform = load_model_and_transform(model_name, weights, device, cache_dir=cache_dir)
+        return model, transform, get_tokenizer(model_name)
+    except (ModelLoadError, OpenAlipError) as exc:
         raise ClipBenchmarkError(str(exc)) from None
 
 

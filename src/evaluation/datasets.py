@@ -426,7 +426,8 @@ def read_caption_json(
 # ---------------------------------------------------------------------------------------------
 # manifests
 
-_IMAGE_COLUMNS = ("image", "filepath", "image_path", "path", "file", "filename", "url")
+# The image column of a manifest when none is named, first match wins (embed.py's lists too).
+IMAGE_COLUMNS = ("image", "filepath", "image_path", "path", "file", "filename", "url")
 _LABEL_COLUMNS = ("label", "class", "target", "classname")
 _CAPTION_PREFIXES = ("caption", "text", "title", "sentence")
 
@@ -475,7 +476,7 @@ def _manifest_table(path: Path, image_column: str | None) -> tuple[list[dict], l
     if not rows:
         raise EvalDataError(f"manifest {path}: no rows")
     columns = list(rows[0].keys())
-    return rows, columns, _pick(columns, image_column, _IMAGE_COLUMNS, path, "image")
+    return rows, columns, _pick(columns, image_column, IMAGE_COLUMNS, path, "image")
 
 
 def read_manifest_classification(

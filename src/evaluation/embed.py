@@ -32,13 +32,13 @@ import torch
 import torch.nn.functional as F
 
 from src.errors import UserError
-from src.evaluation.datasets import IMAGE_EXTENSIONS, ImageDataset, preprocess_batch
+from src.evaluation.datasets import IMAGE_COLUMNS, preprocess_batch
+from src.evaluation.images import find_images, skipping_loader
+from src.evaluation.model_loader import load_model
+from src.evaluation.specs import MANIFEST_SUFFIXES
 from src.fsutil import atomic_path, atomic_write_json, remove_stale_temp_files, temp_path_for
-from src.open_alip.errors import OpenAlipError
 
 LIST_SUFFIXES = (".txt", ".lst")
-MANIFEST_SUFFIXES = (".csv", ".tsv", ".jsonl")
-IMAGE_COLUMNS = ("image", "filepath", "image_path", "path", "file", "filename")
 _COPY_ROWS = 1 << 14  # rows per step when compacting the output after skipped images
 
 
@@ -58,24 +58,9 @@ class ImageInputs:
 # inputs
 
 
-def _is_image_name(name: str) -> bool:
-    return name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
-
-
 def scan_image_folder(folder: Path) -> ImageInputs:
-    """Every image file under `folder`, by sorted relative path; hidden files and folders left out."""
-    found: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in filenames:
-            if _is_image_name(name):
-                path = Path(dirpath) / name
-                found.append((path.relative_to(folder).as_posix(), path))
-    found.sort(key=lambda item: item[0])
-    if not found:
-        raise EmbedError(
-            f"--images {folder}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in the folder or below it"
-        )
+    """Every image file under `folder` (src/evaluation/images.py find_images), by sorted relative path."""
+    found = find_images(folder)
     return ImageInputs(folder, [p for _, p in found], [label for label, _ in found])
 
 
@@ -162,77 +147,6 @@ def read_texts(path: Path) -> tuple[list[str], int]:
     return texts, len(lines) - len(texts)
 
 
-# ---------------------------------------------------------------------------------------------
-# model
-
-
-def load_model(
-    model_name: str,
-    weights: str | None,
-    device: torch.device,
-    random_init: bool = False,
-    cache_dir: Path | None = None,
-    wkv_impl: str | None = None,
-) -> torch.nn.Module:
-    """The model in float32 eval mode on `device` (the evaluation's precision); weights are required
-    unless `random_init`."""
-    from src.open_alip import create_model_and_transforms
-
-    if weights is None and not random_init:
-        raise EmbedError(
-            "no weights given: pass --model-weight (a .pt or .safetensors file, or hf-hub:ORG/REPO[/FILE]); "
-            "--random-init embeds with untrained weights (for testing only)"
-        )
-    if weights is not None and random_init:
-        raise EmbedError("--random-init and --model-weight exclude each other; give one")
-    try:
-        model, _, _ = create_model_and_transforms(
-            model_name, pretrained=weights, device=device, precision="fp32", cache_dir=cache_dir, wkv_impl=wkv_impl
-        )
-    except OpenAlipError as exc:  # the model library's errors are the user's to fix here
-        raise EmbedError(str(exc)) from None
-    return model
-
-
-# ---------------------------------------------------------------------------------------------
-# embedding
-
-
-class _SkippingImages(ImageDataset):
-    """ImageDataset whose items are (image or None, index, error or None): a file that cannot be
-    decoded becomes a skipped row instead of ending the run."""
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor | None, int, str | None]:  # type: ignore[override]
-        try:
-            image, _ = super().__getitem__(index)
-        except Exception as exc:  # any decoder failure (OSError, DecompressionBombError, ...) means "unreadable"
-            text = " ".join(str(exc).split())[:300]
-            return None, index, text if isinstance(exc, UserError) else f"{type(exc).__name__}: {text}"
-        return image, index, None
-
-
-def _collate(items: list[tuple[torch.Tensor | None, int, str | None]]):
-    good = [(img, i) for img, i, err in items if err is None]
-    failed = [(i, err) for _, i, err in items if err is not None]
-    images: torch.Tensor | list[torch.Tensor] | None = None
-    if good:
-        tensors = [img for img, _ in good]
-        same = all(t.shape == tensors[0].shape for t in tensors) and tensors[0].dtype == torch.float32
-        images = torch.stack(tensors) if same else tensors  # CPU: preprocessed; CUDA: raw uint8, any size
-    return images, [i for _, i in good], failed
-
-
-def _loader(sources: Sequence[Path], input_size: int, batch_size: int, device: torch.device, workers: int):
-    # On CUDA, decode only (uint8) and preprocess on the GPU, as the evaluation does (datasets.make_loader).
-    on_device = device.type == "cuda"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    workers = max(0, min(workers, cores))
-    dataset = _SkippingImages(list(sources), None, size=None if on_device else input_size)
-    return torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=_collate, pin_memory=on_device
-    )
-
-
 def _progress(total: int, desc: str, enabled: bool):
     if not enabled:
         return None
@@ -256,15 +170,14 @@ def embed_images(
     written = np.zeros(len(sources), dtype=bool)
     skipped: list[tuple[int, str]] = []
     bar = _progress(len(sources), "images", progress)
-    for images, indices, failed in _loader(sources, input_size, batch_size, device, workers):
-        skipped.extend(failed)
-        if indices:
-            batch = preprocess_batch(images, input_size, device)
-            emb = F.normalize(model.encode_image(batch).float(), dim=-1).cpu().numpy()
-            rows[indices] = emb
-            written[indices] = True
+    for batch in skipping_loader(sources, None, input_size, batch_size, device, workers):
+        skipped.extend(batch.failed)
+        if batch.positions:
+            pixels = preprocess_batch(batch.images, input_size, device)
+            rows[batch.positions] = F.normalize(model.encode_image(pixels).float(), dim=-1).cpu().numpy()
+            written[batch.positions] = True
         if bar is not None:
-            bar.update(len(indices) + len(failed))
+            bar.update(len(batch.positions) + len(batch.failed))
             if skipped:
                 bar.set_postfix(skipped=len(skipped))
     if bar is not None:
@@ -352,7 +265,7 @@ def run_embed(
     workers: int = 4,
     random_init: bool = False,
     cache_dir: Path | None = None,
-    wkv_impl: str | None = None,
+    wkv_impl: str | None = "auto",
     progress: bool = True,
 ) -> dict[str, Any]:
     """Embed `images` or `texts` into `output` and its index (module doc); returns the index
@@ -376,7 +289,7 @@ def run_embed(
         inputs = read_images(images, image_column)
         if not inputs.sources:
             raise EmbedError(f"--images {images}: none of the {len(inputs.missing)} listed images exists")
-        model = load_model(model_name, weights, device, random_init, cache_dir, wkv_impl)
+        model = load_model(model_name, weights, device, wkv_impl, random_init, cache_dir)
         dim, n, labels = model.image_embed_dim, len(inputs.sources), inputs.labels
         skipped = [{"item": label, "error": why} for label, why in inputs.missing]
 
@@ -396,7 +309,7 @@ def run_embed(
                     "items": [labels[i] for i in kept], "skipped": skipped}
     else:
         text_list, blank = read_texts(texts)
-        model = load_model(model_name, weights, device, random_init, cache_dir, wkv_impl)
+        model = load_model(model_name, weights, device, wkv_impl, random_init, cache_dir)
         dim, n = model.text_embed_dim, len(text_list)
 
         def fill(rows: np.ndarray) -> np.ndarray:

@@ -13,8 +13,9 @@ from typing import Protocol
 
 import torch
 
-from src.evaluation.run import DatasetSpec, as_spec, evaluate_classification, load_classification_data
+from src.evaluation.run import evaluate_classification
 from src.evaluation.sharding import Shard
+from src.evaluation.specs import DatasetSpec, as_spec, load_classification_data
 from src.open_alip.model import unwrap_model
 
 

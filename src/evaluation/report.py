@@ -14,6 +14,7 @@ from pathlib import Path
 
 from src.evaluation.datasets import EvalDataError
 from src.evaluation.paper_datasets import PAPER_DATASETS, find_paper_dataset
+from src.evaluation.results import format_rows
 
 
 def paper_scores(results: Sequence[dict]) -> dict[str, float]:
@@ -32,10 +33,7 @@ def format_paper_table(results: Sequence[dict], label: str = "this model") -> st
     values = [f"{scores[name]:.1f}" if name in scores else "-" for name in PAPER_DATASETS]
     complete = len(scores) == len(PAPER_DATASETS)
     values.append(f"{sum(scores.values()) / len(scores):.1f}" if complete else "-")
-    header = ["Model", *titles]
-    row = [label, *values]
-    widths = [max(len(a), len(b)) for a, b in zip(header, row)]
-    return "\n".join(" | ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in (header, row))
+    return format_rows(["Model", *titles], [[label, *values]], sep=" | ", rule=False, right=True)
 
 
 def csv_line(results: Sequence[dict]) -> str:

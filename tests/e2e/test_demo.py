@@ -60,7 +60,7 @@ def test_hub_corpus_follows_the_parquet_format(tmp_path):
 
 
 def test_eval_sets_are_readable_by_the_eval_readers(tmp_path):
-    from src.evaluation.run import load_classification_data, load_retrieval_data
+    from src.evaluation.specs import load_classification_data, load_retrieval_data
 
     tree = write_classification_set(tmp_path / "cls", per_class=2, seed=0, image_size=32)
     data, _ = load_classification_data(f"scenes={tree}")

@@ -11,8 +11,10 @@ import pytest
 
 import zero_shot as zero_shot_cli
 from src.evaluation.clip_benchmark_protocol import CLIP_BENCHMARK_NAMES, read_clip_benchmark_dataset
+from src.evaluation.datasets import EvalDataError
 from src.evaluation.paper_datasets import PAPER_DATASETS, find_paper_dataset, read_paper_dataset
-from src.evaluation.run import EvalDataError, evaluate_classification, load_classification_data
+from src.evaluation.run import evaluate_classification
+from src.evaluation.specs import load_classification_data
 from src.open_alip.model import get_model_config
 from src.open_alip.zero_shot import load_metadata
 from tests import _eval_layouts as layouts

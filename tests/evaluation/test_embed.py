@@ -102,7 +102,7 @@ def test_image_manifest_and_texts(tiny, photos, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ([], "no weights given: pass --model-weight"),
+        ([], "no --model-weight given; pass the weights"),
         (["--model-weight", "nope.pt"], "weights nope.pt does not exist"),
         (["--random-init", "--output", "x.json"], "name it *.npy"),
         (["--random-init", "--images", "does/not/exist"], "--images does/not/exist does not exist"),

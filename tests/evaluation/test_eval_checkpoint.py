@@ -19,14 +19,11 @@ import retrieval as retrieval_cli
 import zero_shot as zero_shot_cli
 from src.demo.corpus import write_classification_set, write_retrieval_set
 from src.demo.scenes import DEMO_TEMPLATES, draw_scene, random_scene
+from src.evaluation.datasets import EvalDataError
 from src.evaluation.hook import zero_shot_epoch_hook
-from src.evaluation.run import (
-    EvalDataError,
-    evaluate_classification,
-    evaluate_retrieval,
-    load_classification_data,
-    load_eval_model,
-)
+from src.evaluation.model_loader import load_model as load_eval_model
+from src.evaluation.run import evaluate_classification, evaluate_retrieval
+from src.evaluation.specs import load_classification_data
 from src.open_alip.model import create_model
 from src.open_alip.tokenizer import tokenize
 from src.open_alip.zero_shot import build_class_embeddings, load_metadata
@@ -133,7 +130,7 @@ def test_zero_shot_cli_matches_library(trained, tmp_path, capsys):
     model = load_eval_model(CONFIG, trained["checkpoint"], torch.device("cpu"))
     spec = load_classification_data(f"scenes={trained['tree']}")[0]
     assert spec.classnames[0] == "blue circle"  # folder names blue_circle, ... sorted
-    from src.evaluation.run import DatasetSpec
+    from src.evaluation.specs import DatasetSpec
 
     mine = evaluate_classification(
         model, DatasetSpec("scenes", trained["tree"], templates=trained["templates"]), SIZE, "cpu", batch_size=5
@@ -165,7 +162,7 @@ def test_retrieval_cli_matches_library(trained, tmp_path, capsys):
     "script,args,needle",
     [
         ("zero_shot.py", ["--datasets", "x=/no/such/folder"], "/no/such/folder does not exist"),
-        ("zero_shot.py", ["--datasets", "{tree}", "--model-weight", "/no/ckpt.pt"], "checkpoint /no/ckpt.pt"),
+        ("zero_shot.py", ["--datasets", "{tree}", "--model-weight", "/no/ckpt.pt"], "weights /no/ckpt.pt does not exist"),
         ("zero_shot.py", ["--datasets", "{tree}", "--templates", "scenes"], "expected NAME=FILE"),
         ("retrieval.py", ["--datasets", "x={tree}", "--random-init"], "dataset_*.json"),
         ("retrieval.py", ["--datasets", "{tree}", "--batch-size", "0"], "--batch-size"),

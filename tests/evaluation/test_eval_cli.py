@@ -13,7 +13,8 @@ from PIL import Image
 
 import retrieval as retrieval_cli
 import zero_shot as zero_shot_cli
-from src.evaluation.run import evaluate_retrieval, load_eval_model
+from src.evaluation.model_loader import load_model as load_eval_model
+from src.evaluation.run import evaluate_retrieval
 from src.open_alip.model import get_model_config
 from src.open_alip.tokenizer import tokenize
 from src.open_alip.zero_shot import retrieval_metrics
@@ -104,7 +105,7 @@ def test_labels_classify_a_folder(micro, tmp_path, capsys):
 @pytest.mark.parametrize(
     "extra,needle",
     [
-        ([], "no --model-weight given; pass the checkpoint"),
+        ([], "no --model-weight given; pass the weights"),
         (["--random-init", "--wkv-impl", "bogus"], "--wkv-impl bogus: unknown wkv implementation 'bogus'; choose one of auto"),
         (["--random-init", "--wkv-impl", "fla_chunk"], "--wkv-impl fla_chunk: wkv implementation 'fla_chunk' cannot run on cpu"),
         (["--random-init", "--output-dir", "{file}/results"], "--output-dir {file}/results: cannot write there"),
@@ -199,7 +200,7 @@ def test_classification_script_runs_the_datasets_found(micro, tmp_path):
 
 
 def test_bare_names_under_data_root(micro, tmp_path):
-    from src.evaluation.run import parse_dataset_list
+    from src.evaluation.specs import parse_dataset_list
 
     (tmp_path / "scenes").mkdir()
     specs = parse_dataset_list(["cifar10,pets"], micro["data"])

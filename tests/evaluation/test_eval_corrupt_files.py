@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import zero_shot
+from src.evaluation.datasets import EvalDataError
 from src.evaluation.paper_datasets import find_paper_dataset, read_paper_dataset
-from src.evaluation.run import EvalDataError
 from src.evaluation.safe_pickle import ForbiddenGlobal, restricted_load
 from tests import _eval_layouts as layouts
 

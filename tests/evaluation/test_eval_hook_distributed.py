@@ -14,8 +14,9 @@ import torch.multiprocessing as mp
 from PIL import Image
 
 from src.evaluation.hook import zero_shot_epoch_hook
-from src.evaluation.run import DatasetSpec, evaluate_classification
+from src.evaluation.run import evaluate_classification
 from src.evaluation.sharding import Shard
+from src.evaluation.specs import DatasetSpec
 from src.training.batching import BatchPlan, plan_for_device
 from src.training.config import TrainConfig
 from src.training.distributed import DistEnv, cleanup, init_distributed

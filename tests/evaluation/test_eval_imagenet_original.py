@@ -13,7 +13,8 @@ from nvidia.dali.plugin.pytorch import DALIClassificationIterator, LastBatchPoli
 from src.evaluation.dali_val import dali_val_batches, resize_shorter
 from src.evaluation.paper_datasets import find_paper_dataset, read_paper_dataset
 from src.evaluation.protocol import original_padding_rows
-from src.evaluation.run import DatasetSpec, evaluate_classification
+from src.evaluation.run import evaluate_classification
+from src.evaluation.specs import DatasetSpec
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
 from src.open_alip.zero_shot import prediction_metrics, top_predictions
 from src.recordio import read_record_at, unpack

@@ -8,10 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from src.evaluation.run import (
-    format_table,
-    write_result,
-)
+from src.evaluation.results import format_table, write_result
 from src.open_alip.zero_shot import (
     class_logits,
     classification_metrics,

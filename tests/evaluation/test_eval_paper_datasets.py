@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from src.evaluation.datasets import LABEL_IN_RECORD, ImageDataset, RecordImage
+from src.evaluation.datasets import LABEL_IN_RECORD, EvalDataError, ImageDataset, RecordImage
 from src.evaluation.paper_datasets import (
     PAPER_DATASETS,
     describe,
@@ -18,7 +18,7 @@ from src.evaluation.paper_datasets import (
     read_paper_dataset,
     read_sun397,
 )
-from src.evaluation.run import EvalDataError, load_classification_data
+from src.evaluation.specs import load_classification_data
 from src.open_alip.zero_shot import load_metadata
 from tests import _eval_layouts as layouts
 

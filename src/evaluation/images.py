@@ -1,0 +1,123 @@
+"""Image inputs of the evaluation CLIs: the one folder lister, and a loader that skips unreadable
+files instead of ending the run.
+
+A bad file among thousands (truncated, not an image, a decoder refusal) should cost one image,
+not the evaluation; and with DataLoader workers an exception raised in a worker reaches the user
+as a multi-line "Original Traceback". So each item is decoded inside a try: a failure becomes a
+(position, reason) pair that the batch carries beside the good images, and the caller counts,
+lists and leaves out those positions. zero_shot.py, retrieval.py and embed.py all read images
+through `skipping_loader`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from src.errors import UserError
+from src.evaluation.datasets import IMAGE_EXTENSIONS, EvalDataError, ImageDataset, ImageSource
+from src.fsutil import walk_files
+
+
+def find_images(folder: Path, option: str = "--images") -> list[tuple[str, Path]]:
+    """(relative POSIX path, path) of every image file under `folder`, sorted by relative path;
+    hidden files and folders left out, linked folders followed once (src/fsutil.py walk_files)."""
+    try:
+        relative, _ = walk_files(folder, IMAGE_EXTENSIONS)
+    except OSError as exc:
+        raise EvalDataError(f"{option} {folder}: cannot list the folder ({exc.strerror or exc})") from None
+    found = [(rel, folder / rel) for rel in relative if (folder / rel).is_file()]
+    if not found:
+        raise EvalDataError(f"{option} {folder}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in the folder or below it")
+    return found
+
+
+def list_images(paths: Sequence[Path | str]) -> list[Path]:
+    """Image files among `paths` (zero_shot.py --images): files as given, folders through `find_images`."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found += [p for _, p in find_images(path)]
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise EvalDataError(f"--images {path}: no such file or folder")
+    return found
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line saying why an image could not be read."""
+    text = " ".join(str(exc).split())[:300]
+    return text if isinstance(exc, UserError) else f"{type(exc).__name__}: {text}"
+
+
+class SkippingImages(ImageDataset):
+    """ImageDataset whose items are (image or None, label, position, reason or None)."""
+
+    def __getitem__(self, index: int):  # type: ignore[override]
+        try:
+            image, label = super().__getitem__(index)
+        except Exception as exc:  # any decoder failure (OSError, DecompressionBombError, ...) means "unreadable"
+            return None, -1, index, describe_failure(exc)
+        return image, label, index, None
+
+
+@dataclass
+class Batch:
+    """Decoded images (a stacked float tensor on CPU; a list of uint8 tensors for the GPU's
+    preprocessing), their labels and positions in the input list, and the (position, reason)
+    pairs of the items of this batch that could not be read."""
+
+    images: torch.Tensor | list[torch.Tensor] | None
+    labels: torch.Tensor
+    positions: list[int]
+    failed: list[tuple[int, str]]
+
+
+def _collate(items: list) -> Batch:
+    good = [(img, label, i) for img, label, i, err in items if err is None]
+    failed = [(i, err) for _, _, i, err in items if err is not None]
+    images: torch.Tensor | list[torch.Tensor] | None = None
+    if good:
+        tensors = [img for img, _, _ in good]
+        same = all(t.shape == tensors[0].shape for t in tensors) and tensors[0].dtype == torch.float32
+        images = torch.stack(tensors) if same else tensors
+    labels = torch.tensor([label for _, label, _ in good], dtype=torch.long)
+    return Batch(images, labels, [i for _, _, i in good], failed)
+
+
+def skipping_loader(
+    images: Sequence[ImageSource],
+    labels: Sequence[int] | None,
+    input_size: int,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    workers: int = 0,
+) -> torch.utils.data.DataLoader:
+    """Batches (`Batch`) of `images`; CPU: preprocessed with PIL in the workers, CUDA: decoded
+    only, for `preprocess_batch` on the device (as datasets.make_loader)."""
+    on_device = torch.device(device).type == "cuda"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    dataset = SkippingImages(images, labels, size=None if on_device else input_size)
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=False, num_workers=max(0, min(workers, cores)),
+        collate_fn=_collate, pin_memory=on_device,
+    )
+
+
+def skipped_list(images: Sequence[ImageSource], failed: Sequence[tuple[int, str]]) -> list[dict[str, str]]:
+    """[{"image", "error"}] of the failed positions, in input order (what result files record)."""
+    return [{"image": str(images[i]), "error": why} for i, why in sorted(failed)]
+
+
+def skip_notice(prefix: str, skipped: Sequence[dict[str, str]], limit: int = 5) -> str:
+    """The CLIs' lines about skipped images: the count, then up to `limit` of them by name."""
+    lines = [f"{prefix} skipped {len(skipped)} unreadable image(s):"]
+    lines += [f"{prefix}   {s['image']}: {s['error']}" for s in skipped[:limit]]
+    if len(skipped) > limit:
+        lines.append(f"{prefix}   ... and {len(skipped) - limit} more")
+    return "\n".join(lines)

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 
 ######################### Model #########################
 model_name=${MODEL_NAME:-RWKV_CLIP_B32}
-model_weight=${MODEL_WEIGHT:-MODEL_WEIGHT_PATH}
+model_weight=${MODEL_WEIGHT:-MODEL_WEIGHT_PATH}  # .pt/.safetensors file or hf-hub:ORG/REPO[/FILE]
 batch_size=${BATCH_SIZE:-120}
 protocol=${PROTOCOL:-original}
 
@@ -23,8 +23,9 @@ flickr=${FLICKR:-data/eval/flickr30k/flickr30k_test.json}
 device=${DEVICE:-auto}
 PYTHON=${PYTHON:-.venv/bin/python}
 
-if [ ! -f "$model_weight" ]; then
-    echo "error: checkpoint '$model_weight' not found; set MODEL_WEIGHT=path/to/checkpoint.pt" >&2
+# A local file must exist; hf-hub:ORG/REPO[/FILE] is fetched (and checked) by the Python loader.
+if [[ "$model_weight" != hf-hub:* && ! -f "$model_weight" ]]; then
+    echo "error: weights '$model_weight' not found; set MODEL_WEIGHT to a .pt or .safetensors file or hf-hub:ORG/REPO[/FILE]" >&2
     exit 2
 fi
 

@@ -17,6 +17,12 @@ WEIGHTS_HELP = (
     "hf-hub:ORG/REPO[/FILE] (fetched through huggingface_hub: HF_ENDPOINT, HF_TOKEN, the hub cache; "
     "HF_HUB_OFFLINE=1 uses the cache only); required unless --random-init"
 )
+WEIGHTS_EPILOG = """\
+weights (--model-weight): a .pt or .safetensors file (raw state dict, DDP-saved, or a train.py
+checkpoint), or hf-hub:ORG/REPO (the repo's single weights file) or hf-hub:ORG/REPO/FILE, fetched
+through huggingface_hub (HF_ENDPOINT, HF_TOKEN, the hub cache or --cache-dir; HF_HUB_OFFLINE=1
+uses the cache only). Images that cannot be read are skipped, counted and named.
+"""
 
 PROTOCOL_HELP = (
     "original: the paper's numbers (integer-truncated logits, the original's ImageNet DALI resize and "
@@ -32,7 +38,7 @@ def build_parser(
     """The common options, with the CLI's own dataset options placed after --data-root (where --help
     has always listed them)."""
     p = argparse.ArgumentParser(
-        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog, description=description, epilog=epilog + WEIGHTS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
     p.add_argument("--model-name", "--config", dest="config", default="RWKV_CLIP_B32",

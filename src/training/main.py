@@ -276,13 +276,18 @@ def _resolve_wkv_impl(cfg: TrainConfig, env: DistEnv) -> str:
 
 
 def _build_model(cfg: TrainConfig, env: DistEnv, wkv_impl: str, checkpointing: bool) -> nn.Module:
-    from src.open_alip import create_model
-    from src.open_alip.model import CheckpointMismatchError
+    # The model library's one entry point, as the inference CLIs' loader (src/evaluation/model_loader.py)
+    # uses it: the same files, hf-hub: repos and errors for --pretrained as for --model-weight.
+    from src.open_alip import create_model_and_transforms
+    from src.open_alip.errors import OpenAlipError, PretrainedError
 
     try:
-        model = create_model(cfg.model, pretrained=cfg.pretrained, wkv_impl=wkv_impl)
-    except (FileNotFoundError, CheckpointMismatchError) as exc:
-        raise TrainingError(f"--pretrained {cfg.pretrained}: {exc}") from exc
+        model, _, _ = create_model_and_transforms(cfg.model, pretrained=cfg.pretrained, wkv_impl=wkv_impl)
+    except PretrainedError as exc:
+        raise TrainingError(f"--pretrained {cfg.pretrained}: {exc}") from None
+    except OpenAlipError as exc:
+        raise TrainingError(f"model config: {exc}") from None
+    model.train()
     model.set_grad_checkpointing(checkpointing)
     if cfg.text_decay_dtype == "bf16":
         model.set_text_decay_dtype(torch.bfloat16)

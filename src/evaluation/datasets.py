@@ -15,7 +15,8 @@ The paper's other classification datasets, in torchvision's layouts, are read by
 src/evaluation/paper_datasets.py on top of these types.
 
 Preprocessing is the model library's evaluation transform (src/open_alip/transform.py): exact
-PIL on CPU, or decoded uint8 tensors transformed on the GPU (`make_loader` picks by device).
+PIL on CPU, or decoded uint8 tensors transformed on the GPU (src/evaluation/images.py's
+`skipping_loader` picks by device).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -598,33 +598,6 @@ class ImageDataset(torch.utils.data.Dataset):
             return preprocess_pil(img, self.size), label
         array = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
         return array, label
-
-
-def _collate_raw(batch: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    return [b[0] for b in batch], torch.tensor([b[1] for b in batch], dtype=torch.long)
-
-
-def make_loader(
-    images: Sequence[ImageSource],
-    labels: Sequence[int] | None,
-    input_size: int,
-    batch_size: int,
-    device: torch.device | str = "cpu",
-    workers: int = 0,
-) -> torch.utils.data.DataLoader:
-    """Loader of (images, labels). On CUDA it yields raw uint8 tensors for `preprocess_batch`."""
-    on_device = torch.device(device).type == "cuda"
-    # more decoding processes than cores only adds contention (and a DataLoader warning)
-    workers = max(0, min(workers, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
-    dataset = ImageDataset(images, labels, size=None if on_device else input_size)
-    return torch.utils.data.DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=False,
-        num_workers=workers,
-        collate_fn=_collate_raw if on_device else None,
-        pin_memory=on_device,
-    )
 
 
 def preprocess_batch(

@@ -49,9 +49,9 @@ def image_batches(
 def encoded_batches(
     model: torch.nn.Module, batches: Iterable[Batch], input_size: int, device: torch.device | str,
     progress: bool = False, desc: str = "images",
-) -> Iterator[tuple[torch.Tensor, Batch]]:
+) -> Iterator[tuple[torch.Tensor | None, Batch]]:
     """(L2-normalised float32 embeddings of the batch's readable images, the batch) per batch;
-    a batch with no readable image yields an empty [0, D] tensor's place: it is skipped."""
+    None in place of the embeddings when no image of the batch could be read."""
     if progress:
         from tqdm import tqdm
 

@@ -99,7 +99,7 @@ def skipping_loader(
     workers: int = 0,
 ) -> torch.utils.data.DataLoader:
     """Batches (`Batch`) of `images`; CPU: preprocessed with PIL in the workers, CUDA: decoded
-    only, for `preprocess_batch` on the device (as datasets.make_loader)."""
+    only, for `preprocess_batch` on the device."""
     on_device = torch.device(device).type == "cuda"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     dataset = SkippingImages(images, labels, size=None if on_device else input_size)

@@ -155,9 +155,10 @@ def test_albef_json_with_the_caption_prefix(micro, tmp_path, capsys):
     owner = [i for i, e in enumerate(entries) for _ in e["caption"]]
     with torch.no_grad():
         texts = torch.nn.functional.normalize(model.encode_text(tokenize(["a photo of " + c for c in captions])), dim=1)
-    from src.evaluation.datasets import make_loader
+    from src.evaluation.images import skipping_loader
 
-    images = torch.cat([x for x, _ in make_loader([tmp_path / "val2014" / f"COCO_{i}.jpg" for i in range(4)], None, 32, 4)])
+    sources = [tmp_path / "val2014" / f"COCO_{i}.jpg" for i in range(4)]
+    images = torch.cat([b.images for b in skipping_loader(sources, None, 32, 4)])
     with torch.no_grad():
         images = torch.nn.functional.normalize(model.encode_image(images), dim=1)
     expected = retrieval_metrics(images, texts, owner)

@@ -14,7 +14,6 @@ from PIL import Image
 
 from src.evaluation.datasets import (
     EvalDataError,
-    make_loader,
     preprocess_batch,
     read_cifar,
     read_image_folder,
@@ -262,12 +261,13 @@ def test_device_path_matches_pil_path(size):
 
 def test_loader_batches_cpu(tmp_path):
     paths = [_save(tmp_path / f"{i}.png", (i * 40, 0, 0), size=(50 + i, 40)) for i in range(5)]
-    loader = make_loader(paths, [0, 1, 2, 3, 4], input_size=16, batch_size=2)
-    batches = list(loader)
-    assert [b[0].shape[0] for b in batches] == [2, 2, 1]
-    images = preprocess_batch(batches[0][0], 16, "cpu")
+    from src.evaluation.images import skipping_loader
+
+    batches = list(skipping_loader(paths, [0, 1, 2, 3, 4], input_size=16, batch_size=2))
+    assert [b.images.shape[0] for b in batches] == [2, 2, 1] and batches[2].positions == [4]
+    images = preprocess_batch(batches[0].images, 16, "cpu")
     assert images.shape == (2, 3, 16, 16)
-    assert batches[2][1].tolist() == [4]
+    assert batches[2].labels.tolist() == [4] and not any(b.failed for b in batches)
 
 
 def test_image_folder_numeric_class_folders_sort_numerically(tmp_path):

@@ -13,7 +13,8 @@ Output, for `--output OUT.npy`:
   items[i] names the input of row i (a path relative to `root`, or the text).
 Both are written under temporary names and renamed when complete; the old index is removed before
 the new embeddings take the name, so an interrupted run never leaves a matching-looking pair.
-Images are read with the evaluation's readers and preprocessing (src/evaluation/datasets.py).
+Images are listed and read as the evaluation does (src/evaluation/images.py), the model loaded by
+the inference CLIs' one loader (src/evaluation/model_loader.py).
 """
 
 from __future__ import annotations

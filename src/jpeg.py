@@ -7,9 +7,9 @@ it must re-encode; the loaders use it to size crops before decoding.
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import NamedTuple
-
-import numpy as np
 
 # SOFn markers carry the frame size; C4 (DHT), C8 (reserved) and CC (DAC) share the range.
 SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -47,11 +47,10 @@ def jpeg_info(data: bytes | memoryview) -> tuple[int, int, int, int, int] | None
 
 # --- structure ---------------------------------------------------------------------------------
 
-# Where an entropy-coded scan may end: 0xFF followed by a byte that is no stuffing (00), no
-# restart marker (D0-D7) and no fill byte (FF). Found for the whole rest of the file at once with
-# numpy (~0.3 ns a byte; a regex or a find loop pays ~200 ns for each of a photo's ~1/256 0xFF bytes).
-_ENDS_SCAN = np.ones(256, dtype=bool)
-_ENDS_SCAN[[0x00, *range(0xD0, 0xD8), 0xFF]] = False
+# Where an entropy-coded scan ends: 0xFF followed by a byte that is no stuffing (00), no restart
+# marker (D0-D7) and no fill byte (FF). One C-level search per scan. (A numpy pass over the whole
+# file measured faster alone but slower inside data2rec, where its large temporaries cost more.)
+_SCAN_END = re.compile(rb"\xff[\x01-\xcf\xd8-\xfe]")
 _APP_COM = frozenset(range(0xE0, 0xF0)) | {0xFE}
 _ARITHMETIC_SOF = frozenset((0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
 _PROGRESSIVE_SOF = frozenset((0xC2, 0xC6, 0xCA, 0xCE))
@@ -90,7 +89,6 @@ def jpeg_structure_fault(data: bytes, trailer: int = 4096) -> JpegFault | None:
     tables: set[tuple[int, int]] = set()  # (class 0 DC / 1 AC, id) Huffman tables defined
     quant: set[int] = set()
     covered: set[int] = set()
-    ends: np.ndarray | None = None  # where scans may end, from the first scan on
     i = 2
     while True:
         if i >= n:
@@ -103,7 +101,6 @@ def jpeg_structure_fault(data: bytes, trailer: int = 4096) -> JpegFault | None:
             return JpegFault(TRUNCATED, f"ends at byte {n} before its end-of-image marker")
         marker, at = data[i], i - 1
         i += 1
-        name = f"marker FF{marker:02X} at byte {at}"
         if marker == 0xD9:
             if frame is None or not covered:
                 return JpegFault(BROKEN, f"end-of-image at byte {at} before any scan")
@@ -117,20 +114,20 @@ def jpeg_structure_fault(data: bytes, trailer: int = 4096) -> JpegFault | None:
             continue
         known = marker in SOF_MARKERS or marker in _APP_COM or marker in (0xC4, 0xCC, 0xDA, 0xDB, 0xDC, 0xDD)
         if not known:
-            return JpegFault(BROKEN, f"{name} is no marker a decoder accepts")
+            return JpegFault(BROKEN, f"marker FF{marker:02X} at byte {at} is no marker a decoder accepts")
         if i + 2 > n:
-            return JpegFault(TRUNCATED, f"ends inside the {name}")
+            return JpegFault(TRUNCATED, f"ends inside the marker FF{marker:02X} at byte {at}")
         length = (data[i] << 8) | data[i + 1]
         end = i + length
         if length < 2:
-            return JpegFault(BROKEN, f"{name} has length {length}")
+            return JpegFault(BROKEN, f"marker FF{marker:02X} at byte {at} has length {length}")
         if end > n:
-            return JpegFault(TRUNCATED, f"the {name} runs {end - n} bytes past the end")
+            return JpegFault(TRUNCATED, f"the marker FF{marker:02X} at byte {at} runs {end - n} bytes past the end")
         seg = data[i + 2 : end]
         i = end
         if marker in SOF_MARKERS:
             if frame is not None:
-                return JpegFault(BROKEN, f"{name} is a second frame header")
+                return JpegFault(BROKEN, f"marker FF{marker:02X} at byte {at} is a second frame header")
             problem = _frame_problem(seg)
             if problem:
                 return JpegFault(BROKEN, f"frame header at byte {at}: {problem}")
@@ -138,13 +135,15 @@ def jpeg_structure_fault(data: bytes, trailer: int = 4096) -> JpegFault | None:
             arithmetic, progressive = marker in _ARITHMETIC_SOF, marker in _PROGRESSIVE_SOF
             huffman = not arithmetic
         elif marker == 0xC4:
-            problem = _dht_problem(seg, tables)
+            problem, ids = _dht_tables(seg)
             if problem:
                 return JpegFault(BROKEN, f"Huffman table at byte {at}: {problem}")
+            tables |= ids
         elif marker == 0xDB:
-            problem = _dqt_problem(seg, quant)
+            problem, ids = _dqt_tables(seg)
             if problem:
                 return JpegFault(BROKEN, f"quantisation table at byte {at}: {problem}")
+            quant |= ids
         elif marker == 0xDD and length != 4:
             return JpegFault(BROKEN, f"restart interval at byte {at} has length {length}, not 4")
         elif marker == 0xDA:
@@ -153,19 +152,10 @@ def jpeg_structure_fault(data: bytes, trailer: int = 4096) -> JpegFault | None:
             fault = _scan_fault(seg, at, frame, huffman, progressive, tables, quant, covered)
             if fault:
                 return fault
-            if ends is None:
-                ends = _scan_ends(data, i)
-            k = int(np.searchsorted(ends, i))
-            if k == len(ends):
+            m = _SCAN_END.search(data, i)
+            if m is None:
                 return JpegFault(TRUNCATED, f"the scan at byte {at} is cut off (no marker after it)")
-            i = int(ends[k])
-
-
-def _scan_ends(data: bytes, start: int) -> np.ndarray:
-    """Sorted positions p >= `start` where data[p] is 0xFF and data[p + 1] ends a scan."""
-    tail = np.frombuffer(data, dtype=np.uint8, offset=start)
-    ff = np.flatnonzero(tail[:-1] == 0xFF)
-    return ff[_ENDS_SCAN[tail[ff + 1]]] + start
+            i = m.start()
 
 
 def _frame_problem(seg: bytes) -> str | None:
@@ -187,41 +177,49 @@ def _frame_problem(seg: bytes) -> str | None:
     return None
 
 
-def _dht_problem(seg: bytes, tables: set[tuple[int, int]]) -> str | None:
+# A dataset's images mostly come from a few encoders, so their table segments repeat byte for
+# byte: each distinct one is parsed once.
+@functools.lru_cache(maxsize=1024)
+def _dht_tables(seg: bytes) -> tuple[str | None, frozenset[tuple[int, int]]]:
+    """(problem or None, the (class, id) of each Huffman table a DHT segment defines)."""
+    tables = set()
     j = 0
     while j < len(seg):
         if j + 17 > len(seg):
-            return "cut short"
+            return "cut short", frozenset()
         cls, tid = seg[j] >> 4, seg[j] & 15
         counts = seg[j + 1 : j + 17]
         total = sum(counts)
         if cls > 1 or tid > 3 or total > 256 or j + 17 + total > len(seg):
-            return f"class {cls}, id {tid}, {total} codes in {len(seg) - j} bytes"
+            return f"class {cls}, id {tid}, {total} codes in {len(seg) - j} bytes", frozenset()
         # libjpeg refuses code lengths that overflow (the all-ones code of a length is reserved)
         # and DC symbols over 15, when the table is first used.
         code = 0
         for length, count in enumerate(counts, 1):
             code += count
             if code >= 1 << length:
-                return f"class {cls}, id {tid}: more codes of {length} bits or fewer than fit"
+                return f"class {cls}, id {tid}: more codes of {length} bits or fewer than fit", frozenset()
             code <<= 1
         if cls == 0 and max(seg[j + 17 : j + 17 + total], default=0) > 15:
-            return f"DC table {tid} has a symbol over 15"
+            return f"DC table {tid} has a symbol over 15", frozenset()
         tables.add((cls, tid))
         j += 17 + total
-    return None if seg else "empty"
+    return (None, frozenset(tables)) if seg else ("empty", frozenset())
 
 
-def _dqt_problem(seg: bytes, quant: set[int]) -> str | None:
+@functools.lru_cache(maxsize=1024)
+def _dqt_tables(seg: bytes) -> tuple[str | None, frozenset[int]]:
+    """(problem or None, the id of each quantisation table a DQT segment defines)."""
+    ids = set()
     j = 0
     while j < len(seg):
         precision, tid = seg[j] >> 4, seg[j] & 15
         size = 64 * (precision + 1)
         if precision > 1 or tid > 3 or j + 1 + size > len(seg):
-            return f"precision {precision}, id {tid} in {len(seg) - j} bytes"
-        quant.add(tid)
+            return f"precision {precision}, id {tid} in {len(seg) - j} bytes", frozenset()
+        ids.add(tid)
         j += 1 + size
-    return None if seg else "empty"
+    return (None, frozenset(ids)) if seg else ("empty", frozenset())
 
 
 def _scan_fault(seg: bytes, at: int, frame: dict[int, tuple[int, int, int]], huffman: bool, progressive: bool,

@@ -3,6 +3,10 @@
 Walking the marker segments to the frame header costs microseconds, where opening the image
 with PIL parses every table too. data2rec uses it to sort JPEGs it may pass through from ones
 it must re-encode; the loaders use it to size crops before decoding.
+
+`jpeg_structure_fault` walks the whole file the same way, through every scan to the end-of-image
+marker: data2rec's default check that a JPEG is whole and well-formed, at close to the speed of
+reading it (no entropy decoding).
 """
 
 from __future__ import annotations

@@ -26,10 +26,12 @@ import sys
 
 from src.convert import (
     DEFAULT_MAX_SKIP_FRACTION,
+    DEFAULT_VALIDATE,
     MAX_CAPTIONS,
     MAX_WORKERS_PER_CORE,
     SOURCES,
     VALIDATE_LEVELS,
+    validate_level,
 )
 from src.convert.cli import DEFAULT_INPUT, DEFAULT_NAME, run
 from src.fsutil import DEFAULT_MAX_FILE_BYTES
@@ -66,13 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"worker processes (default 0: all usable cores; 1: no subprocesses; "
                         f"at most {MAX_WORKERS_PER_CORE} per usable core)")
     g = p.add_argument_group("images")
-    g.add_argument("--validate", default="quick", choices=VALIDATE_LEVELS,
-                   help="what a stored image is guaranteed to pass. off: byte checks and header only, no "
-                        "decode. quick (default): + a decode by PIL at 1/8 scale (all of the compressed data "
-                        "is read), so PIL, the torch loader's decoder, reads every stored JPEG; DALI's CPU "
-                        "decoder is more lenient than PIL on every fault we know. full: + a full-size PIL "
-                        "decode and a decode by DALI's CPU decoder itself (when DALI is installed). No level "
-                        "can test the GPU decoder without a GPU")
+    g.add_argument("--validate", default=DEFAULT_VALIDATE, choices=VALIDATE_LEVELS, type=validate_level,
+                   help="what a stored image is guaranteed to pass. off: byte checks and header only. "
+                        "structure (default): + every JPEG's markers, tables and scans in order, EOI at the "
+                        "end, nothing cut off; near the speed of a copy, no decode (the loaders skip and "
+                        "count a record that still fails to decode). decode (old name: quick): + a decode by "
+                        "PIL at 1/8 scale (all of the compressed data is read), so PIL, the torch loader's "
+                        "decoder, reads every stored JPEG; DALI's CPU decoder is more lenient than PIL on "
+                        "every fault we know. full: + a full-size PIL decode and a decode by DALI's CPU "
+                        "decoder itself (when DALI is installed). No level can test the GPU decoder without "
+                        "a GPU")
     g.add_argument("--resize-short", type=int, default=0, metavar="S",
                    help="shrink images so the short side is S pixels (never enlarges; re-encodes)")
     g.add_argument("--quality", type=int, default=None, metavar="Q",

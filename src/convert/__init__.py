@@ -7,7 +7,7 @@ state beside the output. `convert()` runs it; `verify()` re-reads finished shard
 
 from src.lock import OutputLocked
 
-from .images import VALIDATE_LEVELS, ImageOptions
+from .images import DEFAULT_VALIDATE, VALIDATE_LEVELS, ImageOptions, validate_level
 from .items import MAX_CAPTIONS
 from .pipeline import (
     DEFAULT_MAX_SKIP_FRACTION,
@@ -32,7 +32,9 @@ __all__ = [
     "MAX_ID",
     "MAX_WORKERS_PER_CORE",
     "SOURCES",
+    "DEFAULT_VALIDATE",
     "VALIDATE_LEVELS",
+    "validate_level",
     "ConvertOptions",
     "ImageOptions",
     "InputError",

@@ -5,15 +5,21 @@ or non-image bytes, and PIL (the PyTorch loader's decoder) refuses JPEGs that Op
 and DALI only warn about (a bogus marker inside the scan), so this is the gate.
 Levels (`validate`), and what each one guarantees about a stored image:
 
-* ``off``:   free byte checks only: non-empty, a known image signature, a JPEG ends
-             with its EOI marker, and the header parses (size, colour mode). No decode:
-             a record may still fail to decode when training.
-* ``quick``: ``off`` + a PIL decode at 1/8 scale (the DCT-domain shortcut). The entropy-
-             coded data is read in full at any scale, so PIL, the PyTorch loader's
-             decoder, decodes every stored JPEG; DALI's CPU decoder (libjpeg-turbo) is
-             more lenient than PIL on every fault we know. The default.
-* ``full``:  ``off`` + a full PIL decode + a decode by DALI's CPU decoder itself (when
-             DALI is installed; see dali_check.py).
+* ``off``:       free byte checks only: non-empty, a known image signature, a JPEG ends
+                 with its EOI marker, and the header parses (size, colour mode).
+* ``structure``: ``off`` + a walk of every JPEG's markers (src/jpeg.py's
+                 jpeg_structure_fault): segments in order and of sane sizes, frame,
+                 Huffman and quantisation tables defined before each scan, every scan
+                 running to a marker, EOI at the end. No decode: what it cannot see is
+                 entropy-coded data whose bits are wrong but whose markers are in place;
+                 both loaders skip and count a record they cannot decode, so such an image
+                 costs one sample, not a run. The default: close to the speed of a copy.
+* ``decode``:    ``structure`` + a PIL decode at 1/8 scale (the DCT-domain shortcut; the
+                 entropy-coded data is still read in full), so PIL, the PyTorch loader's
+                 decoder, decodes every stored JPEG; DALI's CPU decoder (libjpeg-turbo) is
+                 more lenient than PIL on every fault we know. ``quick`` is its old name.
+* ``full``:      ``structure`` + a full PIL decode + a decode by DALI's CPU decoder itself
+                 (when DALI is installed; see dali_check.py).
 
 JPEGs in RGB or grayscale pass through byte for byte unless a resize or quality is
 asked for; everything else (PNG, WebP, GIF, BMP, TIFF, CMYK, 16-bit, alpha) is
@@ -28,7 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from src.jpeg import jpeg_info
+from src.jpeg import NO_TABLES, jpeg_info, jpeg_structure_fault
+from src.jpeg import TRUNCATED as JPEG_TRUNCATED
 
 from .items import EMPTY_IMAGE, NOT_AN_IMAGE, TOO_LARGE, TRUNCATED, UNDECODABLE
 
@@ -36,7 +43,10 @@ from .items import EMPTY_IMAGE, NOT_AN_IMAGE, TOO_LARGE, TRUNCATED, UNDECODABLE
 # warning-then-error at a fixed size.
 Image.MAX_IMAGE_PIXELS = None
 
-VALIDATE_LEVELS = ("off", "quick", "full")
+VALIDATE_LEVELS = ("off", "structure", "decode", "full")
+DEFAULT_VALIDATE = "structure"
+# Names a level had before; runs and scripts that use them keep working.
+VALIDATE_ALIASES = {"quick": "decode"}
 CONVERT_QUALITY = 95  # JPEG quality for images we must re-encode when the user named none
 _EOI_WINDOW = 4096  # trailing bytes searched for the EOI marker (some writers append padding)
 
@@ -60,12 +70,20 @@ class ImageRejected(Exception):
         self.detail = detail
 
 
+def validate_level(name: str) -> str:
+    """The level `name` means (an old name mapped to its current one)."""
+    return VALIDATE_ALIASES.get(name, name)
+
+
 @dataclass(frozen=True)
 class ImageOptions:
-    validate: str = "quick"
+    validate: str = DEFAULT_VALIDATE
     resize_short: int = 0  # shrink so the short side is this many pixels (0: keep size)
     quality: int | None = None  # re-encode every image at this JPEG quality
     max_pixels: int = 100_000_000  # reject larger images (0: no limit)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "validate", validate_level(self.validate))
 
 
 def sniff(data: bytes) -> str | None:
@@ -119,10 +137,10 @@ def _encode_jpeg(rgb: np.ndarray, quality: int) -> bytes:
 
 def _decode_check(data: bytes, level: str) -> None:
     """Decode a JPEG that will pass through, with PIL as the PyTorch loader does;
-    quick decodes gray at 1/8 scale (the DCT-domain shortcut, same entropy decoding)."""
+    decode decodes gray at 1/8 scale (the DCT-domain shortcut, same entropy decoding)."""
     try:
         with Image.open(io.BytesIO(data), formats=("JPEG",)) as img:
-            if level == "quick":
+            if level == "decode":
                 img.draft("L", (1, 1))  # the smallest scale libjpeg offers: 1/8
             img.load()
     except Exception as exc:  # PIL raises OSError, SyntaxError or ValueError for bad data
@@ -155,9 +173,13 @@ def prepare_image(data: bytes, opts: ImageOptions) -> tuple[bytes, bool]:
         # The common case, decided without PIL: a plain 8-bit gray/colour JPEG that stays as it is.
         plain = sof in _PLAIN_SOF and comps in (1, 3) and bits == 8
         if plain and opts.quality is None and _target_size(w, h, opts.resize_short) is None:
-            if opts.validate != "off":
-                _decode_check(data, opts.validate)
-            return data, False
+            fault = jpeg_structure_fault(data, _EOI_WINDOW) if opts.validate != "off" else None
+            if fault is None:
+                if opts.validate in ("decode", "full"):
+                    _decode_check(data, opts.validate)
+                return data, False
+            if fault.kind != NO_TABLES:  # NO_TABLES decodes (libjpeg's standard tables): re-encoded below
+                raise ImageRejected(TRUNCATED if fault.kind == JPEG_TRUNCATED else UNDECODABLE, f"JPEG: {fault.text}")
     try:
         img = Image.open(io.BytesIO(data))
         w, h = img.size

@@ -24,7 +24,7 @@ from src.fsutil import DEFAULT_MAX_FILE_BYTES, json_safe, printable
 from src.lock import OutputLock
 
 from .distributor import chunked, ordered_map, prefetch
-from .images import ImageOptions
+from .images import ImageOptions, validate_level
 from .items import MAX_CAPTIONS, Item, Unit
 from .report import Report, percent
 from .sources import InputError, Source, SourceOptions, make_source
@@ -255,16 +255,36 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
     return final
 
 
+def _upgraded(fingerprint: dict) -> dict:
+    """A state's fingerprint with a level's old name (`quick`) in its current form, so that a run
+    begun under the old name resumes."""
+    image = fingerprint.get("image")
+    if isinstance(image, dict) and isinstance(image.get("validate"), str):
+        return {**fingerprint, "image": {**image, "validate": validate_level(image["validate"])}}
+    return fingerprint
+
+
+def _validate_hint(old: dict, new: dict) -> str:
+    """The flag to add when the runs differ only in --validate (the default changed from a
+    decode to the structure check: a run begun before that needs its level named)."""
+    old = _upgraded(old)
+    level = old.get("image", {}).get("validate")
+    if level != new["image"]["validate"] and {**old, "image": new["image"]} == new:
+        return f" (it was started with --validate {level})"
+    return ""
+
+
 def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: ConvertOptions, started: float) -> dict:
     state_path = prefix.with_name(prefix.name + ".state.json")
     report_path = prefix.with_name(prefix.name + ".report.json")
     fingerprint = _fingerprint(source, units, opts)
 
     state = load_state(state_path) if opts.resume and not opts.overwrite else None
-    if state is not None and state["fingerprint"] != fingerprint:
+    if state is not None and _upgraded(state["fingerprint"]) != fingerprint:
         raise OutputError(
             f"{state_path} belongs to a run with other inputs or options; rerun with the same "
-            "arguments to resume it, or pass --overwrite to start over"
+            f"arguments{_validate_hint(state['fingerprint'], fingerprint)} to resume it, or pass --overwrite "
+            "to start over"
         )
     if state is None:
         if _existing_outputs(prefix) and not opts.overwrite:

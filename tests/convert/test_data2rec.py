@@ -439,7 +439,8 @@ def test_cli_fatal_errors_are_one_line(hub, tmp_path):
 def test_help_documents_the_exit_statuses_and_the_decoders():
     text = " ".join(run_cli("--help").stdout.split())
     for needle in ("Exit status", "4 more than --max-skip-fraction", "143", "--max-captions",
-                   "quick (default): + a decode by PIL", "DALI's CPU decoder itself"):
+                   "structure (default): + every JPEG's markers", "decode (old name: quick): + a decode by PIL",
+                   "DALI's CPU decoder itself"):
         assert needle in text, needle
 
 

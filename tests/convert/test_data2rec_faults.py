@@ -244,3 +244,15 @@ def test_an_output_name_taken_by_a_folder_is_refused_before_anything_is_written(
         convert([tmp_path / "in"], out / "o", quiet(shard_size=shard_size))
     assert sorted(p.name for p in out.iterdir()) == [taken]  # before: an orphan .idx beside it
 
+
+
+def test_fifos_and_broken_links_among_input_files_are_named_in_the_notes(tmp_path):
+    data = tmp_path / "hub"
+    data.mkdir()
+    write_hub_parquet(data / "a.parquet", [(jpeg(seed=1), tokens_for(1, 0))])
+    os.mkfifo(data / "b.parquet")  # before: left out without a word
+    (data / "c.parquet").symlink_to(tmp_path / "gone.parquet")
+    report = convert([data], tmp_path / "o", quiet())
+    assert report["written"] == 1
+    assert report["notes"] == [f"{data / 'b.parquet'}: not a regular file (a FIFO, socket or device); not read",
+                               f"{data / 'c.parquet'}: a broken link; not read"]

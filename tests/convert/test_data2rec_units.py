@@ -103,10 +103,10 @@ def test_a_bogus_marker_in_the_scan_is_rejected_as_pil_rejects_it():
     assert cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) is not None
     with pytest.raises(OSError):
         _open(data)
-    for level in ("quick", "full"):
+    for level in ("structure", "decode", "quick", "full"):  # the marker walk sees it before any decode
         with pytest.raises(ImageRejected) as info:
             prepare_image(data, ImageOptions(validate=level))
-        assert info.value.reason == "undecodable_image" and "PIL" in info.value.detail
+        assert info.value.reason == "undecodable_image" and "marker FF99" in info.value.detail
     assert prepare_image(data, ImageOptions(validate="off")) == (data, False)
 
 
@@ -442,3 +442,33 @@ def test_a_shard_aborted_on_a_full_disk_leaves_no_file_and_no_noise(tmp_path):
         sys.unraisablehook = previous
     assert not unraisable, unraisable
     assert not list(tmp_path.iterdir())
+
+
+def test_a_chunks_tokens_checked_at_once_give_what_each_row_checked_alone_gives():
+    from src.convert.captions import check_tokens
+    from src.convert.items import Item
+    from src.convert.worker import WorkerConfig, init_worker, process_chunk
+
+    init_worker(WorkerConfig(ImageOptions(validate="off")))
+    image = jpeg(16, 16, 1)
+    good = [tokens_for(k, seed) for seed, k in enumerate([1, 3, 2, 1])]
+    empty_row = np.zeros(2 * 77, np.float32)  # blocks of zeros only: no caption
+    nan_row = tokens_for(1, 9)
+    nan_row[5] = np.nan
+    for rows, reasons in [
+        (good, [None] * 4),
+        ([*good[:2], nan_row, *good[2:]], [None, None, "bad_tokens", None, None]),
+        ([*good[:2], empty_row, *good[2:]], [None, None, "bad_tokens", None, None]),
+        ([*good[:1], tokens_for(1, 5)[:70], *good[1:]], [None, "bad_tokens", None, None, None]),
+    ]:
+        items = [Item(i, f"row {i}", image=image, tokens=t) for i, t in enumerate(rows)]
+        results = process_chunk(items)
+        assert [r.reason for r in results] == reasons
+        for t, r in zip(rows, results):
+            if r.reason is None:
+                assert np.array_equal(r.tokens, check_tokens(t)) and r.tokens.dtype == np.float32
+            else:
+                with pytest.raises(CaptionRejected) as exc:
+                    check_tokens(t)
+                assert r.detail == exc.value.detail  # the row's own problem, named as a lone check names it
+    init_worker(WorkerConfig())

@@ -24,6 +24,14 @@ def resize_shorter(input_size: int) -> int:
     return int(256 / 224 * input_size)
 
 
+def dali_preprocessing(input_size: int, device: torch.device | str) -> str:
+    """What result files record as "preprocessing" for this path (the decoder follows the device,
+    as in the original: nvJPEG on a GPU)."""
+    decoder = "mixed (nvJPEG)" if torch.device(device).type == "cuda" else "cpu"
+    return (f"DALI, {decoder} decoder: triangular resize of the shorter side to {resize_shorter(input_size)}, "
+            f"centre crop, CLIP mean/std (the original's ImageNet path)")
+
+
 def _build_pipeline(input_size: int, batch_size: int, workers: int, device: torch.device):
     from nvidia.dali import Pipeline, fn, types
 

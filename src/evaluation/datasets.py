@@ -14,9 +14,9 @@ so that evaluation code does not care which on-disk layout it came from:
 The paper's other classification datasets, in torchvision's layouts, are read by
 src/evaluation/paper_datasets.py on top of these types.
 
-Preprocessing is the model library's evaluation transform (src/open_alip/transform.py): exact
-PIL on CPU, or decoded uint8 tensors transformed on the GPU (src/evaluation/images.py's
-`skipping_loader` picks by device).
+Preprocessing is the model library's evaluation transform (src/open_alip/transform.py) with
+PIL, in the loader's CPU workers on every device (src/evaluation/images.py's `skipping_loader`),
+so that the device never changes the pixels.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from PIL import Image
 from src import recordio
 from src.errors import UserError
 from src.evaluation.safe_pickle import ForbiddenGlobal, restricted_load
-from src.open_alip.transform import preprocess_pil, preprocess_tensor
+from src.open_alip.transform import preprocess_pil
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
 
@@ -600,11 +600,6 @@ class ImageDataset(torch.utils.data.Dataset):
         return array, label
 
 
-def preprocess_batch(
-    batch: torch.Tensor | list[torch.Tensor], input_size: int, device: torch.device | str
-) -> torch.Tensor:
-    """Turn one loader batch into a normalised float [B, 3, S, S] tensor on `device`."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    return torch.stack([preprocess_tensor(img.to(device, non_blocking=True), input_size) for img in batch])
-
+def preprocess_batch(batch: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """One loader batch (already preprocessed on CPU, see evaluation.images) on `device`."""
+    return batch.to(device, non_blocking=True)

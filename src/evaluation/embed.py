@@ -174,7 +174,7 @@ def embed_images(
     for batch in skipping_loader(sources, None, input_size, batch_size, device, workers):
         skipped.extend(batch.failed)
         if batch.positions:
-            pixels = preprocess_batch(batch.images, input_size, device)
+            pixels = preprocess_batch(batch.images, device)
             rows[batch.positions] = F.normalize(model.encode_image(pixels).float(), dim=-1).cpu().numpy()
             written[batch.positions] = True
         if bar is not None:

@@ -61,7 +61,7 @@ def encoded_batches(
         if not batch.positions:
             yield None, batch
             continue
-        pixels = preprocess_batch(batch.images, input_size, device)
+        pixels = preprocess_batch(batch.images, device)
         yield F.normalize(encoder.encode_image(pixels).float(), dim=-1), batch
 
 

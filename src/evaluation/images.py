@@ -68,11 +68,10 @@ class SkippingImages(ImageDataset):
 
 @dataclass
 class Batch:
-    """Decoded images (a stacked float tensor on CPU; a list of uint8 tensors for the GPU's
-    preprocessing), their labels and positions in the input list, and the (position, reason)
+    """Preprocessed images (one stacked float tensor), their labels and positions in the input list, and the (position, reason)
     pairs of the items of this batch that could not be read."""
 
-    images: torch.Tensor | list[torch.Tensor] | None
+    images: torch.Tensor | None
     labels: torch.Tensor
     positions: list[int]
     failed: list[tuple[int, str]]
@@ -81,13 +80,15 @@ class Batch:
 def _collate(items: list) -> Batch:
     good = [(img, label, i) for img, label, i, err in items if err is None]
     failed = [(i, err) for _, _, i, err in items if err is not None]
-    images: torch.Tensor | list[torch.Tensor] | None = None
+    images: torch.Tensor | None = None
     if good:
-        tensors = [img for img, _, _ in good]
-        same = all(t.shape == tensors[0].shape for t in tensors) and tensors[0].dtype == torch.float32
-        images = torch.stack(tensors) if same else tensors
+        images = torch.stack([img for img, _, _ in good])
     labels = torch.tensor([label for _, label, _ in good], dtype=torch.long)
     return Batch(images, labels, [i for _, _, i in good], failed)
+
+
+# What result files record as "preprocessing" for images read through `skipping_loader`.
+PIL_PREPROCESSING = "PIL: bicubic resize of the shorter side, centre crop, CLIP mean/std (CPU loader workers)"
 
 
 def skipping_loader(
@@ -98,11 +99,12 @@ def skipping_loader(
     device: torch.device | str = "cpu",
     workers: int = 0,
 ) -> torch.utils.data.DataLoader:
-    """Batches (`Batch`) of `images`; CPU: preprocessed with PIL in the workers, CUDA: decoded
-    only, for `preprocess_batch` on the device."""
+    """Batches (`Batch`) of `images`, preprocessed with PIL in the loader's workers on every
+    device: a GPU-side resize differs from PIL's by a few grey levels, enough to change top-1
+    predictions, so the device must not decide the pixels (`PIL_PREPROCESSING`)."""
     on_device = torch.device(device).type == "cuda"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    dataset = SkippingImages(images, labels, size=None if on_device else input_size)
+    dataset = SkippingImages(images, labels, size=input_size)
     return torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, shuffle=False, num_workers=max(0, min(workers, cores)),
         collate_fn=_collate, pin_memory=on_device,

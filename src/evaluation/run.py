@@ -29,7 +29,7 @@ from src.evaluation.embedding import (
     image_batches,
     sharded_class_embeddings,
 )
-from src.evaluation.images import skipped_list
+from src.evaluation.images import PIL_PREPROCESSING, skipped_list
 from src.evaluation.protocol import STANDARD, Protocol, get_protocol, original_padding_rows
 from src.evaluation.sharding import SINGLE, Shard
 from src.evaluation.specs import (
@@ -106,12 +106,13 @@ def evaluate_classification(
     data, templates = load_classification_data(spec, protocol)
     entry = paper_dataset_of(spec)
     imagenet = entry is not None and entry.name == "imagenet"
+    dali = imagenet and protocol.imagenet_dali_resize
     count, num_classes = len(data.images), len(data.classnames)
     start, stop = shard.range(count)
     with eval_mode(model):
         classifier = sharded_class_embeddings(model, data.classnames, templates, device, shard, tokenizer)
         local, reasons = _prediction_rows(
-            model, data, classifier, start, stop, protocol, imagenet and protocol.imagenet_dali_resize, input_size,
+            model, data, classifier, start, stop, protocol, dali, input_size,
             device, batch_size, workers, progress and shard.rank == 0,
         )
     gathered = shard.gather(local, count, device).cpu()
@@ -133,6 +134,7 @@ def evaluate_classification(
         "num_classes": num_classes,
         "num_templates": len(templates),
         "chance_top1": 100.0 / num_classes,
+        "preprocessing": _preprocessing(dali, input_size, device),
     }
     if imagenet and protocol.imagenet_padding_launch:
         padding = original_padding_rows(len(top1_all), protocol.imagenet_padding_launch)
@@ -155,6 +157,14 @@ def evaluate_classification(
         result["predictions"] = gathered[:, 0].tolist()
         result["data"] = data
     return result
+
+
+def _preprocessing(dali: bool, input_size: int, device: torch.device | str) -> str:
+    if not dali:
+        return PIL_PREPROCESSING
+    from src.evaluation.dali_val import dali_preprocessing  # DALI is imported only where it runs
+
+    return dali_preprocessing(input_size, device)
 
 
 def evaluate_retrieval(
@@ -192,6 +202,7 @@ def evaluate_retrieval(
         "protocol": protocol.name,
         "num_images": len(positions),
         "num_captions": len(captions),
+        "preprocessing": PIL_PREPROCESSING,
         "metrics": retrieval_metrics(image_emb, text_emb, [new_index[data.caption_image[j]] for j in kept]),
     }
     if protocol.dataset_definitions == "clip_benchmark":

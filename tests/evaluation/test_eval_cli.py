@@ -61,6 +61,7 @@ def test_paper_table_and_the_originals_csv_line(micro, tmp_path, capsys):
     saved = {n: json.loads((out / f"classification_{n}.json").read_text()) for n in ("cifar10", "pets", "flowers")}
     assert saved["pets"]["metric"] == "mean_per_class_recall" and saved["cifar10"]["metric"] == "top1"
     assert all(r["protocol"] == "original" for r in saved.values())
+    assert all(r["preprocessing"].startswith("PIL: bicubic") for r in saved.values())
     header, row = [line for line in stdout.splitlines() if " | " in line]
     assert [c.strip() for c in header.split("|")] == PAPER_COLUMNS
     cells = [c.strip() for c in row.split("|")]
@@ -173,6 +174,7 @@ def test_albef_json_with_the_caption_prefix(micro, tmp_path, capsys):
     assert rc == 0, stderr
     saved = json.loads((tmp_path / "r" / "retrieval_coco.json").read_text())
     assert saved["metrics"] == pytest.approx(original["metrics"], abs=1e-4)
+    assert saved["preprocessing"].startswith("PIL: bicubic")
     (tmp_path / "val2014" / "COCO_2.jpg").unlink()
     rc, _, stderr = _main(retrieval_cli, _common(micro, "--random-init", "--datasets", f"coco={path}", "--output-dir",
                                                  str(tmp_path / "r")), capsys)

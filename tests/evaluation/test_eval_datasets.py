@@ -265,9 +265,30 @@ def test_loader_batches_cpu(tmp_path):
 
     batches = list(skipping_loader(paths, [0, 1, 2, 3, 4], input_size=16, batch_size=2))
     assert [b.images.shape[0] for b in batches] == [2, 2, 1] and batches[2].positions == [4]
-    images = preprocess_batch(batches[0].images, 16, "cpu")
+    images = preprocess_batch(batches[0].images, "cpu")
     assert images.shape == (2, 3, 16, 16)
     assert batches[2].labels.tolist() == [4] and not any(b.failed for b in batches)
+
+
+def test_the_device_does_not_change_the_pixels(tmp_path, recwarn):
+    # On CUDA the loader once switched to a torch resize, which differs from PIL's by a few grey
+    # levels and changed top-1 predictions. Asking for "cuda" must now give the very same batches:
+    # only pinning differs (a no-op without a GPU, so this runs on CPU).
+    rng = np.random.default_rng(3)
+    paths = []
+    for i, size in enumerate([(300, 120), (90, 200), (47, 61)]):
+        noise = Image.fromarray(rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8))
+        paths.append(tmp_path / f"{i}.png")
+        noise.save(paths[-1])
+    from src.evaluation.images import PIL_PREPROCESSING, skipping_loader
+
+    cpu = [b.images for b in skipping_loader(paths, None, input_size=24, batch_size=2, device="cpu")]
+    cuda = [b.images for b in skipping_loader(paths, None, input_size=24, batch_size=2, device="cuda")]
+    assert len(cpu) == len(cuda) == 2
+    for a, b in zip(cpu, cuda):
+        assert torch.equal(a, b)
+    assert torch.equal(cpu[0][0], preprocess_pil(Image.open(paths[0]).convert("RGB"), 24))
+    assert PIL_PREPROCESSING.startswith("PIL")
 
 
 def test_image_folder_numeric_class_folders_sort_numerically(tmp_path):

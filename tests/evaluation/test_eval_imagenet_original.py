@@ -94,6 +94,7 @@ def test_imagenet_original_protocol_counts_the_zero_rows(tmp_path):
     padding = 8 * 120 - len(labels)
     assert original["padded_rows"] == padding == original_padding_rows(len(labels), (8, 120))
     assert original["num_images"] == 5 and original["metric"] == "top1"
+    assert original["preprocessing"].startswith("DALI, cpu decoder: triangular resize")
     # the zero rows rank like any int64 row and count with target 0
     pad1, padk = top_predictions(torch.zeros(1, 1000, dtype=torch.long))
     top1 = torch.tensor(original["predictions"])

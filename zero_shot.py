@@ -113,6 +113,16 @@ def list_datasets() -> int:
     return 0
 
 
+def _tsv(rows: list[tuple]) -> str:
+    """Tab-separated rows, quoted where a cell holds a tab, newline or quote (a file name may)."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    csv.writer(out, delimiter="\t", lineterminator="\n").writerows(rows)
+    return out.getvalue()
+
+
 def classify_labels(args: argparse.Namespace) -> int:
     """--images with --labels: print each image's top label and write labels.tsv to --output-dir;
     unreadable images are skipped, counted and named."""
@@ -134,11 +144,13 @@ def classify_labels(args: argparse.Namespace) -> int:
         device, model = eval_cli.prepare(args, _usage_error)
         rows, skipped = classify_images(model, images, labels, model.config["input_size"], device, templates,
                                         args.batch_size, args.workers)
-        lines = [f"{r['image']}\t{r['label']}\t{r['probability']:.4f}" for r in rows]
-        path = atomic_write_text(args.output / "labels.tsv", "image\tlabel\tprobability\n" + "\n".join(lines) + "\n")
+        table = _tsv([("image", "label", "probability")]
+                     + [(str(r["image"]), r["label"], f"{r['probability']:.4f}") for r in rows])
+        path = atomic_write_text(args.output / "labels.tsv", table)
+        body = table.partition("\n")[2]
     except UserError as exc:
         return report("zero_shot.py", exc)
-    print("\n".join(lines))
+    print(body, end="")
     if skipped:
         print(skip_notice("[zero_shot]", skipped), file=sys.stderr)
     print(f"[zero_shot] {len(rows)} images -> {path}" + (f" ({len(skipped)} skipped)" if skipped else ""),

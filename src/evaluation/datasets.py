@@ -191,10 +191,16 @@ def read_image_folder(
     images: list[ImageSource] = []
     labels: list[int] = []
     for index, folder in enumerate(folders):
+        before = len(images)
         for path in sorted((root / folder).rglob("*")):
             if _is_image(path):
                 images.append(path)
                 labels.append(index)
+        if len(images) == before:
+            # kept, it would still be a class every image is scored against, and count in the
+            # chance level and mean per-class recall with nothing to recall
+            raise EvalDataError(f"image folder {root}: class folder {folder!r} holds no images; "
+                                "add its images or remove the folder")
     return ClassificationData(name or root.name, images, labels, names)
 
 
@@ -364,7 +370,10 @@ def read_karpathy(
                     break
             else:
                 raise EvalDataError(f"{json_path}: image {relative} not found under {root}; pass --image-root")
-        sentences = [s["raw"].strip() for s in entry["sentences"]]
+        sentences = [s["raw"] for s in entry["sentences"]]
+        if not all(isinstance(text, str) for text in sentences):
+            raise EvalDataError(f"{json_path}: image {relative}: a sentence's \"raw\" is not text; fix that entry")
+        sentences = [text.strip() for text in sentences]
         if captions_per_image:
             sentences = sentences[:captions_per_image]
         index = len(images)
@@ -412,7 +421,10 @@ def read_caption_json(
                     "pass --image-root"
                 )
             path = alt
-        texts = [texts] if isinstance(texts, str) else [str(t) for t in texts]
+        texts = [texts] if isinstance(texts, str) else texts
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise EvalDataError(f"{json_path}: image {relative}: caption {texts!r} is not text or a list of "
+                                "texts; fix or remove that entry")
         if captions_per_image:
             texts = texts[:captions_per_image]
         if not texts:

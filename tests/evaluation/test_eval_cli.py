@@ -4,6 +4,8 @@ the original's caption prefix, and the refusals (no weights, an unwritable outpu
 unknown WKV implementation), each one line before any evaluation runs."""
 
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -86,7 +88,9 @@ def test_list_datasets(capsys):
 
 def test_labels_classify_a_folder(micro, tmp_path, capsys):
     photos = tmp_path / "photos"
-    for name, colour in (("a.png", (250, 0, 0)), ("b.jpg", (0, 250, 0)), ("sub/c.png", (0, 0, 250))):
+    names = (("a.png", (250, 0, 0)), ("b.jpg", (0, 250, 0)), ("sub/c.png", (0, 0, 250)),
+             ('tab\there "q".png', (9, 9, 9)), ("new\nline.png", (99, 9, 9)))
+    for name, colour in names:
         (photos / name).parent.mkdir(parents=True, exist_ok=True)
         Image.new("RGB", (20, 12), colour).save(photos / name)
     (tmp_path / "t.txt").write_text("a photo of a {}.\nan image of {}.\n")
@@ -94,10 +98,13 @@ def test_labels_classify_a_folder(micro, tmp_path, capsys):
                    "red, green,blue", "--label-templates", str(tmp_path / "t.txt"), "--output-dir", str(tmp_path / "o"))
     rc, stdout, stderr = _main(zero_shot_cli, args, capsys)
     assert rc == 0, stderr
-    lines = [line.split("\t") for line in stdout.strip().splitlines()]
-    assert [Path(cells[0]).name for cells in lines] == ["a.png", "b.jpg", "c.png"]
+    # a tab, quote or newline in a file name stays inside its cell (labels.tsv is written by csv)
+    lines = list(csv.reader(io.StringIO(stdout), delimiter="\t"))
+    assert sorted(Path(cells[0]).name for cells in lines) == sorted(
+        ["a.png", "b.jpg", "c.png", 'tab\there "q".png', "new\nline.png"])
     assert all(cells[1] in ("red", "green", "blue") and 0 < float(cells[2]) <= 1 for cells in lines)
-    assert (tmp_path / "o" / "labels.tsv").read_text().splitlines()[1:] == stdout.strip().splitlines()
+    with open(tmp_path / "o" / "labels.tsv", newline="") as f:
+        assert list(csv.reader(f, delimiter="\t")) == [["image", "label", "probability"], *lines]
     rc, _, stderr = _main(zero_shot_cli, _common(micro, "--random-init", "--images", str(photos), "--labels", "x,x"),
                           capsys)
     assert rc == 2 and "distinct" in stderr

@@ -15,6 +15,7 @@ from PIL import Image
 from src.evaluation.datasets import (
     EvalDataError,
     preprocess_batch,
+    read_caption_json,
     read_cifar,
     read_image_folder,
     read_imagenet_val,
@@ -296,3 +297,20 @@ def test_image_folder_numeric_class_folders_sort_numerically(tmp_path):
         _save(tmp_path / str(i) / "x.png", (i, 0, 0))
     data = read_image_folder(tmp_path)
     assert data.classnames == ["1", "2", "10"] and data.labels == [0, 1, 2]
+
+
+def test_a_class_folder_without_images_is_refused(tmp_path):
+    _save(tmp_path / "cat" / "1.png", (1, 2, 3))
+    (tmp_path / "dog").mkdir()
+    (tmp_path / "dog" / "notes.txt").write_text("no images here")
+    with pytest.raises(EvalDataError, match="class folder 'dog' holds no images; add its images or remove"):
+        read_image_folder(tmp_path)
+
+
+@pytest.mark.parametrize("caption", [None, ["fine", None], 7, {"text": "x"}])
+def test_a_caption_that_is_not_text_is_refused(tmp_path, caption):
+    # json null once became the caption "None"
+    _save(tmp_path / "a.png", (1, 2, 3))
+    (tmp_path / "test.json").write_text(json.dumps([{"image": "a.png", "caption": caption}]))
+    with pytest.raises(EvalDataError, match="image a.png: caption .* is not text or a list of texts"):
+        read_caption_json(tmp_path / "test.json")

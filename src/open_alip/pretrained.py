@@ -168,11 +168,14 @@ def download_from_hub(spec: str, cache_dir: str | os.PathLike | None = None) -> 
         import huggingface_hub as hub
     except ImportError:
         raise PretrainedError(f"{spec}: huggingface_hub is not installed; pip install huggingface_hub") from None
+    # Submodules by name: the package loads its attributes lazily, so `hub.constants` exists only
+    # once something has imported it, which made the default endpoint crash (issue 24).
+    from huggingface_hub import constants as hub_constants
     from huggingface_hub import errors as hub_errors
 
     # Read at call time (huggingface_hub reads HF_ENDPOINT once, at import).
     endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or None
-    where = endpoint or hub.constants.ENDPOINT
+    where = endpoint or hub_constants.ENDPOINT
     cache = _hub_cache(cache_dir)
     try:
         if _offline():

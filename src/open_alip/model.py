@@ -369,6 +369,11 @@ def _extract_state_dict(obj: Any, where: str) -> dict[str, torch.Tensor]:
     )
 
 
+def checkpoint_state_dict(obj: Any, where: str = "the given checkpoint") -> dict[str, torch.Tensor]:
+    """The model tensors of anything load_checkpoint takes in memory, without wrapper prefixes."""
+    return strip_wrapper_prefixes(_extract_state_dict(obj, where))
+
+
 def _summarise(kind: str, keys: list[str], limit: int = 12) -> str:
     shown = ", ".join(keys[:limit])
     more = f" ... and {len(keys) - limit} more" if len(keys) > limit else ""

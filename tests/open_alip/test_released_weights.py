@@ -7,6 +7,7 @@ Hub repos are served by the project's hub server on 127.0.0.1 (HF_ENDPOINT), nev
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 
@@ -25,6 +26,7 @@ from src.open_alip import released as released_module
 from src.open_alip.errors import ChecksumError, ModelConfigError, PretrainedError, WeightsMismatchError
 from src.open_alip.hashes import file_sha256
 from src.open_alip.model import get_model_config
+from tests._repo import REPO as REPO_ROOT
 
 TINY = "RWKV_CLIP_tiny"
 
@@ -142,3 +144,12 @@ def test_weights_are_checked_against_the_config_before_the_model_is_built(tiny_w
     # mismatch error at all shows that the shapes were compared first.
     with pytest.raises(WeightsMismatchError, match=r"text_model.emb.weight \(checkpoint \(49408, 64\), model \(100000000000, 64\)\)"):
         create_model_and_transforms(TINY, pretrained=tiny_weights.path, vocab_size=10**11)
+
+
+def test_the_readme_loads_the_released_b32_by_its_tag_in_three_lines():
+    section = (REPO_ROOT / "README.md").read_text().split("## Use the model", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    assert len(code) == 3 and "create_model_and_transforms(" in code[1] and "get_tokenizer(" in code[2]
+    call = ast.parse(code[1]).body[0].value
+    config, tag = call.args[0].value, next(k.value.value for k in call.keywords if k.arg == "pretrained")
+    assert (config, tag) == ("RWKV_CLIP_B32", "yfcc15m") and (config, tag) in list_pretrained()

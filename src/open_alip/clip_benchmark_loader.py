@@ -18,6 +18,7 @@ import torch
 from .errors import PretrainedError
 from .factory import EvalTransform, Tokenizer, create_model_and_transforms, get_tokenizer
 from .model import RWKV_CLIP
+from .pretrained import is_hub_spec
 
 MODEL_TYPE = "rwkv_clip"
 
@@ -30,15 +31,16 @@ def load_rwkv_clip(
 ) -> tuple[RWKV_CLIP, EvalTransform, Tokenizer]:
     """(model in float32 eval mode on `device`, the evaluation transform, the tokenizer).
 
-    `model_name`: a shipped config or a JSON file; `pretrained`: a .pt/.safetensors file or
-    hf-hub:ORG/REPO[/FILE] (required: a benchmark of random weights is a mistake); `cache_dir`:
+    `model_name`: a shipped config, a JSON file, or hf-hub:ORG/REPO (its config and weights);
+    `pretrained`: a released tag, a .pt/.safetensors file or hf-hub:ORG/REPO[/FILE] (required unless
+    the model is a hub repo: a benchmark of random weights is a mistake); `cache_dir`:
     the hub cache to use instead of the default.
     """
-    if pretrained is None or str(pretrained).strip() == "":
+    if (pretrained is None or str(pretrained).strip() == "") and not is_hub_spec(str(model_name)):
         raise PretrainedError(
             f"model {model_name}: no weights given; pass a .pt/.safetensors file or hf-hub:ORG/REPO[/FILE] as pretrained"
         )
     model, _, preprocess_val = create_model_and_transforms(
         model_name, pretrained=pretrained, device=device, precision="fp32", cache_dir=cache_dir
     )
-    return model, preprocess_val, get_tokenizer(model_name)
+    return model, preprocess_val, get_tokenizer(model_name, cache_dir=cache_dir)

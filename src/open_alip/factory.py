@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,9 +24,29 @@ import torch
 from PIL import Image
 
 from .constants import CLIP_MEAN, CLIP_STD, CONTEXT_LENGTH
-from .errors import ModelConfigError, OpenAlipError
-from .model import RWKV_CLIP, get_model_config
-from .pretrained import load_weights, read_weights, resolve_pretrained
+from .errors import ModelConfigError, OpenAlipError, PretrainedError, WeightsNotFoundError
+from .model import (
+    RWKV_CLIP,
+    CheckpointMismatchError,
+    check_fits,
+    config_in_checkpoint,
+    config_name,
+    get_model_config,
+    list_models,
+)
+from .pretrained import (
+    HF_HUB_PREFIX,
+    HUB_CONFIG,
+    download_from_hub,
+    is_hub_spec,
+    load_weights,
+    mismatch_error,
+    parse_hub_spec,
+    read_weights,
+    resolve_pretrained,
+    resolve_released,
+)
+from .released import get_pretrained_cfg, is_pretrained_tag
 from .tokenizer import tokenize
 from .transform import augment_pil, preprocess_pil
 
@@ -127,8 +148,80 @@ def _dtype(precision: str | None) -> torch.dtype:
     return PRECISIONS[precision]
 
 
+def _hub_config(spec: str, cache_dir: str | os.PathLike | None) -> tuple[str, Path]:
+    """(hf-hub:ORG/REPO, the local copy of its config file) for a model named hf-hub:ORG/REPO."""
+    repo_id, filename = parse_hub_spec(spec)
+    if filename is not None:
+        raise ModelConfigError(
+            f"model {spec}: name the repo only (hf-hub:ORG/REPO); a weights file goes in pretrained="
+        )
+    try:
+        return f"{HF_HUB_PREFIX}{repo_id}", download_from_hub(f"{HF_HUB_PREFIX}{repo_id}/{HUB_CONFIG}", cache_dir)
+    except WeightsNotFoundError:
+        raise ModelConfigError(
+            f"model {spec}: the repo has no {HUB_CONFIG}; pass a config name (list_models()) as the model "
+            f"and pretrained={spec}"
+        ) from None
+
+
+def _is_tag(name_or_json: Any, pretrained: str | os.PathLike) -> bool:
+    """A released tag rather than a file: open_clip's order, a tag first (a file of that name then
+    needs ./ before it)."""
+    text = str(pretrained)
+    return isinstance(name_or_json, str) and not is_hub_spec(text) and "/" not in text and is_pretrained_tag(text)
+
+
+def load_config_and_weights(
+    name_or_json: str | os.PathLike | Mapping[str, Any] | None,
+    pretrained: str | os.PathLike | None,
+    cache_dir: str | os.PathLike | None = None,
+    **overrides: Any,
+) -> tuple[dict[str, Any], Mapping[str, Any] | None, str]:
+    """(the resolved config, the weights read or None, the model's label), checked to fit each
+    other before any model is built.
+
+    The config is `name_or_json`; for hf-hub:ORG/REPO the repo's open_clip_config.json (and its
+    weights unless `pretrained` names others); for None, the one the weights record (train.py
+    checkpoints, params.json beside them is also accepted as `name_or_json`).
+    """
+    model_label = "the given config" if isinstance(name_or_json, Mapping) else str(name_or_json)
+    if isinstance(name_or_json, str) and is_hub_spec(name_or_json):
+        repo_spec, name_or_json = _hub_config(name_or_json, cache_dir)
+        model_label = repo_spec
+        if pretrained is None or str(pretrained) == "":
+            pretrained = repo_spec
+    weights, label = None, None
+    if pretrained is not None and str(pretrained) != "":
+        label = str(pretrained)
+        if _is_tag(name_or_json, pretrained):
+            entry = get_pretrained_cfg(str(name_or_json), str(pretrained))
+            path = resolve_released(entry, cache_dir)
+            label = f"{entry.config}:{entry.tag} ({entry.hub_spec})"
+        else:
+            path = resolve_pretrained(pretrained, cache_dir)
+        # Fetched and read before the model is built, so a bad file or hub answer fails at once.
+        weights = read_weights(path, label)
+    if name_or_json is None:
+        stored = config_in_checkpoint(weights) if weights is not None else None
+        if stored is None:
+            what = f"weights {label} record none" if weights is not None else "no weights were given"
+            raise ModelConfigError(
+                f"no model config given and {what}; pass a config name ({', '.join(list_models())}) or a JSON file"
+            )
+        config = resolve_config(stored, **overrides)
+        model_label = config_name(stored) or "the config the weights record"
+    else:
+        config = resolve_config(name_or_json, **overrides)
+    if weights is not None:
+        try:
+            check_fits(config, weights, f"weights {label}")
+        except CheckpointMismatchError as exc:
+            raise mismatch_error(exc, weights, label, model_label) from None
+    return config, weights, model_label
+
+
 def create_model_and_transforms(
-    name_or_json: str | os.PathLike | Mapping[str, Any],
+    name_or_json: str | os.PathLike | Mapping[str, Any] | None = None,
     pretrained: str | os.PathLike | None = None,
     device: str | torch.device | None = None,
     precision: str | None = None,
@@ -139,21 +232,19 @@ def create_model_and_transforms(
 ) -> tuple[RWKV_CLIP, TrainTransform, EvalTransform]:
     """(model, preprocess_train, preprocess_val), as open_clip returns them.
 
-    `name_or_json`: a shipped config (`list_models()`: RWKV_CLIP_B32, RWKV_CLIP_B16, RWKV_CLIP_tiny)
-    or a JSON file; `overrides` replace config values. `pretrained`: None (random weights), a
-    local .pt/.safetensors file, or hf-hub:ORG/REPO[/FILE] (see pretrained.py; `cache_dir`
-    replaces the hub cache). `device`: None (cpu), "auto", or any torch device. `precision`: None
-    or "fp32" (float32, as the evaluation runs), "fp16"/"bf16" (weights cast), "amp"/"amp_bf16"
-    (float32 weights for an autocast region), "fp64". `wkv_impl`: see `RWKV_CLIP.set_wkv_impl`.
-    The model comes back in eval mode. Problems raise `errors.OpenAlipError` subclasses.
+    `name_or_json`: a shipped config (`list_models()`), a JSON file (a config, train.py's
+    params.json, or an open_clip_config.json), hf-hub:ORG/REPO (a repo with an open_clip_config.json,
+    as `export_hub.py` writes it), or None (the config the weights record: train.py checkpoints);
+    `overrides` replace config values. `pretrained`: None (random weights, or the repo's for a hub
+    model), a released tag (`list_pretrained()`: "yfcc15m" for RWKV_CLIP_B32), a local
+    .pt/.safetensors file, or hf-hub:ORG/REPO[/FILE] (see pretrained.py; `cache_dir` replaces the hub
+    cache). `device`: None (cpu), "auto", or any torch device. `precision`: None or "fp32" (float32,
+    as the evaluation runs), "fp16"/"bf16" (weights cast), "amp"/"amp_bf16" (float32 weights for an
+    autocast region), "fp64". `wkv_impl`: see `RWKV_CLIP.set_wkv_impl`. The model comes back in eval
+    mode. Problems raise `errors.OpenAlipError` subclasses.
     """
-    label = "the given config" if isinstance(name_or_json, Mapping) else str(name_or_json)
-    config = resolve_config(name_or_json, **overrides)
+    config, weights, model_label = load_config_and_weights(name_or_json, pretrained, cache_dir, **overrides)
     dtype, target = _dtype(precision), _device(device)
-    weights = None
-    if pretrained is not None and str(pretrained) != "":
-        # Fetched and read before the model is built, so a bad file or hub answer fails at once.
-        weights = read_weights(resolve_pretrained(pretrained, cache_dir), str(pretrained))
     model = RWKV_CLIP(config)
     if wkv_impl is not None:
         try:
@@ -161,13 +252,44 @@ def create_model_and_transforms(
         except ValueError as exc:
             raise OpenAlipError(" ".join(str(exc).split())) from None
     if weights is not None:
-        load_weights(model, weights, str(pretrained), model_name=label)
+        load_weights(model, weights, str(pretrained or name_or_json), model_name=model_label)
         del weights
     model = model.to(device=target, dtype=dtype).eval()
     size = config["input_size"]
     return model, TrainTransform(size), EvalTransform(size)
 
 
-def get_tokenizer(name_or_json: str | os.PathLike | Mapping[str, Any] = "RWKV_CLIP_B32") -> Tokenizer:
-    """The tokenizer of a model config: a callable from texts to int64 [N, ctx_len] ids."""
+def create_model_from_pretrained(
+    model_name: str | os.PathLike | Mapping[str, Any] | None = None,
+    pretrained: str | os.PathLike | None = None,
+    device: str | torch.device | None = None,
+    precision: str | None = None,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    return_transform: bool = True,
+    **kwargs: Any,
+) -> RWKV_CLIP | tuple[RWKV_CLIP, EvalTransform]:
+    """open_clip's (model, preprocess) with trained weights: `pretrained` is required unless
+    `model_name` is hf-hub:ORG/REPO; the arguments are create_model_and_transforms'."""
+    hub_model = isinstance(model_name, str) and is_hub_spec(model_name)
+    if not hub_model and (pretrained is None or str(pretrained) == ""):
+        raise PretrainedError(
+            f"model {model_name}: no weights given; pass pretrained= a released tag (list_pretrained()), "
+            "a .pt/.safetensors file or hf-hub:ORG/REPO[/FILE]"
+        )
+    model, _, preprocess_val = create_model_and_transforms(
+        model_name, pretrained, device, precision, cache_dir=cache_dir, **kwargs
+    )
+    return (model, preprocess_val) if return_transform else model
+
+
+def get_tokenizer(
+    name_or_json: str | os.PathLike | Mapping[str, Any] = "RWKV_CLIP_B32",
+    *,
+    cache_dir: str | os.PathLike | None = None,
+) -> Tokenizer:
+    """The tokenizer of a model config (or of hf-hub:ORG/REPO's config): a callable from texts to
+    int64 [N, ctx_len] ids."""
+    if isinstance(name_or_json, str) and is_hub_spec(name_or_json):
+        name_or_json = _hub_config(name_or_json, cache_dir)[1]
     return Tokenizer(resolve_config(name_or_json)["ctx_len"])

@@ -87,7 +87,17 @@ def _read_config(source: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"model config {path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"model config {path} must hold a JSON object")
-    return data
+    return unwrap_config(data)
+
+
+def unwrap_config(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The architecture inside a file that holds more: train.py's params.json keeps it under
+    "model", open_clip's open_clip_config.json (and this project's hub export) under "model_cfg"."""
+    for key in ("model", "model_cfg"):
+        inner = data.get(key)
+        if isinstance(inner, Mapping) and not any(k in data for k in REQUIRED_KEYS):
+            return dict(inner)
+    return dict(data)
 
 
 def get_model_config(config: str | os.PathLike | Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
@@ -98,7 +108,7 @@ def get_model_config(config: str | os.PathLike | Mapping[str, Any], **overrides:
     values (unknown override keys are an error, to catch typos). The run settings of
     older configs (RUN_SETTING_KEYS) are dropped without a word.
     """
-    cfg = dict(config) if isinstance(config, Mapping) else _read_config(config)
+    cfg = unwrap_config(config) if isinstance(config, Mapping) else _read_config(config)
     for key in RUN_SETTING_KEYS:
         cfg.pop(key, None)
     known = set(REQUIRED_KEYS) | set(DEFAULTS)
@@ -359,6 +369,11 @@ def _extract_state_dict(obj: Any, where: str) -> dict[str, torch.Tensor]:
     )
 
 
+def checkpoint_state_dict(obj: Any, where: str = "the given checkpoint") -> dict[str, torch.Tensor]:
+    """The model tensors of anything load_checkpoint takes in memory, without wrapper prefixes."""
+    return strip_wrapper_prefixes(_extract_state_dict(obj, where))
+
+
 def _summarise(kind: str, keys: list[str], limit: int = 12) -> str:
     shown = ", ".join(keys[:limit])
     more = f" ... and {len(keys) - limit} more" if len(keys) > limit else ""
@@ -374,6 +389,72 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             model = model._orig_mod
         else:
             return model
+
+
+def _compare(own: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> tuple[list[str], list[str], list[str]]:
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    mismatched = [
+        f"{k} (checkpoint {tuple(state[k].shape)}, model {tuple(own[k].shape)})"
+        for k in own
+        if k in state and state[k].shape != own[k].shape
+    ]
+    return missing, unexpected, mismatched
+
+
+def _mismatch_message(where: str, what: str, missing: list[str], unexpected: list[str], mismatched: list[str]) -> str:
+    parts = [
+        _summarise(kind, keys)
+        for kind, keys in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", mismatched))
+        if keys
+    ]
+    return f"{where} does not fit {what}: " + "; ".join(parts)
+
+
+def check_fits(config: Mapping[str, Any], checkpoint: Mapping[str, Any], where: str = "the given checkpoint") -> None:
+    """Raise CheckpointMismatchError unless `checkpoint` (anything load_checkpoint takes in memory)
+    loads into RWKV_CLIP(config), without building it: the shapes come from a model on the meta
+    device, which allocates and initialises nothing (benchmarks/config_check.py: 32x faster than building a B/32)."""
+    state = strip_wrapper_prefixes(_extract_state_dict(checkpoint, where))
+    with torch.device("meta"):
+        own = RWKV_CLIP(config).state_dict()
+    missing, unexpected, mismatched = _compare(own, state)
+    if missing or unexpected or mismatched:
+        # Only what differs: the caller's message already names the weights and the model.
+        raise CheckpointMismatchError(_mismatch_message(where, "RWKV_CLIP", missing, unexpected, mismatched).split(": ", 1)[1])
+
+
+def shipped_configs_that_fit(checkpoint: Mapping[str, Any]) -> list[str]:
+    """The shipped configs whose shapes `checkpoint` fits (a hint for weights that record none)."""
+    fitting = []
+    for name in list_models():
+        try:
+            check_fits(get_model_config(name), checkpoint)
+        except CheckpointMismatchError:
+            continue
+        fitting.append(name)
+    return fitting
+
+
+def config_in_checkpoint(checkpoint: Any) -> dict[str, Any] | None:
+    """The architecture a train.py checkpoint records ("config", or its run's "model"); None
+    for a bare state dict."""
+    if not isinstance(checkpoint, Mapping):
+        return None
+    run = checkpoint.get("run")
+    for candidate in (checkpoint.get("config"), run.get("model") if isinstance(run, Mapping) else None):
+        if isinstance(candidate, Mapping) and all(k in candidate for k in REQUIRED_KEYS):
+            return dict(candidate)
+    return None
+
+
+def config_name(config: Mapping[str, Any]) -> str | None:
+    """The shipped config equal to `config`, if any."""
+    try:
+        resolved = get_model_config(config)
+    except (ValueError, FileNotFoundError):
+        return None
+    return next((name for name in list_models() if get_model_config(name) == resolved), None)
 
 
 def load_checkpoint(
@@ -406,24 +487,9 @@ def load_checkpoint(
     model = unwrap_model(model)
 
     own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    mismatched = [
-        f"{k} (checkpoint {tuple(state[k].shape)}, model {tuple(own[k].shape)})"
-        for k in own
-        if k in state and state[k].shape != own[k].shape
-    ]
+    missing, unexpected, mismatched = _compare(own, state)
     if strict and (missing or unexpected or mismatched):
-        parts = [
-            _summarise(kind, keys)
-            for kind, keys in (
-                ("missing keys", missing),
-                ("unexpected keys", unexpected),
-                ("shape mismatches", mismatched),
-            )
-            if keys
-        ]
-        raise CheckpointMismatchError(f"{where} does not fit {type(model).__name__}: " + "; ".join(parts))
+        raise CheckpointMismatchError(_mismatch_message(where, type(model).__name__, missing, unexpected, mismatched))
 
     fitting = {
         k: state[k].to(dtype=own[k].dtype) for k in own if k in state and state[k].shape == own[k].shape

@@ -31,9 +31,18 @@ from torch import nn
 
 from .errors import ChecksumError, HubError, PretrainedError, WeightsMismatchError, WeightsNotFoundError
 from .hashes import file_sha256, git_blob_sha1
-from .model import CheckpointMismatchError, load_checkpoint
+from .model import (
+    CheckpointMismatchError,
+    config_in_checkpoint,
+    config_name,
+    load_checkpoint,
+    shipped_configs_that_fit,
+)
+from .released import ReleasedWeights
 
 HF_HUB_PREFIX = "hf-hub:"
+# The config file of a hub model repo, named as open_clip names it (its "model_cfg" holds the config).
+HUB_CONFIG = "open_clip_config.json"
 # What counts as a weights file when a repo is named without a file.
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -168,11 +177,14 @@ def download_from_hub(spec: str, cache_dir: str | os.PathLike | None = None) -> 
         import huggingface_hub as hub
     except ImportError:
         raise PretrainedError(f"{spec}: huggingface_hub is not installed; pip install huggingface_hub") from None
+    # Submodules by name: the package loads its attributes lazily, so `hub.constants` exists only
+    # once something has imported it, which made the default endpoint crash (issue 24).
+    from huggingface_hub import constants as hub_constants
     from huggingface_hub import errors as hub_errors
 
     # Read at call time (huggingface_hub reads HF_ENDPOINT once, at import).
     endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or None
-    where = endpoint or hub.constants.ENDPOINT
+    where = endpoint or hub_constants.ENDPOINT
     cache = _hub_cache(cache_dir)
     try:
         if _offline():
@@ -269,8 +281,23 @@ def resolve_pretrained(pretrained: str | os.PathLike, cache_dir: str | os.PathLi
     if not path.is_file():
         what = "is a folder, not a weights file" if path.is_dir() else "does not exist"
         raise WeightsNotFoundError(
-            f"weights {pretrained} {what}; give a .pt or .safetensors file, or hf-hub:ORG/REPO[/FILE]"
+            f"weights {pretrained} {what}; give a .pt or .safetensors file, hf-hub:ORG/REPO[/FILE], "
+            "or a released tag with its model (list_pretrained())"
         )
+    return path
+
+
+def resolve_released(entry: ReleasedWeights, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The local file of released weights, fetched from their hub repo; checked against the hub's
+    sha256 and, where the record knows one, against the record's too."""
+    path = download_from_hub(entry.hub_spec, cache_dir)
+    if entry.sha256 is not None:
+        got = file_sha256(path)
+        if got != entry.sha256:
+            raise ChecksumError(
+                f"{entry.config}:{entry.tag} ({entry.hub_spec}): the hub's file has sha256 {got[:16]}..., the "
+                f"released one {entry.sha256[:16]}...; the repo was changed: name the file you trust instead"
+            )
     return path
 
 
@@ -305,10 +332,28 @@ def load_weights(model: nn.Module, weights: Mapping[str, Any], label: str, model
     try:
         load_checkpoint(model, weights, strict=True)
     except CheckpointMismatchError as exc:
-        target = f"model {model_name}" if model_name else "this model"
-        raise WeightsMismatchError(
-            f"weights {label} do not fit {target} ({_one_line(exc, 400)}); pass the model config they were trained with"
-        ) from None
+        raise mismatch_error(exc, weights, label, model_name) from None
+
+
+def mismatch_error(
+    exc: CheckpointMismatchError, weights: Mapping[str, Any], label: str, model_name: str | None
+) -> WeightsMismatchError:
+    """The one line for weights that do not fit: what differs, and the config the weights record
+    (train.py checkpoints hold theirs), or else that the right config must be passed."""
+    target = f"model {model_name}" if model_name else "this model"
+    stored = config_in_checkpoint(weights)
+    if stored is None:
+        fitting = shipped_configs_that_fit(weights)
+        hint = f"they fit {' and '.join(fitting)}: pass that config" if fitting else "pass the model config they were trained with"
+    else:
+        run = weights.get("run")
+        recorded = run.get("config") if isinstance(run, Mapping) else None
+        name = config_name(stored) or (f"{recorded!r} as the run recorded it" if isinstance(recorded, str) else None)
+        hint = (
+            f"they hold their own config ({name or 'not a shipped one'}): pass no config to use it"
+            + (f", or {name}" if name and not name.endswith("recorded it") else "")
+        )
+    return WeightsMismatchError(f"weights {label} do not fit {target} ({_one_line(exc, 400)}); {hint}")
 
 
 def load_pretrained(

@@ -25,7 +25,7 @@ USE = r"""
 import json, sys
 import src
 import open_alip
-from open_alip import create_model_and_transforms, get_tokenizer, list_models, tokenize
+from open_alip import create_model_and_transforms, get_tokenizer, list_models, list_pretrained, tokenize
 from open_alip.zero_shot import list_metadata
 from pathlib import Path
 import torch
@@ -41,6 +41,7 @@ print(json.dumps({
     "tokens": tokens[:, :4].tolist(),
     "image": list(image.shape), "text": list(text.shape), "norm": float(image.norm()),
     "models": list_models(),
+    "released": len(list_pretrained()),
     "zero_shot": len(list_metadata()),
     "license": (package / "LICENSE-bpe-vocab.txt").is_file(),
     "model_module": type(model).__module__,
@@ -90,6 +91,7 @@ def _check_use(got: dict, user: Path) -> None:
     assert got["tokens"] == [[49406, 320, 1125, 539], [49406, 320, 1929, 49407]]
     assert got["image"] == got["text"] == [1, 64] and abs(got["norm"] - 1.0) < 1e-5
     assert got["models"] == ["RWKV_CLIP_B16", "RWKV_CLIP_B32", "RWKV_CLIP_demo", "RWKV_CLIP_tiny"]
+    assert got["released"] == 4  # released.py travels with the package
     assert got["zero_shot"] == 11 and got["license"]
     assert got["model_module"] == "open_alip.model"
 

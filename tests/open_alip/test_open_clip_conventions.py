@@ -214,3 +214,18 @@ def test_every_precision_runs_forward_on_cpu(fp32_reference, precision, dtype, m
             cosine = F.cosine_similarity(value.float(), reference, dim=-1).min().item()
             assert cosine >= min_cosine, f"{name}: cosine {cosine} to float32"
     torch.testing.assert_close(got[2].float().norm(dim=-1), torch.ones(2), rtol=0, atol=1e-2)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "amp_bf16"])
+def test_demo_config_runs_forward_in_every_precision(precision):
+    # The demo's config (demo.py trains it) has a head size of 16, the tiny one 32.
+    torch.manual_seed(2)
+    model, _, preprocess_val = create_model_and_transforms("RWKV_CLIP_demo", precision=precision)
+    image = preprocess_val(Image.new("RGB", (48, 40), (200, 30, 30))).unsqueeze(0)
+    with torch.no_grad():
+        image_emb = model.encode_image(image, normalize=True)
+        text_emb = model.encode_text(tokenize(["a red square"]), normalize=True)
+    dtype = next(model.parameters()).dtype
+    for value in (image_emb, text_emb):
+        assert value.shape == (1, 32) and value.dtype == dtype and torch.isfinite(value).all()
+        torch.testing.assert_close(value.float().norm(dim=-1), torch.ones(1), rtol=0, atol=1e-2)

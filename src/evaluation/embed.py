@@ -37,7 +37,7 @@ from src.evaluation.datasets import IMAGE_COLUMNS, preprocess_batch
 from src.evaluation.images import find_images, skipping_loader
 from src.evaluation.model_loader import load_model
 from src.evaluation.specs import MANIFEST_SUFFIXES
-from src.fsutil import atomic_path, atomic_write_json, remove_stale_temp_files, temp_path_for
+from src.fsutil import atomic_path, atomic_write_json, json_safe, remove_stale_temp_files, temp_path_for
 
 LIST_SUFFIXES = (".txt", ".lst")
 _COPY_ROWS = 1 << 14  # rows per step when compacting the output after skipped images
@@ -247,7 +247,9 @@ def _write_outputs(
             # An old index must not describe the new embeddings, even for a moment.
             index_path.unlink(missing_ok=True)
         index = make_index(kept)
-        atomic_write_json(index_path, index, ensure_ascii=False)
+        # A non-UTF-8 file name (surrogate-escaped by os.fsdecode) is written with its odd bytes as
+        # \xNN, as every report names such files: a lone surrogate is not valid JSON text.
+        atomic_write_json(index_path, json_safe(index), ensure_ascii=False)
         return index
     finally:
         full.unlink(missing_ok=True)

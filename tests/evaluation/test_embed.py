@@ -130,3 +130,23 @@ def test_nothing_readable_writes_nothing(tmp_path, capsys):
                           "--output", str(out), "--workers", "0", "--no-progress"], capsys)
     assert rc == 2 and "none of the 2 images could be read (e.g. " in stderr and "nothing written" in stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs"]
+
+
+def test_odd_file_names_and_a_fifo(tmp_path, capsys):
+    # A non-UTF-8 name once crashed writing index.json (after the embeddings were computed); a FIFO
+    # named *.jpg once blocked the run forever. Now: the name is kept with its byte as \xNN, the FIFO
+    # is not an input.
+    import os
+
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    Image.new("RGB", (20, 20), (1, 2, 3)).save(imgs / "a.jpg")
+    Image.new("RGB", (20, 20), (9, 2, 3)).save(os.fsdecode(bytes(imgs) + b"/b\xff.jpg"))
+    os.mkfifo(imgs / "pipe.jpg")
+    out = tmp_path / "o.npy"
+    rc, _, stderr = _run(["--model-name", TINY, "--random-init", "--images", str(imgs), "--output", str(out),
+                          "--workers", "0", "--no-progress"], capsys)
+    assert rc == 0, stderr
+    index = json.loads((tmp_path / "o.index.json").read_text(encoding="utf-8"))
+    assert index["items"] == ["a.jpg", "b\\xff.jpg"] and index["count"] == 2
+    assert np.load(out).shape[0] == 2

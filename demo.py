@@ -1,6 +1,6 @@
 """The README's first command: the whole pipeline on a small generated corpus, CPU only, offline.
 
-    python demo.py --output demo_out          # ~10 minutes on 2 cores
+    python demo.py --output demo_out          # about 4 minutes on 2 cores (its last line says how long)
     python demo.py --output /tmp/d --quick    # reduced sizes, for CI (~2-3 minutes)
 """
 

@@ -48,30 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
 
-def _usage_error(args: argparse.Namespace) -> str | None:
-    if args.batch_size < 1 or args.workers < 0 or (args.captions_per_image is not None and args.captions_per_image < 1):
-        return "--batch-size and --captions-per-image must be >= 1, --workers >= 0"
-    return None
-
-
-def _configure(args: argparse.Namespace, specs: list) -> None:
-    for spec in specs:
-        spec.image_root = args.image_root
-
-
-def _evaluate(args: argparse.Namespace, model, spec, input_size: int, device) -> dict:
-    from src.evaluation.run import evaluate_retrieval
-
-    return evaluate_retrieval(
-        model, spec, input_size, device, args.batch_size, args.workers,
-        progress=not args.no_progress, captions_per_image=args.captions_per_image, protocol=args.protocol,
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return eval_cli.run(args, "retrieval.py", _usage_error, _configure, _evaluate,
-                        lambda result: f"mean recall {result['metrics']['mean_recall']:.2f}%")
+    from src.evaluation.commands import retrieval
+
+    return retrieval(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

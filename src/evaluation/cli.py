@@ -1,5 +1,5 @@
-"""What the evaluation CLIs (zero_shot.py, retrieval.py) share: their common options and the run
-over datasets. Each CLI keeps only what differs: its dataset options, checks and metric.
+"""What the evaluation CLIs (zero_shot.py, retrieval.py) share: their common options, loading the
+model, and recording each dataset's result. Their runs are src/evaluation/commands.py.
 
 Torch and the model code are imported only once a run starts, so that `--help` answers at once.
 """
@@ -7,7 +7,7 @@ Torch and the model code are imported only once a run starts, so that `--help` a
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,65 +71,34 @@ def build_parser(
     return p
 
 
-def prepare(args: argparse.Namespace, usage_error: Callable[[argparse.Namespace], str | None]):
-    """Checks that need no model (option ranges, weights given, output folder writable), then the
-    device and the model (src/evaluation/model_loader.py): returns (device, model). Raises UserError."""
+def prepare(args: argparse.Namespace):
+    """Checks that need no model (weights given, output folder writable), then the device and the
+    model (src/evaluation/model_loader.py): returns (device, model). Raises UserError."""
     from src.devices import resolve_device
-    from src.evaluation.datasets import EvalDataError
     from src.evaluation.model_loader import check_weights_given, load_model
     from src.evaluation.results import check_output_dir
 
-    message = usage_error(args)
-    if message:
-        raise EvalDataError(message)
     check_weights_given(args.checkpoint, args.random_init)
     check_output_dir(args.output)
     device = resolve_device(args.device)
     return device, load_model(args.config, args.checkpoint, device, args.wkv_impl, args.random_init, args.cache_dir)
 
 
-def run(
-    args: argparse.Namespace,
-    prog: str,
-    usage_error: Callable[[argparse.Namespace], str | None],
-    configure: Callable[[argparse.Namespace, list], None],
-    evaluate: Callable[[argparse.Namespace, Any, Any, int, Any], dict],
-    summary: Callable[[dict], str],
-    finish: Callable[[argparse.Namespace, Sequence[dict]], None] | None = None,
-) -> int:
-    """Evaluate every dataset in args.datasets, write one JSON each and print the table.
+def announce(prog: str, spec: Any) -> None:
+    print(f"[{prog.removesuffix('.py')}] {spec.name}: {spec.path}", flush=True)
 
-    `usage_error` returns the message for option values out of range (checked before any dataset is
-    read), `configure` fills the CLI's own fields of the parsed specs, `evaluate(args, model, spec,
-    input_size, device)` returns the library's result dict, `summary` its one-line headline and
-    `finish(args, results)` prints or writes what the CLI adds at the end.
-    A bad input ends the run with one `PROG: error: ...` line and exit status 2, not a traceback.
-    """
-    from src.errors import UserError, report
+
+def record_result(args: argparse.Namespace, prog: str, spec: Any, result: dict, headline: str) -> dict:
+    """The result with the model and weights it came from, written to --output-dir as one JSON,
+    its skipped images and `headline` printed; returns it."""
     from src.evaluation.images import skip_notice
-    from src.evaluation.results import format_table, write_result
-    from src.evaluation.specs import parse_dataset_list
+    from src.evaluation.results import write_result
 
     tag = f"[{prog.removesuffix('.py')}]"
-    try:
-        specs = parse_dataset_list(args.datasets or [], args.data_root)
-        configure(args, specs)
-        device, model = prepare(args, usage_error)
-        input_size = model.config["input_size"]
-        results = []
-        for spec in specs:
-            print(f"{tag} {spec.name}: {spec.path}", flush=True)
-            result = evaluate(args, model, spec, input_size, device)
-            result = {"dataset": result.pop("dataset"), "model": str(args.config),
-                      "checkpoint": str(args.checkpoint) if args.checkpoint else None, **result}
-            path = write_result(result, args.output)
-            if result.get("skipped_images"):
-                print(skip_notice(f"{tag} {spec.name}:", result["skipped_images"]), flush=True)
-            print(f"{tag} {spec.name}: {summary(result)} -> {path}", flush=True)
-            results.append(result)
-        print(format_table(results))
-        if finish is not None:
-            finish(args, results)
-    except UserError as exc:
-        return report(prog, exc)
-    return 0
+    result = {"dataset": result.pop("dataset"), "model": str(args.config),
+              "checkpoint": str(args.checkpoint) if args.checkpoint else None, **result}
+    path = write_result(result, args.output)
+    if result.get("skipped_images"):
+        print(skip_notice(f"{tag} {spec.name}:", result["skipped_images"]), flush=True)
+    print(f"{tag} {spec.name}: {headline} -> {path}", flush=True)
+    return result

@@ -69,7 +69,7 @@ def render(report, top: int, baseline: dict | None) -> list[str]:
     lines.append(f"{'total':<12} {_mb(report.per_pair())} {report.per_pair() * b / 1e9:9.2f} GB {_ms(report.per_pair() * b, bw)}")
     lines.append(f"element-wise + cast + copy: {_mb(fusible)} per pair, {_ms(fusible * b, bw)} per step")
     lines.append("")
-    lines.append(f"largest contributors by source line (backward ops under the forward line that made them), per pair:")
+    lines.append("largest contributors by source line (backward ops under the forward line that made them), per pair:")
     for c, site, nbytes in report.top_lines(top):
         lines.append(f"  {_mb(nbytes / b)}  {c:<11} {site}")
     lines.append("")

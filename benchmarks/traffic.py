@@ -95,13 +95,14 @@ def compare(report, baseline: dict) -> list[str]:
     return out
 
 
-def _load_baseline(path: Path, report) -> dict:
+def _load_baseline(path: Path, args: argparse.Namespace) -> dict:
+    """The saved count, checked to be of the same command before anything is counted."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise UserError(f"--baseline {path}: cannot read it as JSON ({exc}); give a file saved with --save") from None
     same = ("config", "batch", "precision", "wkv_impl")
-    if any(data.get(k) != getattr(report, k) for k in same):
+    if any(data.get(k) != getattr(args, k) for k in same):
         raise UserError(
             f"--baseline {path} was counted for "
             + ", ".join(f"{k} {data.get(k)}" for k in same)
@@ -128,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     from src.training.traffic import count_traffic
 
     try:
+        baseline = _load_baseline(args.baseline, args) if args.baseline else None
         report = count_traffic(args.config, args.batch, args.precision, args.wkv_impl)
-        baseline = _load_baseline(args.baseline, report) if args.baseline else None
     except UserError as exc:
         return report_error(PROG, exc)
     print("\n".join(render(report, args.top, baseline)))

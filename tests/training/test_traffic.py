@@ -108,8 +108,9 @@ def test_bad_inputs_name_the_fix():
 
 
 def test_the_cli_prints_classes_lines_and_times_and_compares_with_a_saved_baseline(tmp_path, capsys):
-    saved = tmp_path / "before.json"
-    args = ["--config", "RWKV_CLIP_tiny", "--batch", "2", "--top", "3"]
+    saved, config = tmp_path / "before.json", tmp_path / "small.json"
+    config.write_text(json.dumps(SMALL))
+    args = ["--config", str(config), "--batch", "2", "--top", "3"]
     assert cli.main([*args, "--save", str(saved), "--label", "before"]) == 0
     out = capsys.readouterr().out
     assert "elementwise" in out and "at 4.3 TB/s" in out and "fla / bi_triton" in out
@@ -119,6 +120,6 @@ def test_the_cli_prints_classes_lines_and_times_and_compares_with_a_saved_baseli
     out = capsys.readouterr().out
     assert "element-wise + cast + copy" in out and "1.00x lower" in out
     # A baseline counted for another batch is refused in one line.
-    assert cli.main(["--config", "RWKV_CLIP_tiny", "--batch", "3", "--baseline", str(saved)]) != 0
+    assert cli.main(["--config", str(config), "--batch", "3", "--baseline", str(saved)]) != 0
     err = capsys.readouterr().err
     assert err.startswith("benchmarks.traffic: error: --baseline") and err.count("\n") == 1

@@ -394,7 +394,7 @@ def count_traffic(
 ) -> TrafficReport:
     """Count one eager training step's memory traffic (see the module docstring).
 
-    Takes seconds on one CPU core for B/32 at any batch (FakeTensors do no arithmetic).
+    About 20 s on one CPU core for B/32 at any batch (FakeTensors do no arithmetic).
     Raises TrafficError for an unknown config, precision or WKV implementation.
     """
     if precision not in PRECISIONS:

@@ -30,6 +30,47 @@ def channel_ramp(channels: int) -> torch.Tensor:
     return (torch.arange(channels, dtype=torch.float64) / channels).reshape(1, 1, channels)
 
 
+# A move: (channel slice of the last dim, the token dim it shifts along, +1 from the
+# previous token, -1 from the next). Shifted-out borders are zero.
+Move = tuple[slice, int, int]
+
+
+def _apply_moves(x: torch.Tensor, moves: tuple[Move, ...], sign: int) -> torch.Tensor:
+    """One pass: each channel slice copied once from its neighbour, borders zeroed."""
+    out = torch.empty_like(x)
+    for channels, dim, step in moves:
+        step *= sign
+        n = x.shape[dim]
+        src = x[..., channels].narrow(dim, 0 if step > 0 else 1, n - 1)
+        dst = out[..., channels]
+        dst.narrow(dim, 1 if step > 0 else 0, n - 1).copy_(src)
+        dst.narrow(dim, 0 if step > 0 else n - 1, 1).zero_()
+    return out
+
+
+class _Shift(torch.autograd.Function):
+    """A token shift whose backward is the opposite shift.
+
+    Autograd through zeros + slice assignment (or pad + cat) writes a full-size
+    gradient per channel slice and sums them; this writes each gradient once, with
+    the same values (a shift only copies).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, moves: tuple[Move, ...]) -> torch.Tensor:
+        ctx.moves = moves
+        return _apply_moves(x, moves, 1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _Shift.apply(grad, tuple((c, d, -s) for c, d, s in ctx.moves)), None
+
+
+def shift_channels(x: torch.Tensor, moves: tuple[Move, ...]) -> torch.Tensor:
+    """Shift each channel slice of `x` (channels last) one token along its dim, zero-filled."""
+    return _Shift.apply(x, moves)
+
+
 class DropPath(nn.Module):
     """Stochastic depth: drops a sample's whole residual branch while training."""
 
@@ -130,13 +171,11 @@ class TimeMix(nn.Module):
         xx = x_shifted - x
         xxx = x + xx * self.time_maa_x
         lora = torch.tanh(xxx @ self.time_maa_w1).reshape(batch * time, 5, MIX_LORA).transpose(0, 1)
-        mw, mk, mv, mr, mg = (lora @ self.time_maa_w2).reshape(5, batch, time, -1).unbind(0)
-
-        xw = x + xx * (self.time_maa_w + mw)
-        xk = x + xx * (self.time_maa_k + mk)
-        xv = x + xx * (self.time_maa_v + mv)
-        xr = x + xx * (self.time_maa_r + mr)
-        xg = x + xx * (self.time_maa_g + mg)
+        m = (lora @ self.time_maa_w2).reshape(5, batch, time, -1)
+        maa = torch.stack([self.time_maa_w, self.time_maa_k, self.time_maa_v, self.time_maa_r, self.time_maa_g])
+        # The five mixes as one broadcast: the same values as five, and backward sums the
+        # gradients of x and xx in one reduction each instead of four accumulating adds.
+        xw, xk, xv, xr, xg = (x + xx * (maa + m)).unbind(0)
 
         r = self.receptance(xr)
         k = self.key(xk)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .rwkv6 import TimeMix, channel_ramp, layer_ratios, orthogonal_scaled_
+from .rwkv6 import TimeMix, channel_ramp, layer_ratios, orthogonal_scaled_, shift_channels
 
 TEXT_LINEAR_ORDER = ("receptance", "key", "value", "output", "gate")
 DECAY_NAMES = ("time_decay", "time_faaaa")  # bfloat16 in the released checkpoints
@@ -35,10 +35,8 @@ def bi_shift(x: torch.Tensor, head_size: int) -> torch.Tensor:
     batch, time, channels = x.shape
     half = head_size // 2
     heads = x.reshape(batch, time, channels // head_size, head_size)
-    out = torch.zeros_like(heads)
-    out[:, 1:, :, :half] = heads[:, :-1, :, :half]
-    out[:, :-1, :, half:] = heads[:, 1:, :, half:]
-    return out.reshape(batch, time, channels)
+    moves = ((slice(0, half), 1, 1), (slice(half, head_size), 1, -1))
+    return shift_channels(heads, moves).reshape(batch, time, channels)
 
 
 class ChannelMix(nn.Module):
@@ -57,7 +55,9 @@ class ChannelMix(nn.Module):
         xx = bi_shift(x, self.head_size) - x
         xk = x + xx * self.time_maa_k
         xr = x + xx * self.time_maa_r
-        return torch.sigmoid(self.receptance(xr)) * self.value(torch.square(torch.relu(self.key(xk))))
+        k = torch.relu(self.key(xk))
+        # k * k, not square(): CUDA autocast runs pow in float32, a cast there and back.
+        return torch.sigmoid(self.receptance(xr)) * self.value(k * k)
 
 
 class Block(nn.Module):

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .rwkv6 import DropPath, TimeMix, channel_ramp, layer_ratios
+from .rwkv6 import DropPath, TimeMix, channel_ramp, layer_ratios, shift_channels
 
 IMAGE_GN_EPS = 1e-5
 IMAGE_LINEAR_ORDER = ("key", "value", "receptance", "gate", "output")
@@ -29,12 +29,13 @@ def q_shift(x: torch.Tensor, resolution: tuple[int, int], head_size: int) -> tor
         raise ValueError(f"{tokens} tokens do not form a {rows}x{cols} patch grid")
     q = head_size // 4
     grid = x.reshape(batch, rows, cols, channels // head_size, head_size)
-    out = torch.zeros_like(grid)
-    out[:, :, 1:, :, 0:q] = grid[:, :, :-1, :, 0:q]  # from the left neighbour
-    out[:, :, :-1, :, q : 2 * q] = grid[:, :, 1:, :, q : 2 * q]  # from the right
-    out[:, 1:, :, :, 2 * q : 3 * q] = grid[:, :-1, :, :, 2 * q : 3 * q]  # from above
-    out[:, :-1, :, :, 3 * q :] = grid[:, 1:, :, :, 3 * q :]  # from below
-    return out.reshape(batch, tokens, channels)
+    moves = (
+        (slice(0, q), 2, 1),  # from the left neighbour
+        (slice(q, 2 * q), 2, -1),  # from the right
+        (slice(2 * q, 3 * q), 1, 1),  # from above
+        (slice(3 * q, head_size), 1, -1),  # from below
+    )
+    return shift_channels(grid, moves).reshape(batch, tokens, channels)
 
 
 class PatchEmbed(nn.Module):
@@ -65,7 +66,9 @@ class ChannelMix(nn.Module):
         xs = q_shift(x, resolution, self.head_size)
         xk = x * self.spatial_mix_k + xs * (1 - self.spatial_mix_k)
         xr = x * self.spatial_mix_r + xs * (1 - self.spatial_mix_r)
-        return torch.sigmoid(self.receptance(xr)) * self.value(torch.square(torch.relu(self.key(xk))))
+        k = torch.relu(self.key(xk))
+        # k * k, not square(): CUDA autocast runs pow in float32, a cast there and back.
+        return torch.sigmoid(self.receptance(xr)) * self.value(k * k)
 
 
 class Block(nn.Module):

@@ -56,6 +56,9 @@ _PAPER_B32: dict[str, Any] = {
     "grad_clip_norm": 1.0,
     "precision": "bf16",
     "workers": 10,
+    # Fused element-wise kernels: the eager step moves several times the bytes
+    # (benchmarks/traffic.py). A compiler failure falls back to eager (src/training/loop.py).
+    "compile": True,
 }
 
 
@@ -67,12 +70,17 @@ class Recipe:
     notes: Mapping[str, str] = field(default_factory=dict)
     # Settings a flag may change without a notice: they change speed and memory, not what is
     # trained (the global batch stays the recipe's whatever the micro-batch).
-    free: frozenset[str] = frozenset({"batch_size", "workers"})
+    free: frozenset[str] = frozenset({"batch_size", "workers", "compile", "compile_backend"})
 
     def as_flags(self) -> str:
         """The recipe as the train.py flags it stands for."""
-        return " ".join(f"{flag_of(k)} {'auto' if k == 'batch_size' and v is None else v}"
-                        for k, v in self.values.items())
+        return " ".join(_flag(k, v) for k, v in self.values.items())
+
+
+def _flag(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return flag_of(key) if value else f"--no-{flag_of(key)[2:]}"
+    return f"{flag_of(key)} {'auto' if key == 'batch_size' and value is None else value}"
 
 
 _GLOBAL_BATCH_NOTE = (f"({PAPER_PER_GPU_BATCH} per GPU x {PAPER_GPUS} GPUs in the paper's run); the contrastive "
@@ -189,7 +197,9 @@ class TrainConfig:
         help="WKV implementation (src/open_alip/wkv.py): auto takes fla's Triton kernels on CUDA when fla-core "
              "imports, else chunked (PyTorch); reference is the slow exact recurrence; bi_triton is our own kernel "
              "pair for both directions (reads bf16, less memory traffic; opt-in until timed against fla)")
-    compile: bool = setting(False, group=SPEED, help="torch.compile the model (DDP included)")
+    compile: bool = setting(False, group=SPEED,
+                            help="torch.compile the model (DDP included; the recipes: on, --no-compile turns it off); "
+                                 "if the compiler fails the run warns once and continues eagerly")
     compile_backend: str = setting("inductor", group=SPEED,
                                    help="torch.compile backend; aot_eager compiles quickly (tests, debugging)")
     # model (the architecture's own flags are params.py's: they are the model JSON's keys)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from src.open_alip.model import unwrap_model
+from src.training.compiled import NOT_COMPILER_ERRORS, warn_compile_failed
 from src.training.distributed import DistEnv, all_reduce_mean
 from src.training.errors import NonFiniteLossError
 from src.training.schedule import Schedule
@@ -77,8 +78,13 @@ class Trainer:
         grad_clip_norm: float = 1.0,
         accum_freq: int = 1,
         scaler: torch.amp.GradScaler | None = None,
+        eager_fallback: nn.Module | None = None,
+        compile_backend: str = "",
     ) -> None:
         self.model = model
+        # `model` compiled: the same model uncompiled, taken if the compiler fails.
+        self.eager_fallback = eager_fallback
+        self.compile_backend = compile_backend
         self.raw_model = unwrap_model(model)
         self.optimizer = optimizer
         self.schedule = schedule
@@ -145,11 +151,25 @@ class Trainer:
                 self._backward(loss)
         return loss.detach()
 
+    def _forward_backward_or_eager(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        if self.eager_fallback is None:
+            return self._forward_backward(micro)
+        try:
+            return self._forward_backward(micro)
+        except NOT_COMPILER_ERRORS:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a compiler failure (a model bug fails again eagerly)
+            warn_compile_failed(exc, self.compile_backend)
+        self.model, self.eager_fallback = self.eager_fallback, None
+        # A backward that failed halfway may have left some gradients: the step starts over.
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._forward_backward(micro)
+
     def step(self, micro: list[tuple[torch.Tensor, torch.Tensor]], step: int) -> StepResult:
         """Optimizer step number `step` (0-based) over `micro` (accum_freq micro-batches)."""
         self.model.train()
         self.schedule.apply(self.optimizer, step)
-        local_loss = self._forward_backward(micro)
+        local_loss = self._forward_backward_or_eager(micro)
         loss = all_reduce_mean(local_loss, self.env)
         newly_bad = ~torch.isfinite(loss) & (self._bad_step < 0)
         self._bad_step.masked_fill_(newly_bad, step)

@@ -26,6 +26,7 @@ from src.open_alip.model import unwrap_model
 from src.training import checkpoint as ckpt_io
 from src.training.agreement import build_on_every_rank, check_same_data, check_shared_output
 from src.training.batching import BatchPlan, plan_for_device
+from src.training.compiled import compile_model
 from src.training.config import TrainConfig, recipe_notices
 from src.training.distributed import DistEnv, barrier, broadcast_object, cleanup, init_distributed, wrap_ddp
 from src.training.errors import NonFiniteLossError, TrainingError
@@ -333,15 +334,16 @@ def _make_trainer(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Opt
         torch.backends.cudnn.allow_tf32 = True
     # static_graph: every step runs the same graph, except that accumulation's non-final
     # passes skip the gradient sync, which static graphs do not allow for.
-    train_model = wrap_ddp(model, env, static_graph=plan.accum_freq == 1)
-    if cfg.compile:
-        train_model = torch.compile(train_model, backend=cfg.compile_backend)
+    eager_model = wrap_ddp(model, env, static_graph=plan.accum_freq == 1)
+    train_model = compile_model(eager_model, cfg.compile_backend) if cfg.compile else eager_model
     loss_fn = ClipLoss(local_loss=cfg.local_loss, gather_with_grad=cfg.gather_with_grad,
                        rank=env.rank, world_size=env.world_size)
     if cfg.local_loss and not cfg.gather_with_grad and env.world_size > 1:
         LOG.warning("--local-loss without --gather-with-grad drops cross-rank gradient terms (an approximation)")
     return Trainer(train_model, optimizer, schedule, loss_fn, env, precision=cfg.precision,
-                   grad_clip_norm=cfg.grad_clip_norm, accum_freq=plan.accum_freq, scaler=scaler)
+                   grad_clip_norm=cfg.grad_clip_norm, accum_freq=plan.accum_freq, scaler=scaler,
+                   eager_fallback=eager_model if train_model is not eager_model else None,
+                   compile_backend=cfg.compile_backend)
 
 
 def _announce(cfg: TrainConfig, env: DistEnv, plan: BatchPlan, model: nn.Module, loader,

@@ -94,7 +94,8 @@ def _add_setting(group: argparse._ArgumentGroup, f: dataclasses.Field, hint: Any
     kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": _help(f)}
     kind, nargs = _arg_type(hint)
     if kind is bool:
-        kwargs["action"] = "store_true"
+        # --no-X too: a recipe may switch a setting on (--compile) that a flag turns off.
+        kwargs["action"] = argparse.BooleanOptionalAction
     else:
         kwargs.update(type=meta["parse"] or kind, nargs=nargs, choices=meta["choices"], metavar=meta["metavar"])
     group.add_argument(flag_of(f.name), *meta["aliases"], required=required, **kwargs)

@@ -151,6 +151,22 @@ def test_text_shift_matches_the_per_token_definition():
     assert torch.equal(bi_shift(x, head_size=8), ref.text_shift(x, head_size=8))
 
 
+@pytest.mark.parametrize("tower", ["image", "text"])
+def test_the_shifts_backward_is_the_per_token_definitions_gradient(tower):
+    # The shift's own backward (the opposite shift) against autograd through the reference,
+    # exactly, and to second order.
+    if tower == "image":
+        shift, reference = (lambda t: q_shift(t, (3, 5), head_size=8)), (lambda t: ref.image_shift(t, 3, 5, head_size=8))
+    else:
+        shift, reference = (lambda t: bi_shift(t, head_size=8)), (lambda t: ref.text_shift(t, head_size=8))
+    x = torch.randn(2, 15, 16, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, 15, 16, dtype=torch.float64)
+    (want,) = torch.autograd.grad(reference(x), x, grad)
+    (got,) = torch.autograd.grad(shift(x), x, grad)
+    assert torch.equal(got, want)
+    assert torch.autograd.gradgradcheck(shift, (x,))
+
+
 def test_group_norm_eps_per_tower():
     model = _tiny()
     assert all(b.att.ln_x.eps == 1e-5 for b in model.image_model.layers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,3 +42,15 @@ def tiny_weights(tmp_path_factory) -> TinyWeights:
     model.eval()
     path = save_safetensors(model, tmp_path_factory.mktemp("tiny_weights") / "tiny.safetensors")
     return TinyWeights(model, preprocess_train, preprocess_val, path)
+
+
+@pytest.fixture
+def hub_env(monkeypatch, tmp_path):
+    """A clean huggingface_hub environment: no HF_* settings or token, its cache under tmp_path,
+    online. Returns the hub cache folder."""
+    for name in list(os.environ):
+        if name.startswith(("HF_", "HUGGING_FACE")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    return tmp_path / "hf_home" / "hub"

@@ -5,7 +5,6 @@ get_tokenizer("hf-hub:ORG/REPO"): the architecture travels in the repo's open_cl
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,14 +22,6 @@ from tests.conftest import save_safetensors
 TINY = "RWKV_CLIP_tiny"
 REPO = "testorg/exported"
 
-
-@pytest.fixture
-def hub_env(monkeypatch, tmp_path):
-    for name in list(os.environ):
-        if name.startswith(("HF_", "HUGGING_FACE")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
 def _export(*args: str) -> subprocess.CompletedProcess:

@@ -43,16 +43,6 @@ def model_repo_dir(tmp_path, tiny_model) -> Path:
     return root
 
 
-@pytest.fixture
-def hub_env(monkeypatch, tmp_path):
-    """A clean huggingface_hub environment: cache under tmp_path, no token, online."""
-    for name in list(os.environ):
-        if name.startswith(("HF_", "HUGGING_FACE")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    return tmp_path / "hf_home" / "hub"
-
 
 def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 
 import pytest
 import torch
@@ -30,14 +29,6 @@ from tests._repo import REPO as REPO_ROOT
 
 TINY = "RWKV_CLIP_tiny"
 
-
-@pytest.fixture
-def hub_env(monkeypatch, tmp_path):
-    for name in list(os.environ):
-        if name.startswith(("HF_", "HUGGING_FACE")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
 @pytest.fixture

@@ -501,6 +501,16 @@ def write_index(idx_path: str | os.PathLike[str], entries: Iterable[tuple[Any, i
         f.writelines(f"{key}\t{offset}\n" for key, offset in entries)
 
 
+def read_record_span(f: BinaryIO, offset: int, path: str) -> tuple[bytes, int]:
+    """(the record starting at byte `offset` of `f`, the offset just after it, padding included):
+    what a reader needs to check that an index's next entry, or the file's end, follows it."""
+    f.seek(offset)
+    record, stop = _read_record(f, path, offset)
+    if record is None:
+        raise RecordIOError(f"{path}: no record at byte offset {offset} (truncated .rec?)")
+    return record, stop
+
+
 def read_record_at(f: BinaryIO, offset: int, path: str) -> bytes:
     """The record starting at byte `offset` of the open `.rec` file `f`.
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 import torch
 
-from src.evaluation.datasets import EvalDataError, ImageSource, read_encoded
+from src.evaluation.datasets import ImageSource, read_encoded
+from src.evaluation.images import Batch, describe_failure
+from src.jpeg import NO_TABLES, jpeg_structure_fault
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
 
 
@@ -64,6 +67,26 @@ def _to_torch(output, device: torch.device) -> torch.Tensor:
     return out
 
 
+def _read_checked(source: ImageSource) -> tuple[np.ndarray | None, int | None, str | None]:
+    """(encoded bytes, stored label, None), or (None, None, why it is skipped)."""
+    try:
+        data, stored = read_encoded(source)
+    except Exception as exc:  # an unreadable file or record is skipped like an undecodable image
+        return None, None, describe_failure(exc)
+    if data[:2] == b"\xff\xd8":
+        # Cheap, and it finds what a decoder would stumble on (DALI fails a whole batch at once).
+        fault = jpeg_structure_fault(data)
+        if fault is not None and fault.kind != NO_TABLES:
+            return None, None, f"not a whole JPEG: {fault.text}"
+    return np.frombuffer(data, dtype=np.uint8), stored, None
+
+
+def _decode(pipe, encoded: list[np.ndarray], device: torch.device) -> torch.Tensor:
+    pipe.feed_input("encoded", encoded)
+    (output,) = pipe.run()
+    return _to_torch(output, device)
+
+
 def dali_val_batches(
     images: Sequence[ImageSource],
     labels: Sequence[int],
@@ -71,26 +94,51 @@ def dali_val_batches(
     batch_size: int,
     device: torch.device | str,
     workers: int = 1,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(float32 [B, 3, S, S] on `device`, int64 labels [B]) batches of `images` in order.
+) -> Iterator[Batch]:
+    """`Batch`es of `images` in order: float32 [B, 3, S, S] on `device`, int64 labels, the
+    positions of the images decoded, and (position, reason) for each one skipped.
 
     A record's label is the one stored in it (as DALI's mxnet reader returns it); a file's is
-    `labels[i]`. Files are read by `workers` threads while DALI decodes with as many.
+    `labels[i]`. Files are read by `workers` threads while DALI decodes with as many. An image
+    that cannot be read, is not a whole JPEG, or that DALI cannot decode is skipped: DALI fails
+    a whole batch for one bad image, so such a batch is decoded again one image at a time.
     """
     device = torch.device(device)
-    pipe = _build_pipeline(input_size, batch_size, workers, device)
+    rebuild = partial(_build_pipeline, input_size, batch_size, workers, device)
+    pipes = [rebuild()]  # replaced after a failure
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for start in range(0, len(images), batch_size):
-            chunk = images[start : start + batch_size]
-            read = list(pool.map(read_encoded, chunk))
-            encoded = [np.frombuffer(data, dtype=np.uint8) for data, _ in read]
-            batch_labels = [labels[start + i] if stored is None else stored for i, (_, stored) in enumerate(read)]
-            pipe.feed_input("encoded", encoded)
-            try:
-                (output,) = pipe.run()
-            except RuntimeError as exc:
-                first, last = chunk[0], chunk[-1]
-                raise EvalDataError(
-                    f"DALI could not decode an image among {first} .. {last}: {str(exc).splitlines()[0]}"
-                ) from None
-            yield _to_torch(output, device), torch.tensor(batch_labels, dtype=torch.long)
+            read = list(pool.map(_read_checked, images[start : start + batch_size]))
+            failed = [(start + i, why) for i, (_, _, why) in enumerate(read) if why is not None]
+            good = [i for i, (_, _, why) in enumerate(read) if why is None]
+            pixels: torch.Tensor | None = None
+            if good:
+                try:
+                    pixels = _decode(pipes[0], [read[i][0] for i in good], device)
+                except RuntimeError:
+                    # A DALI pipeline is unusable after an error: each decode below gets a sound one.
+                    pixels, good = _decode_one_by_one(pipes, rebuild, read, good, start, failed, device)
+            batch_labels = [labels[start + i] if read[i][1] is None else read[i][1] for i in good]
+            yield Batch(pixels, torch.tensor(batch_labels, dtype=torch.long), [start + i for i in good],
+                        sorted(failed))
+
+
+def _decode_one_by_one(pipes: list, rebuild, read: list, good: list[int], start: int,
+                       failed: list[tuple[int, str]], device: torch.device) -> tuple[torch.Tensor | None, list[int]]:
+    decoded, kept = [], []
+    pipes[0] = rebuild()
+    for i in good:
+        try:
+            decoded.append(_decode(pipes[0], [read[i][0]], device))
+            kept.append(i)
+        except RuntimeError as exc:
+            failed.append((start + i, f"DALI could not decode it ({_dali_reason(exc)})"))
+            pipes[0] = rebuild()
+    return (torch.cat(decoded) if decoded else None), kept
+
+
+def _dali_reason(exc: RuntimeError) -> str:
+    """The line of DALI's multi-line error that says what failed (it opens with its own traceback)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    after = lines[lines.index("encountered:") + 1:] if "encountered:" in lines else lines
+    return next((line for line in after if "no longer valid" not in line), lines[0] if lines else "unknown error")

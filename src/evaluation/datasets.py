@@ -170,10 +170,12 @@ def read_classnames_file(path: Path, folders: Sequence[str] | None = None) -> li
 
 
 def read_image_folder(
-    root: Path | str, classnames: Sequence[str] | Path | str | None = None, name: str | None = None
+    root: Path | str, classnames: Sequence[str] | Path | str | None = None, name: str | None = None,
+    empty_classes: bool = False,
 ) -> ClassificationData:
     """An ImageFolder tree: ``root/<class>/<image>``; class index = sorted folder order
-    (numeric order when every folder name is a number)."""
+    (numeric order when every folder name is a number). A class folder without images is
+    refused unless `empty_classes` (a fixed class list such as ImageNet's, evaluated on a part)."""
     root = _require_dir(Path(root), "image folder")
     folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if folders and all(f.isdigit() for f in folders):
@@ -196,7 +198,7 @@ def read_image_folder(
             if _is_image(path):
                 images.append(path)
                 labels.append(index)
-        if len(images) == before:
+        if len(images) == before and not empty_classes:
             # kept, it would still be a class every image is scored against, and count in the
             # chance level and mean per-class recall with nothing to recall
             raise EvalDataError(f"image folder {root}: class folder {folder!r} holds no images; "
@@ -221,7 +223,7 @@ def read_imagenet_val(
             raise EvalDataError(
                 f"imagenet val {root}: {len(synset_dirs)} synset folders, expected {len(classnames)}"
             )
-        return read_image_folder(root, list(classnames), name=name)
+        return read_image_folder(root, list(classnames), name=name, empty_classes=True)
     candidates = [solution_csv] if solution_csv else [root / "LOC_val_solution.csv", root.parent / "LOC_val_solution.csv"]
     csv_path = next((p for p in candidates if p is not None and p.is_file()), None)
     if csv_path is None:

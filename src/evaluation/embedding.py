@@ -31,19 +31,13 @@ def image_batches(
     images: Sequence[ImageSource], labels: Sequence[int] | None, input_size: int, device: torch.device | str,
     batch_size: int, workers: int, dali: bool = False,
 ) -> Iterable[Batch]:
-    """`Batch`es of `images`: through the skipping loader, or (`dali`, the original's ImageNet
-    resize) through DALI, which decodes a whole batch at once and so cannot skip one image."""
+    """`Batch`es of `images`, unreadable ones skipped: through the skipping loader, or (`dali`,
+    the original's ImageNet resize) through DALI."""
     if not dali:
         return skipping_loader(images, labels, input_size, batch_size, device, workers)
     from src.evaluation.dali_val import dali_val_batches
 
-    def numbered() -> Iterator[Batch]:
-        start = 0
-        for batch, targets in dali_val_batches(images, labels, input_size, batch_size, device, workers):
-            yield Batch(batch, targets, list(range(start, start + len(targets))), [])
-            start += len(targets)
-
-    return numbered()
+    return dali_val_batches(images, labels, input_size, batch_size, device, workers)
 
 
 def encoded_batches(

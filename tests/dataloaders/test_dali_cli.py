@@ -105,6 +105,12 @@ def _move_offset(prefix: Path, line: int, by: int) -> None:
     idx.write_text("".join(f"{k}\t{o}\n" for k, o in rows))
 
 
+def _keep_index_rows(prefix: Path, keep: slice) -> Path:
+    idx = Path(f"{prefix}.idx")
+    idx.write_text("".join(idx.read_text().splitlines(keepends=True)[keep]))
+    return prefix
+
+
 def _other_shards_index(d: Path, rec: str) -> Path:
     """`rec`.rec beside the index of the other shard (small: 64x48 images, big: 160x120)."""
     write_shard(d / "small", range(10))
@@ -126,6 +132,13 @@ def _other_shards_index(d: Path, rec: str) -> Path:
          ["s.idx: offset", "is not the start of a record"]),
         (lambda d: _other_shards_index(d, "big"), 2, ["big.rec record key 0 at byte 0", "runs past byte", "does not belong to this .rec"]),
         (lambda d: _other_shards_index(d, "small"), 2, ["small.idx: offset", "past the end of small.rec"]),
+        # An index of the first 100 of 256 records: the rest of the .rec was once never read, unseen.
+        (lambda d: (write_shard(d / "s", range(256)), _keep_index_rows(d / "s", slice(0, 100)))[-1], 2,
+         ["s.rec record key 99 at byte", "but the file ends at byte", "the index does not list the", "bytes after it"]),
+        # An index that skips records in the middle (the probe reads the first and last record of a
+        # shard: the last before the gap is met when the smoke test reads it).
+        (lambda d: (write_shard(d / "s", range(6)), _keep_index_rows(d / "s", slice(0, 6, 2)))[-1], 2,
+         ["s.rec record key 4 at byte", "but the file ends at byte"]),
         # im2rec's classification records: one number as the label.
         (lambda d: (_shard_with_labels(d / "im2rec", [float(i % 3) for i in range(8)]), d / "im2rec")[-1], 2,
          ["im2rec.rec record key 0", "single number (flag 0)", "data2rec.py"]),
@@ -137,7 +150,7 @@ def _other_shards_index(d: Path, rec: str) -> Path:
                                        * 8), d / "vocab")[-1], 2, ["vocab.rec record key 0", "outside 0..49407"]),
     ],
     ids=["offset-inside-a-record", "last-offset-inside", "misaligned-offset", "rec-with-a-smaller-shards-idx",
-         "rec-with-a-larger-shards-idx",
+         "rec-with-a-larger-shards-idx", "index-of-part-of-the-rec", "index-with-gaps",
          "scalar-label", "context-length-32", "tokens-outside-vocabulary"],
 )
 def test_unusable_data_gets_one_line_naming_the_file(tmp_path, capsys, make_data, code, fragments):

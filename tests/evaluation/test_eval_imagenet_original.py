@@ -5,6 +5,7 @@ the original's launch leaves (against DALI's iterator), and a whole evaluation t
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from nvidia.dali import Pipeline, fn, types
@@ -44,7 +45,8 @@ def test_dali_preprocessing_equals_the_originals_pipeline(tmp_path):
     labels = [3, 1, 4, 1, 5, 9, 2]
     rec = write_imagenet_rec(tmp_path, labels)
     data, _ = read_paper_dataset(find_paper_dataset("imagenet"), rec)
-    ours = list(dali_val_batches(data.images, data.labels, SIZE, batch_size=3, device="cpu", workers=2))
+    ours = [(b.images, b.labels) for b in dali_val_batches(data.images, data.labels, SIZE, batch_size=3,
+                                                             device="cpu", workers=2)]
     reference = DALIClassificationIterator(_original_pipeline(rec, 3), reader_name="loader_test",
                                            last_batch_policy=LastBatchPolicy.PARTIAL, last_batch_padded=False)
     expected = [(b[0]["data"], b[0]["label"][:, 0].long()) for b in reference]
@@ -63,7 +65,7 @@ def test_dali_preprocessing_equals_the_originals_pipeline(tmp_path):
             (val / f"n{labels[i]:08d}" / f"ILSVRC2012_val_{i:08d}.JPEG").write_bytes(payload)
     folder, _ = read_paper_dataset(find_paper_dataset("imagenet"), val)
     assert sorted(folder.labels) == sorted(labels)
-    from_files = torch.cat([x for x, _ in dali_val_batches(folder.images, folder.labels, SIZE, 4, "cpu", 1)])
+    from_files = torch.cat([b.images for b in dali_val_batches(folder.images, folder.labels, SIZE, 4, "cpu", 1)])
     by_label = {y: x for (x, y) in zip(torch.cat([x for x, _ in ours]), labels) if labels.count(y) == 1}
     for x, y in zip(from_files, folder.labels):
         if y in by_label:
@@ -107,3 +109,26 @@ def test_imagenet_original_protocol_counts_the_zero_rows(tmp_path):
     assert "padded_rows" not in standard and standard["num_images"] == 5
     assert set(standard["metrics"]) == set(unpadded) == {"top1", "top5", "mean_per_class_recall"}
     assert not math.isnan(prediction_metrics(top1, top1[:, None], torch.tensor(labels), 1000)["top1"])
+
+
+def test_unreadable_images_are_skipped_on_the_dali_path(tmp_path):
+    # DALI fails a whole batch for one bad image; the original protocol's ImageNet once stopped there.
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(6):
+        paths.append(tmp_path / f"{i}.JPEG")
+        Image.fromarray(rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(paths[-1], quality=90)
+    whole = paths[2].read_bytes()
+    paths[2].write_bytes(whole[: len(whole) // 2])  # cut short: found before decoding
+    paths[4].write_bytes(b"\x00" * 300)  # not an image at all: DALI's decoder refuses it
+    batches = list(dali_val_batches(paths, list(range(6)), SIZE, batch_size=4, device="cpu", workers=1))
+    assert [b.positions for b in batches] == [[0, 1, 3], [5]]
+    assert [b.labels.tolist() for b in batches] == [[0, 1, 3], [5]]
+    assert [b.images.shape[0] for b in batches] == [3, 1]
+    failed = dict(f for b in batches for f in b.failed)
+    assert sorted(failed) == [2, 4] and "not a whole JPEG" in failed[2] and "DALI could not decode" in failed[4]
+    # the good images come out as they do in a batch without the bad ones
+    alone = next(iter(dali_val_batches([paths[0], paths[1], paths[3]], [0, 1, 3], SIZE, 4, "cpu", 1)))
+    assert torch.equal(alone.images, batches[0].images)

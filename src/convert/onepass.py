@@ -282,6 +282,8 @@ class _Run:
         for entry in state["shards"]:
             entry.pop("this_run", None)
             self._publish(entry)
+        if state["complete"]:
+            return {**self._report(state), "resumed": "already complete"}
         self._announce(files, len(state["shards"]), commit)
         self._convert_all(files, state, commit)
         state["complete"] = True

@@ -17,7 +17,7 @@ import pytest
 from src.hub_server import serve_in_background
 from tests._data2rec_helpers import jpeg, read_records, tokens_for, write_hub_parquet
 from tests._hub_faults import Faults, serve_with_faults
-from tests._processes import wait_for
+from tests._processes import alive, command_name, descendants, wait_for
 from tests._repo import REPO as REPO_ROOT
 
 REPO = "testorg/yfcc"
@@ -142,16 +142,27 @@ def test_kill_9_mid_run_then_rerun_loses_and_duplicates_nothing(hub_dir: Path, t
         except (OSError, ValueError):
             return 0
 
-    faults = Faults(throttle_bps=60_000)  # a shard takes a few tenths of a second: the kill lands mid-run
+    faults = Faults(throttle_bps=30_000)  # a shard takes a few tenths of a second: the kill lands mid-run
     with serve_with_faults(hub_dir, REPO, faults) as server:
         env = make_env(tmp_path, server.endpoint)
         proc = subprocess.Popen(onepass_cmd(out), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         try:
-            assert wait_for(lambda: converted() >= 1 or proc.poll() is not None, limit=120)
+            # killed with a shard converted and the next one downloading
+            children: dict[int, int] = {}
+
+            def mid_download() -> bool:
+                now = descendants(proc.pid)
+                children.update(now)
+                return converted() >= 1 and "aria2c" in map(command_name, now)
+
+            assert wait_for(lambda: mid_download() or proc.poll() is not None, limit=120)
             os.kill(proc.pid, signal.SIGKILL)
         finally:
             proc.wait(30)
+        assert proc.returncode == -signal.SIGKILL
+        # hfd.sh and its aria2c stop with the killed run (a rerun must not race them for the same file)
+        assert wait_for(lambda: not alive(children), limit=60), [command_name(p) for p in alive(children)]
         assert 1 <= converted() < SHARDS, "the kill came too late to test a resume"
         assert list(out.parent.rglob("*.parquet"))  # the run was cut with shards in flight
         faults.throttle_bps = None

@@ -293,9 +293,11 @@ class _Run:
         return final
 
     def _load(self) -> dict | None:
-        if self.opts.overwrite or not self.opts.resume:
+        if self.opts.overwrite:
             self._wipe()
             return None
+        if not self.opts.resume:
+            return None  # finished shards then stop the run unless --overwrite, as in convert()
         try:
             state = json.loads(self.state_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):

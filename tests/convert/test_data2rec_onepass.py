@@ -194,3 +194,16 @@ def test_a_shard_that_cannot_be_downloaded_stops_the_run_naming_it(hub_dir: Path
     assert r.returncode == 0, r.stderr
     assert comparable(outputs(out)) == two_step
     assert_clean(out)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["some/folder"], "--from-hub downloads its own input"),
+    (["--shard-size", "10"], "leave out --shard-size"),
+    (["--max-inflight", "0"], "--max-inflight 0 must be >= 1"),
+])
+def test_options_that_do_not_apply_are_refused_in_one_line(tmp_path: Path, extra: list[str], message: str):
+    env = make_env(tmp_path, "http://127.0.0.1:9")  # never reached
+    r = subprocess.run(onepass_cmd(tmp_path / "rec", *extra), cwd=REPO_ROOT, capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -205,7 +205,9 @@ def rate_lines(rates: dict) -> list[str]:
     conv = (f"conversion {rates['convert_mb_s']:.1f} MB/s of parquet ({rates['convert_rows_s']:,.0f} rows/s)"
             if rates["convert_mb_s"] else "conversion: no time measured")
     share = rates["waited_for_download_s"] / rates["elapsed_s"] if rates["elapsed_s"] else 0
-    bound = "the download is the bottleneck" if share > 0.5 else "the conversion is the bottleneck"
+    # Waiting longer for downloads than converting means more --max-inflight (or a faster link) pays.
+    slower = "the download" if rates["waited_for_download_s"] > rates["convert_s"] else "the conversion"
+    bound = f"{slower} is the bottleneck (conversion busy {rates['convert_s']:.1f} s)"
     return [f"{dl} | {conv}",
             f"the conversion waited {rates['waited_for_download_s']:.1f} s for downloads ({share:.0%} of "
             f"{rates['elapsed_s']:.1f} s): {bound}"]

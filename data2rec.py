@@ -8,11 +8,13 @@ Examples:
   python data2rec.py cc3m.tsv --image-column filepath --caption-columns caption --output rec/cc3m
   python data2rec.py shards/ --output rec/laion --num-machines 4 --machine-id 2 --shard-size 50000
   python data2rec.py --verify rec/yfcc --decode
+  python data2rec.py --from-hub Kaichengalex/YFCC15M --output rec/yfcc   # download + convert, bounded disk
 
 Exit status:
   0    done (or, with --verify, everything checked out)
   1    --verify found a problem or an unfinished conversion; or no record could be written
   2    bad arguments or input, or the output is busy: one line says what to fix
+  3    --from-hub: the hub could not be listed, or a shard not downloaded after its retries
   4    more than --max-skip-fraction of the rows were skipped; every valid row and the
        report are written all the same (rerun with a higher fraction to accept them)
   130  interrupted by Ctrl-C, 143 by SIGTERM: finished shards are kept, rerun the same
@@ -34,6 +36,8 @@ from src.convert import (
     validate_level,
 )
 from src.convert.cli import DEFAULT_INPUT, DEFAULT_NAME, run
+from src.convert.hub_cli import add_arguments as add_hub_arguments
+from src.convert.hub_cli import run_from_hub
 from src.fsutil import DEFAULT_MAX_FILE_BYTES
 
 
@@ -112,11 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--verify", metavar="OUT", help="re-read the finished shards at OUT and report, and say "
                                                    "whether the conversion finished; no conversion")
     g.add_argument("--decode", action="store_true", help="with --verify: also decode every image")
+    add_hub_arguments(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    return run_from_hub(args) if args.from_hub else run(args)
 
 
 if __name__ == "__main__":

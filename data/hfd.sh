@@ -28,6 +28,8 @@ Options:
   --hf_token TOKEN     token for gated/private repos; prefer `export HF_TOKEN=...` because a
                        command-line token is visible to other users in `ps`
   --hf_username USER   accepted for compatibility; not needed (the token is enough)
+  --list-only          print the selected files and exit, nothing downloaded: a line
+                       'commit SHA', then one 'SIZE<TAB>KIND<TAB>HASH<TAB>NAME' line per file
   --verify-only        re-hash the files already in --local-dir against the listing saved by
                        the last download; uses no network; exit 1 if anything is missing or wrong
   -h, --help           show this help
@@ -62,6 +64,7 @@ REPO_TYPE="model"
 LOCAL_DIR=""
 REVISION="main"
 VERIFY_ONLY=0
+LIST_ONLY=0
 
 need_value() { (($# >= 2)) && [[ -n $2 && $2 != -* ]] || usage_error "$1 needs a value"; }
 
@@ -92,6 +95,7 @@ while (($#)); do
     --local-dir) need_value "$@"; LOCAL_DIR=$2; shift ;;
     --revision) need_value "$@"; REVISION=$2; shift ;;
     --verify-only) VERIFY_ONLY=1 ;;
+    --list-only) LIST_ONLY=1 ;;
     -*) usage_error "unknown option '$arg'" ;;
     *)
       [[ -z $REPO_ID ]] || usage_error "unexpected argument '$arg' (REPO_ID is already '$REPO_ID')"
@@ -479,6 +483,17 @@ fi
 # ---------------------------------------------------------------------------------------
 # Download
 # ---------------------------------------------------------------------------------------
+if ((LIST_ONLY)); then
+  # For a caller that downloads file by file (data2rec.py --from-hub): the listing only, at
+  # a pinned commit, with no folder created.
+  say "Listing $KIND_WORD $REPO_ID@$REVISION at $ENDPOINT ..." >&2
+  list_repo
+  select_entries <"$PRIV/entries.tsv"
+  ((${#NAMES[@]})) || die "no file of $REPO_ID matches --include/--exclude"
+  printf 'commit\t%s\n' "$COMMIT"
+  for i in "${!NAMES[@]}"; do printf '%s\t%s\t%s\t%s\n' "${SIZES[$i]}" "${KINDS[$i]}" "${HASHES[$i]}" "${NAMES[$i]}"; done
+  exit 0
+fi
 say "Listing $KIND_WORD $REPO_ID@$REVISION at $ENDPOINT ..."
 list_repo
 setup_local_dir

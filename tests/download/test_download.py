@@ -400,6 +400,20 @@ def test_bad_arguments_give_usage_and_exit_1(tmp_path: Path, args: list[str], me
     assert "Usage: hfd.sh REPO_ID" in r.stderr
 
 
+def test_list_only_prints_the_selection_at_a_pinned_commit_and_writes_nothing(shard_repo_dir: Path, tmp_path: Path):
+    # data2rec.py --from-hub lists through this, then downloads file by file at the commit
+    with serve_in_background(shard_repo_dir, REPO) as server:
+        env = make_env(tmp_path, server.endpoint)
+        r = run_hfd([REPO, "--dataset", "--include", "data/*", "--local-dir", str(tmp_path / "out"), "--list-only"],
+                    env)
+    assert r.returncode == 0, r.stderr
+    head, *lines = r.stdout.splitlines()
+    assert re.fullmatch(r"commit\t[0-9a-f]{40}", head)
+    data = {k: v for k, v in repo_files(shard_repo_dir).items() if k.startswith("data/")}
+    assert lines == [f"{len(v)}\tsha256\t{hashlib.sha256(v).hexdigest()}\t{k}" for k, v in sorted(data.items())]
+    assert not (tmp_path / "out").exists() and not served(server, 0, "/resolve/")
+
+
 def test_help_and_missing_manifest(tmp_path: Path):
     r = run_hfd(["--help"], make_env(tmp_path, "http://127.0.0.1:9"))
     assert r.returncode == 0 and "--include PAT" in r.stdout and "HF_TOKEN" in r.stdout

@@ -1,0 +1,87 @@
+"""data2rec.py --from-hub: its flags, and the run with the same messages and exit statuses as a
+conversion (src/convert/cli.py), plus 3 for a hub that cannot be listed or a shard that cannot be
+downloaded after its retries."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+
+from src.errors import UserError
+
+from .cli import DEFAULT_NAME, _check_args, _fail, _mass_skip, _summary, say
+from .images import ImageOptions
+from .onepass import DEFAULT_MAX_INFLIGHT, DEFAULT_TRIES, HubOptions, convert_from_hub, rate_lines
+from .pipeline import ConvertOptions, TooManySkipped, output_prefix
+from .processes import Terminated, sigterm_as_interrupt
+from .sources import SourceOptions
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("one pass from the hub (download and convert, bounded disk)")
+    g.add_argument("--from-hub", metavar="ORG/NAME",
+                   help="download this hub dataset's parquet shards with data/hfd.sh (HF_ENDPOINT, HF_TOKEN as "
+                        "there) and convert each as soon as it is verified, deleting it once its records are "
+                        "written: peak disk is the records plus --max-inflight shards. Writes OUT-NNNNN.rec/.idx, "
+                        "one per hub shard (default --output: NAME/datarec); rerun the same command to resume")
+    g.add_argument("--hub-include", nargs="+", metavar="PAT", default=[],
+                   help="only hub files matching these globs, as hfd.sh --include (e.g. 'data/train-0000*')")
+    g.add_argument("--max-inflight", type=int, default=DEFAULT_MAX_INFLIGHT, metavar="N",
+                   help=f"shards on disk at once, downloading or converting (default {DEFAULT_MAX_INFLIGHT})")
+    g.add_argument("--download-tries", type=int, default=DEFAULT_TRIES, metavar="N",
+                   help=f"hfd.sh runs per shard (each retrying itself) before the run stops with status 3 "
+                        f"(default {DEFAULT_TRIES})")
+
+
+def _options(args: argparse.Namespace) -> ConvertOptions:
+    # The same mapping as cli.convert_cli's.
+    return ConvertOptions(
+        kind=args.format,
+        source=SourceOptions(
+            image_column=args.image_column,
+            caption_columns=tuple(c.strip() for c in (args.caption_columns or "").split(",") if c.strip()),
+            image_root=args.image_root,
+            caption_dir=args.caption_dir,
+        ),
+        image=ImageOptions(args.validate, args.resize_short, args.quality, args.max_pixels),
+        shard_size=args.shard_size, num_machines=args.num_machines, machine_id=args.machine_id,
+        id_offset=args.id_offset, workers=args.workers, max_captions=args.max_captions,
+        max_file_bytes=args.max_file_bytes, max_skip_fraction=args.max_skip_fraction,
+        resume=args.resume, overwrite=args.overwrite, progress=args.progress,
+    )
+
+
+def run_from_hub(args: argparse.Namespace) -> int:
+    if args.inputs or args.verify:
+        return _fail("--from-hub downloads its own input: give no INPUT and no --verify (verify the output "
+                     "afterwards with --verify OUT)")
+    if not args.output:
+        args.output = str(Path(args.from_hub.rsplit("/", 1)[-1]) / DEFAULT_NAME)
+        say(f"no --output given: writing {output_prefix(args.output)}-NNNNN.rec/.idx")
+    problem = _check_args(argparse.Namespace(**{**vars(args), "inputs": [args.from_hub]}))
+    if problem:
+        return _fail(problem)
+    hub = HubOptions(args.from_hub, tuple(args.hub_include), max_inflight=args.max_inflight,
+                     tries=args.download_tries)
+    try:
+        with sigterm_as_interrupt():
+            report = convert_from_hub(hub, args.output, _options(args), say)
+    except TooManySkipped as exc:
+        _summary(exc.report, args)
+        return _mass_skip(exc)
+    except UserError as exc:
+        return _fail(str(exc), exc.exit_code)
+    except OSError as exc:
+        where = exc.filename or output_prefix(args.output).parent
+        return _fail(f"writing {where}: {exc.strerror or exc}; fix that and rerun the same command to resume")
+    except (KeyboardInterrupt, Terminated) as exc:
+        name = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+        _fail(f"interrupted by {name}; the converted shards are kept, rerun the same command to resume")
+        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+    _summary(report, args)
+    say(*rate_lines(report["rates"]))
+    if report["written"] == 0:
+        _fail("no record was written; see the skip reasons above", 1)
+        return 1
+    return 0

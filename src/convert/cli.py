@@ -136,8 +136,9 @@ def _summary(report: dict, args: argparse.Namespace) -> None:
         say("(nothing to do: this run was already complete)")
 
 
-def convert_cli(args: argparse.Namespace) -> int:
-    opts = ConvertOptions(
+def convert_options(args: argparse.Namespace) -> ConvertOptions:
+    """data2rec's parsed flags as the pipeline's options (also those of --from-hub)."""
+    return ConvertOptions(
         kind=args.format,
         source=SourceOptions(
             image_column=args.image_column,
@@ -158,6 +159,10 @@ def convert_cli(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=args.progress,
     )
+
+
+def convert_cli(args: argparse.Namespace) -> int:
+    opts = convert_options(args)
     if args.validate == "full":
         from src.convert.dali_check import dali_available
 

@@ -10,12 +10,10 @@ from pathlib import Path
 
 from src.errors import UserError
 
-from .cli import DEFAULT_NAME, _check_args, _fail, _mass_skip, _summary, say
-from .images import ImageOptions
+from .cli import DEFAULT_NAME, _check_args, _fail, _mass_skip, _summary, convert_options, say
 from .onepass import DEFAULT_MAX_INFLIGHT, DEFAULT_TRIES, HubOptions, convert_from_hub, rate_lines
-from .pipeline import ConvertOptions, TooManySkipped, output_prefix
+from .pipeline import TooManySkipped, output_prefix
 from .processes import Terminated, sigterm_as_interrupt
-from .sources import SourceOptions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,24 +32,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_TRIES})")
 
 
-def _options(args: argparse.Namespace) -> ConvertOptions:
-    # The same mapping as cli.convert_cli's.
-    return ConvertOptions(
-        kind=args.format,
-        source=SourceOptions(
-            image_column=args.image_column,
-            caption_columns=tuple(c.strip() for c in (args.caption_columns or "").split(",") if c.strip()),
-            image_root=args.image_root,
-            caption_dir=args.caption_dir,
-        ),
-        image=ImageOptions(args.validate, args.resize_short, args.quality, args.max_pixels),
-        shard_size=args.shard_size, num_machines=args.num_machines, machine_id=args.machine_id,
-        id_offset=args.id_offset, workers=args.workers, max_captions=args.max_captions,
-        max_file_bytes=args.max_file_bytes, max_skip_fraction=args.max_skip_fraction,
-        resume=args.resume, overwrite=args.overwrite, progress=args.progress,
-    )
-
-
 def run_from_hub(args: argparse.Namespace) -> int:
     if args.inputs or args.verify:
         return _fail("--from-hub downloads its own input: give no INPUT and no --verify (verify the output "
@@ -66,7 +46,7 @@ def run_from_hub(args: argparse.Namespace) -> int:
                      tries=args.download_tries)
     try:
         with sigterm_as_interrupt():
-            report = convert_from_hub(hub, args.output, _options(args), say)
+            report = convert_from_hub(hub, args.output, convert_options(args), say)
     except TooManySkipped as exc:
         _summary(exc.report, args)
         return _mass_skip(exc)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from src.hub_server import serve_in_background
 from src.open_alip import create_model_and_transforms, create_model_from_pretrained, get_tokenizer
 from src.open_alip.errors import ModelConfigError
 from src.open_alip.model import get_model_config
+from tests._hub_process import hub_server_cli
 from tests._repo import REPO as REPO_ROOT
 from tests.conftest import save_safetensors
 
@@ -58,28 +58,14 @@ def test_export_serve_and_load_back(tmp_path, tiny_weights, hub_env, monkeypatch
     again = _export(str(ckpt), "--output", str(out))
     assert again.returncode == 2 and again.stderr.strip() == f"export_hub.py: error: output {out} already exists; pass a new folder"
 
-    port_file = tmp_path / "endpoint.txt"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "src.hub_server", "--root", str(out), "--repo-id", REPO, "--repo-type", "model",
-         "--port-file", str(port_file)],
-        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        for _ in range(600):
-            if port_file.exists() or server.poll() is not None:
-                break
-            time.sleep(0.05)
-        assert port_file.exists(), server.stderr.read() if server.poll() is not None else "server did not start"
-        monkeypatch.setenv("HF_ENDPOINT", port_file.read_text().strip())
+    with hub_server_cli(out, REPO, tmp_path / "endpoint.txt", "--repo-type", "model") as endpoint:
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
         model, _, preprocess_val = create_model_and_transforms(f"hf-hub:{REPO}")
         assert _same(model, state) and model.config == cfg and preprocess_val.size == 32
         tokenizer = get_tokenizer(f"hf-hub:{REPO}")
         assert tokenizer(["a red square"]).shape == (1, 77)
         model, preprocess = create_model_from_pretrained(f"hf-hub:{REPO}", precision="bf16")
         assert next(model.parameters()).dtype == torch.bfloat16 and preprocess.size == 32
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_a_repo_without_a_config_and_an_export_without_one(tmp_path, tiny_weights, hub_env, monkeypatch):

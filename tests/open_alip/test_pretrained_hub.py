@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +17,7 @@ from src.open_alip.errors import ChecksumError, HubError, PretrainedError, Weigh
 from src.open_alip.hashes import file_sha256
 from src.open_alip.pretrained import download_from_hub
 from tests._hub_faults import Faults, serve_with_faults
-from tests._repo import REPO as REPO_ROOT
+from tests._hub_process import hub_server_cli
 from tests.conftest import save_safetensors
 
 TINY = "RWKV_CLIP_tiny"
@@ -56,20 +53,9 @@ def _one_line(exc_info) -> str:
 
 
 def test_private_model_hub_from_the_cli(model_repo_dir, tiny_model, hub_env, monkeypatch, tmp_path):
-    port_file = tmp_path / "endpoint.txt"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "src.hub_server", "--root", str(model_repo_dir), "--repo-id", REPO, "--repo-type", "model",
-         "--port-file", str(port_file)],
-        cwd=REPO_ROOT, env={**os.environ, "HUB_SERVER_TOKEN": TOKEN}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        for _ in range(600):
-            if port_file.exists() or server.poll() is not None:
-                break
-            time.sleep(0.05)
-        assert port_file.exists(), server.stderr.read() if server.poll() is not None else "server did not start"
-        monkeypatch.setenv("HF_ENDPOINT", port_file.read_text().strip())
+    with hub_server_cli(model_repo_dir, REPO, tmp_path / "endpoint.txt", "--repo-type", "model",
+                        env={**os.environ, "HUB_SERVER_TOKEN": TOKEN}) as endpoint:
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
 
         with pytest.raises(HubError) as e:  # a private hub: no token, no weights
             create_model_and_transforms(TINY, pretrained=f"hf-hub:{REPO}")
@@ -92,9 +78,6 @@ def test_private_model_hub_from_the_cli(model_repo_dir, tiny_model, hub_env, mon
         with pytest.raises(WeightsNotFoundError) as e:
             download_from_hub(f"hf-hub:{REPO}/weights/missing.pt")
         assert "no file 'weights/missing.pt'" in _one_line(e) and "model.safetensors" in str(e.value)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
     # The server is gone: offline, the cache answers; online, the client says it cannot reach the hub.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -92,6 +92,10 @@ def dropping_proxy() -> Iterator[tuple[str, list[bytes]]]:
     try:
         yield f"http://127.0.0.1:{server.getsockname()[1]}", seen
     finally:
+        try:
+            server.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone does not
+        except OSError:
+            pass
         server.close()
         thread.join(timeout=10)
 

@@ -8,6 +8,7 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from src.errors import UserError
@@ -161,16 +162,13 @@ def convert_options(args: argparse.Namespace) -> ConvertOptions:
     )
 
 
-def convert_cli(args: argparse.Namespace) -> int:
-    opts = convert_options(args)
-    if args.validate == "full":
-        from src.convert.dali_check import dali_available
-
-        if not dali_available():
-            _err("note: DALI is not installed, so --validate full checks each image with PIL only")
+def report_or_status(args: argparse.Namespace, start: Callable[[], dict], kept: str) -> dict | int:
+    """`start()`'s report, or the exit status after its failure is said in one line (also for
+    --from-hub): too many skips, a user error, a write error, or an interruption (the `kept`
+    shards stay for the rerun)."""
     try:
         with sigterm_as_interrupt():
-            report = convert(args.inputs, args.output, opts)
+            return start()
     except TooManySkipped as exc:
         _summary(exc.report, args)
         return _mass_skip(exc)
@@ -181,8 +179,20 @@ def convert_cli(args: argparse.Namespace) -> int:
         return _fail(f"writing {where}: {exc.strerror or exc}; fix that and rerun the same command to resume")
     except (KeyboardInterrupt, Terminated) as exc:
         name = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
-        _fail(f"interrupted by {name}; the finished shards are kept, rerun the same command to resume")
+        _fail(f"interrupted by {name}; the {kept} shards are kept, rerun the same command to resume")
         return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+
+
+def convert_cli(args: argparse.Namespace) -> int:
+    opts = convert_options(args)
+    if args.validate == "full":
+        from src.convert.dali_check import dali_available
+
+        if not dali_available():
+            _err("note: DALI is not installed, so --validate full checks each image with PIL only")
+    report = report_or_status(args, lambda: convert(args.inputs, args.output, opts), "finished")
+    if isinstance(report, int):
+        return report
     _summary(report, args)
     units = report.get("units") or {}
     if units.get("this_machine") == 0:

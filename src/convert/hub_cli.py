@@ -5,15 +5,11 @@ downloaded after its retries."""
 from __future__ import annotations
 
 import argparse
-import signal
 from pathlib import Path
 
-from src.errors import UserError
-
-from .cli import DEFAULT_NAME, _check_args, _fail, _mass_skip, _summary, convert_options, say
+from .cli import DEFAULT_NAME, _check_args, _fail, _summary, convert_options, report_or_status, say
 from .onepass import DEFAULT_MAX_INFLIGHT, DEFAULT_TRIES, HubOptions, convert_from_hub, rate_lines
-from .pipeline import TooManySkipped, output_prefix
-from .processes import Terminated, sigterm_as_interrupt
+from .pipeline import output_prefix
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,21 +40,10 @@ def run_from_hub(args: argparse.Namespace) -> int:
         return _fail(problem)
     hub = HubOptions(args.from_hub, tuple(args.hub_include), max_inflight=args.max_inflight,
                      tries=args.download_tries)
-    try:
-        with sigterm_as_interrupt():
-            report = convert_from_hub(hub, args.output, convert_options(args), say)
-    except TooManySkipped as exc:
-        _summary(exc.report, args)
-        return _mass_skip(exc)
-    except UserError as exc:
-        return _fail(str(exc), exc.exit_code)
-    except OSError as exc:
-        where = exc.filename or output_prefix(args.output).parent
-        return _fail(f"writing {where}: {exc.strerror or exc}; fix that and rerun the same command to resume")
-    except (KeyboardInterrupt, Terminated) as exc:
-        name = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
-        _fail(f"interrupted by {name}; the converted shards are kept, rerun the same command to resume")
-        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+    report = report_or_status(args, lambda: convert_from_hub(hub, args.output, convert_options(args), say),
+                              "converted")
+    if isinstance(report, int):
+        return report
     _summary(report, args)
     say(*rate_lines(report["rates"]))
     if report["written"] == 0:

@@ -594,10 +594,10 @@ def load_rgb(source: ImageSource) -> Image.Image:
 
 
 class ImageDataset(torch.utils.data.Dataset):
-    """Images (+ optional integer labels). With `size`, items are preprocessed on CPU (PIL);
-    without, items are uint8 [3, H, W] tensors for `preprocess_batch` on the device."""
+    """Images (+ optional integer labels), each preprocessed with PIL to `size` (the evaluation
+    transform of src/open_alip/transform.py) wherever the model runs."""
 
-    def __init__(self, images: Sequence[ImageSource], labels: Sequence[int] | None = None, size: int | None = None):
+    def __init__(self, images: Sequence[ImageSource], labels: Sequence[int] | None = None, *, size: int):
         self.images = list(images)
         self.labels = list(labels) if labels is not None else [-1] * len(self.images)
         self.size = size
@@ -608,10 +608,7 @@ class ImageDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         img, stored_label = load_image(self.images[index])
         label = self.labels[index] if stored_label is None else stored_label
-        if self.size is not None:
-            return preprocess_pil(img, self.size), label
-        array = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
-        return array, label
+        return preprocess_pil(img, self.size), label
 
 
 def preprocess_batch(batch: torch.Tensor, device: torch.device | str) -> torch.Tensor:

@@ -119,7 +119,7 @@ def test_imagenet_val_rec_labels_come_from_the_records(tmp_path):
     assert labels == [7, 0, 999, 3]
     arrays = layouts.write_imagenet_rec(tmp_path / "arrays", [5, 2], label_array=True)
     data, _ = _read("imagenet", arrays)
-    assert [ImageDataset(data.images, data.labels)[i][1] for i in range(2)] == [5, 2]
+    assert [ImageDataset(data.images, data.labels, size=16)[i][1] for i in range(2)] == [5, 2]
 
 
 def test_registry_matches_the_bundled_names_and_the_paper(tmp_path):

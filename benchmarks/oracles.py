@@ -52,10 +52,12 @@ def mxnet_python() -> Path:
     return oracle_python("mxnet", MXNET_PACKAGES)
 
 
-def run_oracle(python: Path, code: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run `code` in the oracle interpreter; raise with its stderr on failure."""
+def run_oracle(python: Path, code: str, *args: str, timeout: float = 600,
+               cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run `code` in the oracle interpreter (from `cwd`, whose modules it can then import, as
+    `python -c` puts the working folder first on its path); raise with its stderr on failure."""
     proc = subprocess.run(
-        [str(python), "-c", code, *args], capture_output=True, text=True, timeout=timeout
+        [str(python), "-c", code, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
     )
     if proc.returncode != 0:
         raise AssertionError(f"oracle failed ({proc.returncode}):\n{proc.stderr[-4000:]}")

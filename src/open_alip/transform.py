@@ -2,9 +2,10 @@
 
 Evaluation (open_clip's eval transform, which the original evaluation uses): resize the
 shorter side to the input size with bicubic interpolation, centre crop, CLIP mean/std.
-`preprocess_pil` does it exactly on CPU; `preprocess_tensor` does the same on a uint8
-tensor on any device (antialiased bicubic, rounded to uint8 as PIL rounds), so decoding
-is the only CPU work when evaluating on a GPU.
+`preprocess_pil` does it exactly on CPU, and the evaluation uses it on every device;
+`preprocess_tensor` approximates it on a uint8 tensor on any device (antialiased bicubic,
+rounded to uint8 as PIL rounds: within a few grey levels of PIL, which can change a
+prediction, so results meant to be compared should come from `preprocess_pil`).
 
 Training (the original's crop): a random crop covering 70-100% of the image area with an
 aspect ratio in [0.8, 1.25], resized to the input size, flipped with probability 0.5.

@@ -20,14 +20,13 @@ SCRIPT = r"""
 import json, sys
 import numpy as np, torch, torch.nn.functional as F
 from PIL import Image
-sys.path.insert(0, sys.argv[1])
 import clip_benchmark.metrics.zeroshot_classification as zc
 import clip_benchmark.metrics.zeroshot_retrieval as zr
 import clip_benchmark_eval
 from src.evaluation.clip_bench import load_for_clip_benchmark, use_compatible_accuracy
 from src.open_alip.zero_shot import build_class_embeddings, classification_metrics, retrieval_metrics
 
-model, transform, tokenizer = load_for_clip_benchmark("RWKV_CLIP_tiny", sys.argv[2], None, "cpu")
+model, transform, tokenizer = load_for_clip_benchmark("RWKV_CLIP_tiny", sys.argv[1], None, "cpu")
 model.eval()
 rng = np.random.default_rng(0)
 pictures = [Image.fromarray((rng.random((20 + 3 * i, 24, 3)) * 255).astype(np.uint8)) for i in range(12)]
@@ -73,14 +72,14 @@ with torch.no_grad():
 out["retrieval_ours"] = retrieval_metrics(features, texts, torch.arange(12).repeat_interleave(2), ks=(1, 5))
 from src.evaluation.clip_benchmark_protocol import clip_benchmark_retrieval_metrics
 out["retrieval_ours_form"] = clip_benchmark_retrieval_metrics(out["retrieval_ours"])
-out["wrapper_rc"] = clip_benchmark_eval.main(["eval", "--dataset", "cifar10", "--pretrained", sys.argv[2]])
+out["wrapper_rc"] = clip_benchmark_eval.main(["eval", "--dataset", "cifar10", "--pretrained", sys.argv[1]])
 print(json.dumps(out))
 """
 
 
 @pytest.fixture(scope="module")
 def clip_benchmark_run(tiny_weights):
-    proc = run_oracle(clip_benchmark_python(), SCRIPT, str(REPO_ROOT), str(tiny_weights.path))
+    proc = run_oracle(clip_benchmark_python(), SCRIPT, str(tiny_weights.path), cwd=REPO_ROOT)
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 

@@ -26,7 +26,9 @@ from src.hub_server import serve_in_background
 from tests._repo import fresh_copy
 
 TINY_RUN = ["--config", "RWKV_CLIP_tiny", "--global-batch-size", "16", "--batch-size", "16", "--epochs", "1",
-            "--max-steps", "2", "--device", "cpu", "--workers", "1", "--log-every-n-steps", "1"]
+            "--max-steps", "2", "--device", "cpu", "--workers", "1", "--log-every-n-steps", "1",
+            # Compiling is tested in test_train_e2e; here it would only add half a minute of C++ builds.
+            "--no-compile"]
 
 
 def _run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -16,6 +16,18 @@ import torch
 _TRUTHY = ("1", "true", "on", "yes")  # the values Triton accepts for TRITON_INTERPRET
 
 
+def constant_under_compile(fn: Callable) -> Callable:
+    """`torch.compiler.assume_constant_result(fn)` without importing torch._dynamo.
+
+    That decorator imports torch._dynamo (about 2.4 s) at the decorated module's import, and
+    every process that builds a model (CLIs, torchrun ranks, DataLoader workers) paid it even
+    when nothing is compiled. Its whole effect is the mark set here; tests/open_alip/test_wkv.py
+    checks that the real decorator sets the same, so a torch that changes it fails there.
+    """
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
 def interpreter_requested() -> bool:
     """Whether TRITON_INTERPRET asks Triton to interpret kernels on the CPU."""
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUTHY

@@ -33,7 +33,7 @@ from types import ModuleType
 
 import torch
 
-from .triton_env import device_guard, kernel_problem
+from .triton_env import constant_under_compile, device_guard, kernel_problem
 
 Tensor = torch.Tensor
 
@@ -75,7 +75,7 @@ def bi_triton_problem(device: torch.device | str) -> str | None:
 
 
 # As in wkv_fla: the answer holds for the process, so torch.compile keeps it as a constant.
-@torch.compiler.assume_constant_result
+@constant_under_compile
 def _problem_for(device_type: str) -> str | None:
     if device_type not in _problems:
         _problems[device_type] = _probe(device_type)

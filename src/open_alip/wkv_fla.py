@@ -32,7 +32,7 @@ from types import ModuleType
 
 import torch
 
-from .triton_env import device_guard, kernel_problem
+from .triton_env import constant_under_compile, device_guard, kernel_problem
 
 Tensor = torch.Tensor
 
@@ -95,7 +95,7 @@ def fla_problem(device: torch.device | str) -> str | None:
 
 # The answer holds for the whole process, so torch.compile may call this while tracing
 # and keep the result as a constant instead of tracing fla's import.
-@torch.compiler.assume_constant_result
+@constant_under_compile
 def _problem_for(device_type: str) -> str | None:
     if device_type not in _problems:
         _problems[device_type] = _probe(device_type)

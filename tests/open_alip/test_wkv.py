@@ -1,11 +1,14 @@
 """The bidirectional WKV-6 operator: both implementations against the pair formula."""
 
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from src.open_alip.wkv import wkv, wkv_chunked, wkv_reference
 from tests._model_reference import naive_wkv
+from tests._repo import REPO
 
 
 def _inputs(batch, time, heads, size, dtype=torch.float64, seed=0, decay=(-3.0, 1.0)):
@@ -166,3 +169,23 @@ def test_gradients_of_an_autocast_forward_are_the_float32_gradients():
     for name, a, b in zip("rkvwu", plain, _grads(under_autocast, inputs, 1.0)):
         assert b.dtype == torch.float32
         torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
+
+
+def test_the_compile_constant_mark_is_the_real_decorators_and_importing_the_model_skips_dynamo():
+    from src.open_alip.triton_env import constant_under_compile
+
+    def ours():
+        return 1
+
+    def theirs():
+        return 1
+
+    constant_under_compile(ours)
+    torch.compiler.assume_constant_result(theirs)
+    assert vars(ours) == vars(theirs) != {}
+    # The mark exists so that importing the model does not import torch._dynamo (seconds per process).
+    code = ("import sys, src.open_alip.model, src.open_alip.wkv_fla, src.open_alip.wkv_bi_triton; "
+            "print('torch._dynamo' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"

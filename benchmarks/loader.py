@@ -15,6 +15,12 @@ temporary folder (or to --synthetic-out, kept).
   python -m benchmarks.loader                      # synthetic shards
   python -m benchmarks.loader --data /data/rec/    # your shards
   python -m benchmarks.loader --vs-dali-py         # and dali.py's figure on the same shards
+  python -m benchmarks.loader --reader             # the record reader alone, beside a busy Python thread
+
+`--reader` times what feeds DALI (dataloaders/read_ahead.py: pread, label check, header
+parse, crop draws) without decoding: the crop draws per sample against per batch, and the
+records/s the reader delivers alone and beside a Python-heavy thread (a stand-in for the
+training loop, which needs the GIL), with how much of its speed that thread keeps.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import cv2
@@ -108,10 +116,14 @@ def stage_costs(data, input_size: int, batch_size: int, batches: int = 8) -> Non
     batches_of = [[np.frombuffer(p, np.uint8) for p in payloads[i : i + batch_size]]
                   for i in range(0, n - batch_size + 1, batch_size)]
 
-    def dali_rate(resize: bool, antialias: bool = True) -> float:
+    def dali_rate(resize: bool, antialias: bool = True, slice_first: bool = False) -> float:
         @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None, prefetch_queue_depth=1)
         def pipe():
             jpegs = fn.external_source(name="jpegs", dtype=types.UINT8, ndim=1)
+            if slice_first:  # decode only the crop window (libjpeg-turbo's region decoding), then resize it
+                images = fn.decoders.image_slice(jpegs, rel_start=[0.05, 0.05], rel_end=[0.95, 0.95], axis_names="HW",
+                                                 device="cpu", output_type=types.RGB)
+                return fn.resize(images, resize_x=input_size, resize_y=input_size, antialias=antialias)
             images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
             if resize:  # the loader's crop-and-resize: a region of interest of the resize
                 images = fn.resize(images, resize_x=input_size, resize_y=input_size, roi_start=[0.05, 0.05],
@@ -140,6 +152,95 @@ def stage_costs(data, input_size: int, batch_size: int, batches: int = 8) -> Non
     print(f"  decode                          DALI {dali_rate(False):7.1f}   PIL {pil_rate(False):7.1f}")
     print(f"  + resize to {input_size:<4d}(antialiased)   DALI {dali_rate(True):7.1f}   PIL {pil_rate(True):7.1f}")
     print(f"  + resize, DALI antialias=False  DALI {dali_rate(True, False):7.1f}")
+    print(f"  decode the crop only + resize   DALI {dali_rate(True, slice_first=True):7.1f}   (fn.decoders.image_slice)")
+
+
+def _spin(stop: threading.Event, count: list[int]) -> None:
+    """Pure-Python work that needs the GIL, as a training loop's Python side does."""
+    while not stop.is_set():
+        sum(i * i for i in range(200))
+        count[0] += 1
+
+
+def reader_rate(data, cache: Path, batch_size: int, records: int, busy: bool) -> tuple[float, float]:
+    """(records/s the reader delivers, busy-thread rounds/s) for `records` records in random order."""
+    from dataloaders.read_ahead import BatchReader
+    from dataloaders.shards import load_shards
+
+    shardset = load_shards(data, cache_dir=cache)
+    rng = np.random.default_rng(0)
+    total = shardset.total_records
+    order = np.concatenate([rng.permutation(total) for _ in range(-(-records // total) + 1)])
+    seeds = rng.integers(0, 2**63 - 1, len(order))
+    batches = [(order[i : i + batch_size], seeds[i : i + batch_size]) for i in range(0, records, batch_size)]
+    reader = BatchReader(shardset)
+    reader.submit(*batches[0], True).result()  # open the files, untimed
+    stop, count = threading.Event(), [0]
+    spinner = threading.Thread(target=_spin, args=(stop, count), daemon=True)
+    if busy:
+        spinner.start()
+    pending: deque = deque()
+    start, delivered = time.perf_counter(), 0
+    for batch in batches:  # the loader's read-ahead: two batches in flight
+        pending.append(reader.submit(*batch, True))
+        if len(pending) >= 2:
+            delivered += len(pending.popleft().result().payloads)
+    while pending:
+        delivered += len(pending.popleft().result().payloads)
+    elapsed = time.perf_counter() - start
+    stop.set()
+    if busy:
+        spinner.join()
+    reader.close()
+    return delivered / elapsed, count[0] / elapsed
+
+
+def crop_draw_costs(batch_size: int, batches: int = 20) -> tuple[float, float]:
+    """(us per sample with a Generator per sample (the earlier way), us per sample drawn per batch)."""
+    from dataloaders.augment import crops_and_flips
+    from src.open_alip.transform import random_resized_box
+
+    rng = np.random.default_rng(0)
+    n = batch_size * batches
+    widths, heights = rng.integers(400, 640, n), rng.integers(300, 480, n)
+    seeds = rng.integers(0, 2**63 - 1, n)
+    start = time.perf_counter()
+    for w, h, seed in zip(widths.tolist(), heights.tolist(), seeds.tolist()):
+        g = np.random.default_rng(seed)
+        random_resized_box(w, h, g)
+        g.random()
+    per_sample = (time.perf_counter() - start) / n * 1e6
+    start = time.perf_counter()
+    for i in range(0, n, batch_size):
+        crops_and_flips(widths[i : i + batch_size], heights[i : i + batch_size], seeds[i : i + batch_size])
+    return per_sample, (time.perf_counter() - start) / n * 1e6
+
+
+def reader_report(data, cache: Path, args: argparse.Namespace) -> None:
+    old, new = crop_draw_costs(args.batch_size)
+    print(f"crop draws: {old:.1f} us/sample with a Generator per sample, {new:.1f} us/sample drawn per batch "
+          f"of {args.batch_size}; ratio {old / new:.1f}x")
+    stop, count = threading.Event(), [0]
+    spinner = threading.Thread(target=_spin, args=(stop, count), daemon=True)
+    start = time.perf_counter()
+    spinner.start()
+    time.sleep(2.0)
+    stop.set()
+    spinner.join()
+    alone = count[0] / (time.perf_counter() - start)
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    kept: list[float] = []
+    for _ in range(args.repeats):
+        for busy in (False, True):
+            rate, spins = reader_rate(data, cache, args.batch_size, args.reader_records, busy)
+            rates[busy].append(rate)
+            note = f", the busy thread keeps {spins / alone:.0%} of its speed" if busy else ""
+            kept += [spins / alone] if busy else []
+            print(f"reader {'beside a busy thread' if busy else 'alone':>21}: {rate:9,.0f} records/s{note}", flush=True)
+    quiet, loud = (float(np.median(rates[b])) for b in (False, True))
+    print(f"median records/s: alone {quiet:,.0f}, beside a busy Python thread {loud:,.0f} "
+          f"(ratio {loud / quiet:.2f}; the busy thread keeps {np.median(kept):.0%}); goal >= 12,000 beside it "
+          f"(batch {args.batch_size}, {args.reader_records} records per run)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vs-dali-py", action="store_true",
                    help="also run dali.py on the same shards (same batch, workers, images) and compare its rate")
     p.add_argument("--synthetic-out", metavar="DIR", help="write the synthetic shards here and keep them")
+    p.add_argument("--reader", action="store_true",
+                   help="time only the record reader (no decoding), alone and beside a busy Python thread")
+    p.add_argument("--reader-records", type=int, default=20000, help="records read per --reader run (default 20000)")
     args = p.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -164,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(args.synthetic_out or tmp)
             out.mkdir(parents=True, exist_ok=True)
             data = synthetic_shards(out, args.records)
+        if args.reader:
+            reader_report(data, Path(tmp) / "cache", args)
+            return 0
         common = dict(input_size=args.input_size, train=True, device="cpu", num_threads=args.workers,
                       cache_dir=Path(tmp) / "cache", rank=0, world_size=1)
         wall: dict[str, list[float]] = {"dali": [], "torch": []}

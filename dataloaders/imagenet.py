@@ -9,11 +9,11 @@ sample, drawn uniformly among its non-empty ones) or [B, K, 77] with
 GPU) and a pure-PyTorch fallback (`dataloaders.torch_loader`) for machines where
 DALI does not install.
 
-How the DALI backend is fed. The loader reads the records itself
-(dataloaders/records.py, a thread reading ahead) and hands DALI the encoded images
-through an external source, with each sample's crop box and flip
-(dataloaders/augment.py: the draws of the PyTorch fallback's augmentation); DALI decodes, crops and resizes in one `resize` with a region
-of interest, flips and normalises. Nothing random runs inside DALI, which gives:
+How the DALI backend is fed. The loader reads the records itself, batches ahead in a
+thread (dataloaders/read_ahead.py), and hands
+DALI the encoded images through an external source, with each sample's crop box and flip
+(dataloaders/augment.py: the PyTorch fallback's draws); DALI decodes, crops and resizes in
+one `resize` with a region of interest, flips and normalises. Nothing random runs inside DALI, which gives:
 
 - one pipeline for the whole run, kept across epochs (each epoch only resets it);
 - `set_epoch(e)` reproduces epoch `e` without replaying earlier ones;
@@ -38,14 +38,13 @@ from __future__ import annotations
 import os
 import weakref
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from dataloaders.augment import crop_and_flip
 from dataloaders.base import (
     DEFAULT_MAX_BAD_RECORDS,
     LOG,
@@ -56,7 +55,8 @@ from dataloaders.base import (
     dist_env,
     select_captions,
 )
-from dataloaders.records import BadRecord, RecordReader, image_size, probe_shards
+from dataloaders.read_ahead import BatchReader
+from dataloaders.records import probe_shards
 from dataloaders.shards import load_shards
 from dataloaders.torch_loader import TorchLoader
 from src.devices import resolve_device
@@ -67,7 +67,7 @@ __all__ = ["DEFAULT_MAX_BAD_RECORDS", "BadRecordLimitError", "CorruptRecordError
 
 # The original's DALI settings (deepglint/RWKV-CLIP dataloaders): nvJPEG's device and pinned-host
 # buffers preallocated large enough that big images cause no reallocation, three batches in flight.
-# (Its 100 crop attempts are transform.TRAIN_CROP_ATTEMPTS, shared with the PyTorch fallback.)
+# (Its 100 crop attempts are constants.TRAIN_CROP_ATTEMPTS, shared with the PyTorch fallback.)
 DEVICE_MEMORY_PADDING = 211025920
 HOST_MEMORY_PADDING = 140544512
 PREFETCH_DEPTH = 3
@@ -112,38 +112,7 @@ class _Batch:
     index: int
     records: np.ndarray
     labels: np.ndarray  # float32 [n, K*77], padded with empty captions
-    payloads: list[bytes]  # kept to find an undecodable image after a failure
-
-
-def _read_batch(reader: RecordReader, records: np.ndarray, seeds: np.ndarray, train: bool):
-    """Read one batch (in the read-ahead thread): labels, payloads, crop inputs, and the bad records."""
-    labels, payloads, sizes, bad = [], [], [], []
-    for record in records.tolist():
-        try:
-            label, payload = reader.read(record)
-            sizes.append(image_size(payload) if train else (0, 0))
-        except BadRecord as e:
-            bad.append((record, e.reason))
-            continue
-        labels.append(label)
-        payloads.append(payload)
-    if bad:
-        return None, bad
-    width = max(lab.size for lab in labels)
-    padded = np.zeros((len(labels), width), np.float32)
-    for i, lab in enumerate(labels):
-        padded[i, : lab.size] = lab
-    inputs = [[np.frombuffer(p, np.uint8) for p in payloads]]
-    if train:
-        starts, ends, mirrors = [], [], []
-        for (width, height), seed in zip(sizes, seeds.tolist()):
-            left, top, right, bottom, mirror = crop_and_flip(width, height, seed)
-            # Relative (y, x) corners: the resize's region of interest, in the image's shape order.
-            starts.append(np.array([top / height, left / width], np.float32))
-            ends.append(np.array([bottom / height, right / width], np.float32))
-            mirrors.append(np.array(mirror, np.int32))
-        inputs += [starts, ends, mirrors]
-    return (padded, payloads, inputs), bad
+    payloads: list[np.ndarray]  # kept to find an undecodable image after a failure
 
 
 class _Source:
@@ -171,13 +140,12 @@ class DaliLoader(BaseLoader):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.reader = RecordReader(self.shardset)
+        self.reader = BatchReader(self.shardset)
         self._pipe = None
         self._pipe_dirty = False  # scheduled since it was built or last reset
         self._fed: deque[_Batch] = deque()  # handed to DALI, not yet delivered
         self._feed_at: tuple[int, int] = (0, 0)  # (epoch, batch) the source hands DALI next
         self._feed_stop = False
-        self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[tuple, Future] = {}
         self.pipelines_built = 0  # how many times a pipeline was built (kept across epochs: 1)
 
@@ -252,10 +220,8 @@ class DaliLoader(BaseLoader):
         key = (epoch, batch, self.bad_records)
         fut = self._ahead.get(key)
         if fut is None:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="rec-read")
             records, seeds = self.batch_items(epoch, batch)
-            fut = self._ahead[key] = self._pool.submit(_read_batch, self.reader, records, seeds, self.train)
+            fut = self._ahead[key] = self.reader.submit(records, seeds, self.train)
         return fut
 
     def _source(self):
@@ -264,22 +230,23 @@ class DaliLoader(BaseLoader):
         if self._feed_stop or batch >= self.batches_in(epoch):
             raise StopIteration
         while True:
-            result, bad = self._submit(epoch, batch).result()
+            read = self._submit(epoch, batch).result()
             self._ahead.pop((epoch, batch, self.bad_records), None)
-            if not bad:
+            if not read.bad:
                 break
             # Unreadable records: leave them out; this batch and all later ones change.
             self._ahead.clear()
-            for record, reason in bad:
+            for record, reason in read.bad:
                 self.skip(record, reason)
             if batch >= self.batches_in(epoch):
                 raise StopIteration
-        labels, payloads, inputs = result
-        self._fed.append(_Batch(epoch, batch, self.batch_items(epoch, batch)[0], labels, payloads))
+        self._fed.append(_Batch(epoch, batch, self.batch_items(epoch, batch)[0], read.labels, read.payloads))
         self._feed_at = (epoch, batch + 1)
         for ahead in range(batch + 1, batch + 1 + READ_AHEAD):
             self._submit(epoch, ahead)
-        return tuple(inputs)
+        if self.train:
+            return read.payloads, read.roi_start, read.roi_end, read.mirror
+        return (read.payloads,)
 
     # -- positioning -----------------------------------------------------------------------
     def _discard_pipeline(self) -> None:
@@ -371,7 +338,7 @@ class DaliLoader(BaseLoader):
             for record, payload in zip(batch.records.tolist(), batch.payloads):
                 pipe = pipe or probe_pipe()
                 try:
-                    pipe.run(jpegs=[np.frombuffer(payload, np.uint8)])
+                    pipe.run(jpegs=[payload])
                 except RuntimeError as e:
                     found.append((record, f"DALI cannot decode its image ({_dali_reason(e)})"))
                     pipe = None  # a failed pipeline is unusable

@@ -2,8 +2,8 @@
 
 For machines where DALI does not install (macOS, Windows). It reads records with
 dataloaders/records.py, decodes with PIL and applies the DALI pipeline's transforms:
-`transform.augment_pil` seeded with the sample's own seed (the crop box and flip the DALI
-backend gets from dataloaders/augment.py), CLIP normalisation; eval: shorter side resize
+the crop box and flip of the sample's own seed from dataloaders/augment.py (those the
+DALI backend gets) applied with `transform.resize_box_pil`, CLIP normalisation; eval: shorter side resize
 and centre crop. Batches hold the records BaseLoader assigns,
 so both backends deliver the same records, crops and captions.
 
@@ -23,11 +23,12 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from dataloaders.augment import crop_and_flip
 from dataloaders.base import BaseLoader
 from dataloaders.records import BadRecord, RecordReader
 from dataloaders.shards import ShardSet
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
-from src.open_alip.transform import augment_pil
+from src.open_alip.transform import resize_box_pil
 
 __all__ = ["RecordDataset", "TorchLoader"]
 
@@ -55,7 +56,8 @@ class RecordDataset(Dataset):
     def transform(self, img: Image.Image, aug_seed: int) -> torch.Tensor:
         size = self.input_size
         if self.train:
-            img = augment_pil(img, size, np.random.default_rng(aug_seed))
+            *box, mirror = crop_and_flip(img.width, img.height, aug_seed)
+            img = resize_box_pil(img, size, tuple(box), mirror)
         else:
             scale = size / min(img.width, img.height)
             new = (max(size, round(img.width * scale)), max(size, round(img.height * scale)))

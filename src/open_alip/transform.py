@@ -23,11 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .constants import CLIP_MEAN, CLIP_STD
-
-TRAIN_AREA = (0.7, 1.0)
-TRAIN_ASPECT = (0.8, 1.25)
-TRAIN_CROP_ATTEMPTS = 100  # the original's DALI num_attempts
+from .constants import CLIP_MEAN, CLIP_STD, TRAIN_AREA, TRAIN_ASPECT, TRAIN_CROP_ATTEMPTS
 
 
 def resized_size(width: int, height: int, size: int) -> tuple[int, int]:
@@ -101,10 +97,13 @@ def random_resized_box(width: int, height: int, rng: np.random.Generator) -> tup
     return x, y, x + w, y + h
 
 
+def resize_box_pil(img: Image.Image, size: int, box: tuple[int, int, int, int], mirror: bool) -> Image.Image:
+    """`box` (left, top, right, bottom) of `img` resized to size x size (bilinear), then flipped if `mirror`."""
+    img = img.resize((size, size), Image.BILINEAR, box=box)
+    return img.transpose(Image.FLIP_LEFT_RIGHT) if mirror else img
+
+
 def augment_pil(img: Image.Image, size: int, rng: np.random.Generator) -> Image.Image:
     """The training augmentation of one RGB image: random resized crop (bilinear) and flip."""
     box = random_resized_box(img.width, img.height, rng)
-    img = img.resize((size, size), Image.BILINEAR, box=box)
-    if rng.random() < 0.5:
-        img = img.transpose(Image.FLIP_LEFT_RIGHT)
-    return img
+    return resize_box_pil(img, size, box, bool(rng.random() < 0.5))

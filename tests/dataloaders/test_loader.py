@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from dataloaders.augment import crop_and_flip
+from dataloaders.augment import crop_and_flip, crops_and_flips
 from dataloaders.base import BadRecordLimitError, select_captions, shard_range
 from dataloaders.imagenet import (
     DEVICE_MEMORY_PADDING,
@@ -25,7 +25,6 @@ from dataloaders.imagenet import (
 )
 from dataloaders.shards import ShardError, load_shards, resolve_shards
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
-from src.open_alip.transform import random_resized_box
 from tests._loader_helpers import caption_index, caption_tokens, record_colour, record_id, write_shard
 
 S = 32  # input size: small keeps the CPU pipelines fast
@@ -249,19 +248,35 @@ def test_backends_deliver_the_same_records_crops_and_captions(tmp_path, cache):
         assert float((a - b).abs().mean()) < 0.01
 
 
-def test_crop_and_flip_are_the_fallbacks_draws_with_100_attempts():
+def test_batch_crops_are_each_samples_own_draws_with_the_crop_semantics():
     rng = np.random.default_rng(0)
-    for seed in rng.integers(0, 2**63 - 1, 200).tolist():
-        width, height = int(rng.integers(20, 800)), int(rng.integers(20, 800))
-        left, top, right, bottom, mirror = crop_and_flip(width, height, seed)
-        # The draws of transform.augment_pil, which the PyTorch fallback applies with the same seed.
-        same = np.random.default_rng(seed)
-        assert (left, top, right, bottom) == random_resized_box(width, height, same)
-        assert mirror == (same.random() < 0.5)
-        assert 0 <= left < right <= width and 0 <= top < bottom <= height
+    n = 3000
+    widths, heights = rng.integers(8, 900, n), rng.integers(8, 900, n)
+    seeds = rng.integers(0, 2**63 - 1, n)
+    boxes, mirror = crops_and_flips(widths, heights, seeds)
+    # The PyTorch fallback draws one sample at a time (crop_and_flip): the same bits.
+    assert all((*boxes[i].tolist(), bool(mirror[i])) == crop_and_flip(int(widths[i]), int(heights[i]), int(seeds[i]))
+               for i in range(n))
+    # A sample's draws do not depend on its batch: reordered and cut, the same boxes.
+    order = rng.permutation(n)[:500]
+    again, flips = crops_and_flips(widths[order], heights[order], seeds[order])
+    assert np.array_equal(again, boxes[order]) and np.array_equal(flips, mirror[order])
+    left, top, right, bottom = boxes.T
+    w, h = right - left, bottom - top
+    assert (left >= 0).all() and (top >= 0).all() and (right <= widths).all() and (bottom <= heights).all()
+    assert (w > 0).all() and (h > 0).all()
+    # An attempt that fits keeps 70-100% of the area at aspect 0.8-1.25 (up to the rounding of w
+    # and h); only the centred fallback, for images too elongated for any attempt, keeps less.
+    share, aspect = w * h / (widths * heights), w / h
+    fallback = (left == (widths - w) // 2) & (top == (heights - h) // 2) & ((w == widths) | (h == heights))
+    drawn = ~fallback
+    assert (share[drawn] >= 0.7 * (1 - 4 / np.minimum(w, h)[drawn])).all() and (share <= 1).all()
+    assert (np.abs(np.log(aspect[drawn])) <= np.log(1.25) + 2 / np.minimum(w, h)[drawn]).all()
+    assert 0.45 < mirror.mean() < 0.55
     # 100 attempts, as the original's DALI crop: a 4:3 photo practically never falls back to the
-    # centred crop, which 10 attempts gave 180 of these 3000 seeds.
-    assert sum(crop_and_flip(500, 375, s)[:4] == (15, 0, 484, 375) for s in range(3000)) == 0
+    # centred crop (10 attempts gave it to 180 of 3000 seeds).
+    boxes, _ = crops_and_flips(np.full(3000, 500), np.full(3000, 375), np.arange(3000))
+    assert not (boxes == (15, 0, 484, 375)).all(axis=1).any()
 
 
 # -- records that cannot be read or decoded -----------------------------------------------
@@ -492,3 +507,4 @@ def test_gpu_pipeline_gives_the_cpu_layout_on_the_gpu(tmp_path, shards, cache, c
     caplog.set_level(logging.WARNING, logger="dataloaders")
     bad = make(_bad_shards(tmp_path, "truncated"), cache, train=True, device="cuda", seed=11)
     assert 55 not in ids_of(list(bad)) and bad.bad_records == 1 and len(_skips(caplog)) == 1
+

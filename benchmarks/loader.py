@@ -19,8 +19,9 @@ temporary folder (or to --synthetic-out, kept).
 
 `--reader` times what feeds DALI (dataloaders/read_ahead.py: pread, label check, header
 parse, crop draws) without decoding: the crop draws per sample against per batch, and the
-records/s the reader delivers alone and beside a Python-heavy thread (a stand-in for the
-training loop, which needs the GIL), with how much of its speed that thread keeps.
+records/s delivered to the training process by a reader thread (the old way) and by reader
+processes, each alone and beside a Python-heavy thread (a stand-in for the training loop,
+which needs the GIL), with how much of its speed that thread keeps.
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ def measure(loader, epochs: int) -> tuple[float, float, int]:
         for batch, _tokens in (it if epoch == 0 else loader):
             images += batch.shape[0]
     wall = time.perf_counter() - wall0
+    reader = getattr(loader, "reader", None)
+    if reader is not None:  # the DALI loader's reader processes: reaped, so their CPU time counts
+        reader.close()
     return images / wall, images / (_cpu_seconds() - cpu0), images
 
 
@@ -162,7 +166,7 @@ def _spin(stop: threading.Event, count: list[int]) -> None:
         count[0] += 1
 
 
-def reader_rate(data, cache: Path, batch_size: int, records: int, busy: bool) -> tuple[float, float]:
+def reader_rate(data, cache: Path, workers: int, batch_size: int, records: int, busy: bool) -> tuple[float, float]:
     """(records/s the reader delivers, busy-thread rounds/s) for `records` records in random order."""
     from dataloaders.read_ahead import BatchReader
     from dataloaders.shards import load_shards
@@ -173,20 +177,29 @@ def reader_rate(data, cache: Path, batch_size: int, records: int, busy: bool) ->
     order = np.concatenate([rng.permutation(total) for _ in range(-(-records // total) + 1)])
     seeds = rng.integers(0, 2**63 - 1, len(order))
     batches = [(order[i : i + batch_size], seeds[i : i + batch_size]) for i in range(0, records, batch_size)]
-    reader = BatchReader(shardset)
-    reader.submit(*batches[0], True).result()  # open the files, untimed
+    reader = BatchReader(shardset, workers)
+    first = reader.submit(*batches[0], True)  # start the workers, untimed
+    first.result()
+    reader.release(first)
     stop, count = threading.Event(), [0]
     spinner = threading.Thread(target=_spin, args=(stop, count), daemon=True)
     if busy:
         spinner.start()
     pending: deque = deque()
     start, delivered = time.perf_counter(), 0
-    for batch in batches:  # the loader's read-ahead: two batches in flight
+
+    def take() -> int:
+        handle = pending.popleft()
+        n = len(handle.result().payloads)
+        reader.release(handle)
+        return n
+
+    for batch in batches:  # the loader's read-ahead: a batch per worker plus one in flight
         pending.append(reader.submit(*batch, True))
-        if len(pending) >= 2:
-            delivered += len(pending.popleft().result().payloads)
+        if len(pending) > max(2, workers + 1):
+            delivered += take()
     while pending:
-        delivered += len(pending.popleft().result().payloads)
+        delivered += take()
     elapsed = time.perf_counter() - start
     stop.set()
     if busy:
@@ -197,8 +210,21 @@ def reader_rate(data, cache: Path, batch_size: int, records: int, busy: bool) ->
 
 def crop_draw_costs(batch_size: int, batches: int = 20) -> tuple[float, float]:
     """(us per sample with a Generator per sample (the earlier way), us per sample drawn per batch)."""
-    from dataloaders.augment import crops_and_flips
-    from src.open_alip.transform import random_resized_box
+    from src.open_alip.constants import TRAIN_AREA, TRAIN_ASPECT, TRAIN_CROP_ATTEMPTS
+    from src.open_alip.crops import crops_and_flips
+
+    def generator_draw(width: int, height: int, seed: int) -> None:
+        """The earlier way: a numpy Generator per sample, the same crop rule."""
+        g = np.random.default_rng(seed)
+        lo, hi = np.log(TRAIN_ASPECT[0]), np.log(TRAIN_ASPECT[1])
+        for _ in range(TRAIN_CROP_ATTEMPTS):
+            target = width * height * g.uniform(*TRAIN_AREA)
+            aspect = np.exp(g.uniform(lo, hi))
+            w, h = round(np.sqrt(target * aspect)), round(np.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                g.integers(0, width - w + 1), g.integers(0, height - h + 1)
+                break
+        g.random()
 
     rng = np.random.default_rng(0)
     n = batch_size * batches
@@ -206,9 +232,7 @@ def crop_draw_costs(batch_size: int, batches: int = 20) -> tuple[float, float]:
     seeds = rng.integers(0, 2**63 - 1, n)
     start = time.perf_counter()
     for w, h, seed in zip(widths.tolist(), heights.tolist(), seeds.tolist()):
-        g = np.random.default_rng(seed)
-        random_resized_box(w, h, g)
-        g.random()
+        generator_draw(w, h, seed)
     per_sample = (time.perf_counter() - start) / n * 1e6
     start = time.perf_counter()
     for i in range(0, n, batch_size):
@@ -228,19 +252,28 @@ def reader_report(data, cache: Path, args: argparse.Namespace) -> None:
     stop.set()
     spinner.join()
     alone = count[0] / (time.perf_counter() - start)
-    rates: dict[bool, list[float]] = {False: [], True: []}
-    kept: list[float] = []
+    rates: dict[tuple[int, bool], list[float]] = {}
+    kept: dict[int, list[float]] = {}
+    ways = (0, args.reader_workers)
     for _ in range(args.repeats):
-        for busy in (False, True):
-            rate, spins = reader_rate(data, cache, args.batch_size, args.reader_records, busy)
-            rates[busy].append(rate)
-            note = f", the busy thread keeps {spins / alone:.0%} of its speed" if busy else ""
-            kept += [spins / alone] if busy else []
-            print(f"reader {'beside a busy thread' if busy else 'alone':>21}: {rate:9,.0f} records/s{note}", flush=True)
-    quiet, loud = (float(np.median(rates[b])) for b in (False, True))
-    print(f"median records/s: alone {quiet:,.0f}, beside a busy Python thread {loud:,.0f} "
-          f"(ratio {loud / quiet:.2f}; the busy thread keeps {np.median(kept):.0%}); goal >= 12,000 beside it "
-          f"(batch {args.batch_size}, {args.reader_records} records per run)")
+        for workers in ways:
+            for busy in (False, True):
+                rate, spins = reader_rate(data, cache, workers, args.batch_size, args.reader_records, busy)
+                rates.setdefault((workers, busy), []).append(rate)
+                note = ""
+                if busy:
+                    kept.setdefault(workers, []).append(spins / alone)
+                    note = f", the busy thread keeps {spins / alone:.0%} of its speed"
+                name = "a thread" if not workers else f"{workers} processes"
+                print(f"reader in {name:>11}, {'beside a busy thread' if busy else 'alone':>20}: "
+                      f"{rate:9,.0f} records/s{note}", flush=True)
+    med = {k: float(np.median(v)) for k, v in rates.items()}
+    w = args.reader_workers
+    print(f"median records/s beside a busy Python thread: in a thread {med[(0, True)]:,.0f} (keeps "
+          f"{np.median(kept[0]):.0%}), in {w} processes {med[(w, True)]:,.0f} (keeps {np.median(kept[w]):.0%}); "
+          f"ratio processes / thread: {med[(w, True)] / med[(0, True)]:.1f}x; alone: {med[(0, False)]:,.0f} and "
+          f"{med[(w, False)]:,.0f}; goal >= 12,000 beside it (batch {args.batch_size}, {args.reader_records} "
+          "records per run)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also run dali.py on the same shards (same batch, workers, images) and compare its rate")
     p.add_argument("--synthetic-out", metavar="DIR", help="write the synthetic shards here and keep them")
     p.add_argument("--reader", action="store_true",
-                   help="time only the record reader (no decoding), alone and beside a busy Python thread")
+                   help="time only the record reader (no decoding), in a thread vs processes, alone and beside a busy thread")
+    p.add_argument("--reader-workers", type=int, default=2, help="reader processes for --reader (default 2)")
     p.add_argument("--reader-records", type=int, default=20000, help="records read per --reader run (default 20000)")
     args = p.parse_args(argv)
 

@@ -9,10 +9,10 @@ sample, drawn uniformly among its non-empty ones) or [B, K, 77] with
 GPU) and a pure-PyTorch fallback (`dataloaders.torch_loader`) for machines where
 DALI does not install.
 
-How the DALI backend is fed. The loader reads the records itself, batches ahead in a
-thread (dataloaders/read_ahead.py), and hands
+How the DALI backend is fed. The loader reads the records itself, batches ahead in
+processes of its own, off the training thread's GIL (dataloaders/read_ahead.py), and hands
 DALI the encoded images through an external source, with each sample's crop box and flip
-(dataloaders/augment.py: the PyTorch fallback's draws); DALI decodes, crops and resizes in
+(src/open_alip/crops.py: the PyTorch fallback's draws); DALI decodes, crops and resizes in
 one `resize` with a region of interest, flips and normalises. Nothing random runs inside DALI, which gives:
 
 - one pipeline for the whole run, kept across epochs (each epoch only resets it);
@@ -55,7 +55,7 @@ from dataloaders.base import (
     dist_env,
     select_captions,
 )
-from dataloaders.read_ahead import BatchReader
+from dataloaders.read_ahead import BatchReader, ReaderDiedError
 from dataloaders.records import probe_shards
 from dataloaders.shards import load_shards
 from dataloaders.torch_loader import TorchLoader
@@ -74,7 +74,19 @@ PREFETCH_DEPTH = 3
 # Share of JPEG work given to the GPU's hardware decoder (A100, H100, H200 have one; elsewhere the
 # setting is ignored). DALI's own tuning for A100; measure with benchmarks/gpu.py before changing.
 HW_DECODER_LOAD = 0.65
-READ_AHEAD = 2  # batches read (from disk, in a thread) before DALI asks for them
+READ_AHEAD = 2  # batches read (from disk, by the reader processes) before DALI asks for them
+# Processes reading records for each loader (dataloaders/read_ahead.py); 0 reads in a thread of
+# the training process, which then shares the GIL with the training loop. Processes pay off where
+# each rank has cores to spare for them; on a small machine they only add copies and switches.
+READER_WORKERS = 2
+READER_MIN_CORES = 4  # per process on the node (torchrun's LOCAL_WORLD_SIZE) for "auto" to use them
+
+
+def auto_reader_workers() -> int:
+    """READER_WORKERS where each local process has READER_MIN_CORES cores or more, else 0."""
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return READER_WORKERS if cores // local >= READER_MIN_CORES else 0
 
 
 _ABANDONED: list = []  # DALI pipeline backends a forked child must never shut down
@@ -113,6 +125,7 @@ class _Batch:
     records: np.ndarray
     labels: np.ndarray  # float32 [n, K*77], padded with empty captions
     payloads: list[np.ndarray]  # kept to find an undecodable image after a failure
+    read: Any = None  # the reader's handle: its buffer is free again once the batch is delivered
 
 
 class _Source:
@@ -138,9 +151,12 @@ class DaliLoader(BaseLoader):
 
     backend = "dali"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, reader_workers: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.reader = BatchReader(self.shardset)
+        workers = auto_reader_workers() if reader_workers is None else reader_workers
+        self.reader = BatchReader(self.shardset, workers)
+        # Stop the reader processes when the loader goes (the finalizer holds the reader, not the loader).
+        weakref.finalize(self, self.reader.close)
         self._pipe = None
         self._pipe_dirty = False  # scheduled since it was built or last reset
         self._fed: deque[_Batch] = deque()  # handed to DALI, not yet delivered
@@ -230,17 +246,19 @@ class DaliLoader(BaseLoader):
         if self._feed_stop or batch >= self.batches_in(epoch):
             raise StopIteration
         while True:
-            read = self._submit(epoch, batch).result()
+            handle = self._submit(epoch, batch)
+            read = handle.result()
             self._ahead.pop((epoch, batch, self.bad_records), None)
             if not read.bad:
                 break
             # Unreadable records: leave them out; this batch and all later ones change.
-            self._ahead.clear()
+            self.reader.release(handle)
+            self._drop_ahead()
             for record, reason in read.bad:
                 self.skip(record, reason)
             if batch >= self.batches_in(epoch):
                 raise StopIteration
-        self._fed.append(_Batch(epoch, batch, self.batch_items(epoch, batch)[0], read.labels, read.payloads))
+        self._fed.append(_Batch(epoch, batch, self.batch_items(epoch, batch)[0], read.labels, read.payloads, handle))
         self._feed_at = (epoch, batch + 1)
         for ahead in range(batch + 1, batch + 1 + READ_AHEAD):
             self._submit(epoch, ahead)
@@ -249,9 +267,18 @@ class DaliLoader(BaseLoader):
         return (read.payloads,)
 
     # -- positioning -----------------------------------------------------------------------
+    def _forget_fed(self) -> None:
+        while self._fed:
+            self.reader.release(self._fed.popleft().read)
+
+    def _drop_ahead(self) -> None:
+        for handle in self._ahead.values():
+            self.reader.release(handle)
+        self._ahead.clear()
+
     def _discard_pipeline(self) -> None:
         self._pipe, self._pipe_dirty = None, False
-        self._fed.clear()
+        self._forget_fed()
 
     def _settle(self) -> None:
         """Bring a used pipeline back to an epoch start: deliver (and drop) what is in flight, reset."""
@@ -264,7 +291,7 @@ class DaliLoader(BaseLoader):
                 self._pipe.outputs()
             self._pipe.reset()
             self._pipe_dirty = False
-            self._fed.clear()
+            self._forget_fed()
         except Exception:  # a bad record in a dropped batch, say: a new pipeline is cheaper than care
             self._discard_pipeline()
         finally:
@@ -277,7 +304,7 @@ class DaliLoader(BaseLoader):
 
     def _drop_iterator(self) -> None:
         super()._drop_iterator()
-        self._ahead.clear()
+        self._drop_ahead()
 
     # -- iteration -------------------------------------------------------------------------
     def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,15 +317,18 @@ class DaliLoader(BaseLoader):
                 self._pipe_dirty = True
                 self._pipe.schedule_run()
                 out = self._pipe.outputs()
-            except (BadRecordLimitError, KeyboardInterrupt):
+            except (BadRecordLimitError, ReaderDiedError, KeyboardInterrupt):
                 self._discard_pipeline()
                 raise
             except RuntimeError:
                 # DALI stops the whole pipeline for one undecodable image and does not say which.
                 suspects = list(self._fed)
+                self._fed.clear()  # their buffers are released once the suspects are checked
                 self._discard_pipeline()
-                self._ahead.clear()
+                self._drop_ahead()
                 bad = self._find_undecodable(suspects)
+                for entry in suspects:
+                    self.reader.release(entry.read)
                 if not bad:
                     raise
                 for record, reason in bad:
@@ -308,6 +338,7 @@ class DaliLoader(BaseLoader):
                 self._feed_at = (self.epoch, self.batch)
                 continue
             entry = self._fed.popleft()
+            self.reader.release(entry.read)  # DALI copied its images when the source returned
             if (entry.epoch, entry.index) != (self.epoch, self.batch):  # a bookkeeping bug, never data
                 raise RuntimeError(f"DALI delivered batch {entry.index} of epoch {entry.epoch}, "
                                    f"expected {self.batch} of {self.epoch}")
@@ -369,6 +400,7 @@ def build_loader(
     drop_last: bool | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     max_bad_records: int = DEFAULT_MAX_BAD_RECORDS,
+    reader_workers: int | None = None,
 ) -> BaseLoader:
     """A loader over the shards named by `data` (prefix, .rec, folder, glob, or a list).
 
@@ -376,7 +408,9 @@ def build_loader(
     shards whose first or last record is not an image-caption record (classification
     records, captions of another context length, an index that belongs to another .rec).
     A record that cannot be read or decoded later is skipped and named once; more than
-    `max_bad_records` of them raise `BadRecordLimitError`. Building is cheap: shards are
+    `max_bad_records` of them raise `BadRecordLimitError`. The DALI backend reads records in
+    `reader_workers` processes (0: a thread of this process; None: `auto_reader_workers()`).
+    Building is cheap: shards are
     indexed (or the cached index is read) and probed, but no pipeline or worker starts
     before the first iteration.
     """
@@ -389,4 +423,4 @@ def build_loader(
             rank, world_size, seed, all_captions, train if drop_last is None else drop_last, max_bad_records)
     if backend == "torch":
         return TorchLoader(*args)
-    return DaliLoader(*args)
+    return DaliLoader(*args, reader_workers=reader_workers)

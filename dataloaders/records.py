@@ -109,7 +109,10 @@ class RecordReader:
         self._local.fds = OrderedDict()
 
     def read(self, record: int) -> tuple[np.ndarray, bytes]:
-        shard, offset, end = self.shardset.span(record)
+        return self.read_span(*self.shardset.span(record))
+
+    def read_span(self, shard: int, offset: int, end: int) -> tuple[np.ndarray, bytes]:
+        """The record in bytes [offset, end) of shard number `shard` (`ShardSet.span`)."""
         try:
             buf = os.pread(self._fd(shard), end - offset, offset)
         except OSError as e:

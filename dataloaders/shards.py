@@ -177,6 +177,20 @@ class ShardSet:
         end = int(self.offsets[record + 1]) if record + 1 < self.starts[shard + 1] else int(self.sizes[shard])
         return shard, int(self.offsets[record]), end
 
+    def spans(self, records: np.ndarray) -> np.ndarray:
+        """`span` of many records at once: int64 [n, 3] of (shard number, first byte, end byte)."""
+        records = np.asarray(records, np.int64)
+        shard = np.searchsorted(self.starts, records, side="right") - 1
+        following = np.minimum(records + 1, len(self.offsets) - 1)
+        last = records + 1 >= self.starts[shard + 1]
+        end = np.where(last, self.sizes[shard], self.offsets[following])
+        return np.stack([shard, self.offsets[records], end], axis=1).astype(np.int64)
+
+    def without_records(self) -> ShardSet:
+        """The shards without the per-record arrays (what reading a known span needs; cheap to pickle)."""
+        empty = np.empty(0, np.int64)
+        return ShardSet(self.shards, self.counts, empty, empty, self.sizes)
+
 
 def _cache_key(shards: list[Shard]) -> str:
     parts = []

@@ -2,7 +2,7 @@
 
 For machines where DALI does not install (macOS, Windows). It reads records with
 dataloaders/records.py, decodes with PIL and applies the DALI pipeline's transforms:
-the crop box and flip of the sample's own seed from dataloaders/augment.py (those the
+the crop box and flip of the sample's own seed from src/open_alip/crops.py (those the
 DALI backend gets) applied with `transform.resize_box_pil`, CLIP normalisation; eval: shorter side resize
 and centre crop. Batches hold the records BaseLoader assigns,
 so both backends deliver the same records, crops and captions.
@@ -23,11 +23,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from dataloaders.augment import crop_and_flip
 from dataloaders.base import BaseLoader
 from dataloaders.records import BadRecord, RecordReader
 from dataloaders.shards import ShardSet
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
+from src.open_alip.crops import crop_and_flip
 from src.open_alip.transform import resize_box_pil
 
 __all__ = ["RecordDataset", "TorchLoader"]

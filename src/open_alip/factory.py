@@ -86,18 +86,20 @@ class TrainTransform:
     """PIL image -> float32 [3, S, S]: random resized crop (area 0.7-1, aspect 0.8-1.25), flip with
     p=0.5, CLIP normalisation: the PyTorch training loader's augmentation.
 
-    Without `rng`, each call draws its numpy seed from torch's global generator, so
-    `torch.manual_seed` and DataLoader's per-worker seeding make runs repeatable, as with
+    `seed` gives the crop and flip the training loaders give a sample with that augmentation
+    seed. Without it, each call draws its seed from `rng`, else from torch's global generator,
+    so `torch.manual_seed` and DataLoader's per-worker seeding make runs repeatable, as with
     torchvision's transforms.
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
 
-    def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
-        if rng is None:
-            rng = np.random.default_rng(int(torch.randint(0, 2**63 - 1, (1,)).item()))
-        img = augment_pil(img.convert("RGB"), self.size, rng)
+    def __call__(self, img: Image.Image, rng: np.random.Generator | None = None, seed: int | None = None
+                 ) -> torch.Tensor:
+        if seed is None:
+            seed = int(rng.integers(0, 2**63 - 1)) if rng is not None else int(torch.randint(0, 2**63 - 1, (1,)).item())
+        img = augment_pil(img.convert("RGB"), self.size, seed)
         pixels = (np.asarray(img, dtype=np.float32) - _MEAN_255) / _STD_255
         return torch.from_numpy(pixels.transpose(2, 0, 1).copy())
 

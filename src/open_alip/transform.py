@@ -17,13 +17,12 @@ tokenizer stays light.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from PIL import Image
 
-from .constants import CLIP_MEAN, CLIP_STD, TRAIN_AREA, TRAIN_ASPECT, TRAIN_CROP_ATTEMPTS
+from .constants import CLIP_MEAN, CLIP_STD
+from .crops import crop_and_flip
 
 
 def resized_size(width: int, height: int, size: int) -> tuple[int, int]:
@@ -76,34 +75,13 @@ def preprocess_tensor(image: torch.Tensor, size: int) -> torch.Tensor:
     return normalize(x / 255.0)
 
 
-def random_resized_box(width: int, height: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
-    """(left, top, right, bottom) of a random training crop (area and aspect ranges above)."""
-    area = width * height
-    log_lo, log_hi = math.log(TRAIN_ASPECT[0]), math.log(TRAIN_ASPECT[1])
-    for _ in range(TRAIN_CROP_ATTEMPTS):
-        target = area * rng.uniform(*TRAIN_AREA)
-        aspect = math.exp(rng.uniform(log_lo, log_hi))
-        w = round(math.sqrt(target * aspect))
-        h = round(math.sqrt(target / aspect))
-        if 0 < w <= width and 0 < h <= height:
-            x = int(rng.integers(0, width - w + 1))
-            y = int(rng.integers(0, height - h + 1))
-            return x, y, x + w, y + h
-    # No draw fitted (a very elongated image): the largest centred crop within the aspect range.
-    aspect = min(max(width / height, TRAIN_ASPECT[0]), TRAIN_ASPECT[1])
-    w = min(width, round(height * aspect))
-    h = min(height, round(width / aspect))
-    x, y = (width - w) // 2, (height - h) // 2
-    return x, y, x + w, y + h
-
-
 def resize_box_pil(img: Image.Image, size: int, box: tuple[int, int, int, int], mirror: bool) -> Image.Image:
     """`box` (left, top, right, bottom) of `img` resized to size x size (bilinear), then flipped if `mirror`."""
     img = img.resize((size, size), Image.BILINEAR, box=box)
     return img.transpose(Image.FLIP_LEFT_RIGHT) if mirror else img
 
 
-def augment_pil(img: Image.Image, size: int, rng: np.random.Generator) -> Image.Image:
-    """The training augmentation of one RGB image: random resized crop (bilinear) and flip."""
-    box = random_resized_box(img.width, img.height, rng)
-    return resize_box_pil(img, size, box, bool(rng.random() < 0.5))
+def augment_pil(img: Image.Image, size: int, seed: int) -> Image.Image:
+    """The training augmentation of one RGB image (crops.py: random resized crop and flip), bilinear."""
+    *box, mirror = crop_and_flip(img.width, img.height, seed)
+    return resize_box_pil(img, size, tuple(box), mirror)

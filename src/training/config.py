@@ -139,6 +139,10 @@ class TrainConfig:
         help="samples per epoch; checked against the records (default: all records)")
     workers: int = setting(4, group=DATA, check=AT_LEAST_1, help="loader threads per process")
     data_backend: str = setting("dali", group=DATA, choices=("dali", "torch"), help="loader implementation")
+    reader_workers: int | None = setting(
+        None, group=DATA, metavar="N", check=NOT_NEGATIVE,
+        help="processes per rank reading records for the DALI loader, off the training thread's GIL; 0 reads "
+             "in a thread (default: 2 where each local process has 4 or more cores, else 0)")
     max_bad_records: int = setting(
         DEFAULT_MAX_BAD_RECORDS, group=DATA, metavar="N", check=NOT_NEGATIVE,
         help="records the loader may skip as undecodable (each is named once in the log and counted in the "

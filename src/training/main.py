@@ -234,6 +234,7 @@ def _build_loader(cfg: TrainConfig, plan: BatchPlan, env: DistEnv):
         all_captions=False,
         drop_last=True,
         max_bad_records=cfg.max_bad_records,
+        reader_workers=cfg.reader_workers,
     )
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/loader.py --reader: the reader's figures beside a busy thread come out and add up."""
+"""benchmarks/loader.py --reader: the reader's figures, in a thread and in processes, come out and add up."""
 
 from __future__ import annotations
 
@@ -14,8 +14,16 @@ def test_reader_mode_prints_crop_costs_and_rates_alone_and_beside_a_busy_thread(
     old, new, ratio = re.search(r"crop draws: ([0-9.]+) us/sample .* ([0-9.]+) us/sample drawn per batch of 32; "
                                 r"ratio ([0-9.]+)x", out).groups()
     assert float(old) > 0 and float(new) > 0 and abs(float(old) / float(new) - float(ratio)) < 0.1
-    alone, busy = (float(re.search(rf"reader\s+{what}:\s+([0-9,]+) records/s", out).group(1).replace(",", ""))
-                   for what in ("alone", "beside a busy thread"))
-    assert alone > 0 and busy > 0
-    assert re.search(r"the busy thread keeps \d+% of its speed", out)
-    assert "median records/s: alone" in out and "goal >= 12,000 beside it" in out
+    rates = {}
+    for way in ("a thread", "2 processes"):
+        for what in ("alone", "beside a busy thread"):
+            found = re.search(rf"reader in\s+{way}, \s*{what}:\s+([0-9,]+) records/s", out)
+            rates[way, what] = float(found.group(1).replace(",", ""))
+    assert all(rate > 0 for rate in rates.values())
+    assert len(re.findall(r"the busy thread keeps \d+% of its speed", out)) == 2
+    summary = re.search(r"beside a busy Python thread: in a thread ([0-9,]+) .* in 2 processes ([0-9,]+) .*"
+                        r"ratio processes / thread: ([0-9.]+)x", out)
+    thread, procs, ratio = (float(g.replace(",", "")) for g in summary.groups())
+    assert (thread, procs) == (rates["a thread", "beside a busy thread"], rates["2 processes", "beside a busy thread"])
+    assert abs(procs / thread - ratio) < 0.06 * ratio + 0.05
+    assert "goal >= 12,000 beside it" in out

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from dataloaders.augment import crop_and_flip, crops_and_flips
 from dataloaders.base import BadRecordLimitError, select_captions, shard_range
 from dataloaders.imagenet import (
     DEVICE_MEMORY_PADDING,
@@ -23,8 +22,10 @@ from dataloaders.imagenet import (
     DaliLoader,
     build_loader,
 )
+from dataloaders.read_ahead import ReaderDiedError
 from dataloaders.shards import ShardError, load_shards, resolve_shards
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
+from src.open_alip.crops import crop_and_flip, crops_and_flips
 from tests._loader_helpers import caption_index, caption_tokens, record_colour, record_id, write_shard
 
 S = 32  # input size: small keeps the CPU pipelines fast
@@ -508,3 +509,41 @@ def test_gpu_pipeline_gives_the_cpu_layout_on_the_gpu(tmp_path, shards, cache, c
     bad = make(_bad_shards(tmp_path, "truncated"), cache, train=True, device="cuda", seed=11)
     assert 55 not in ids_of(list(bad)) and bad.bad_records == 1 and len(_skips(caplog)) == 1
 
+
+
+# -- the reader processes of the DALI backend -----------------------------------------------
+
+
+def _gone(pids: list[int], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_reader_processes_give_the_in_thread_readers_batches_and_stop_with_the_loader(shards, cache):
+    runs = {}
+    for workers in (0, 2):
+        loader = make(shards, cache, train=True, seed=3, reader_workers=workers)
+        runs[workers] = [(im.clone(), tok.clone()) for _ in range(2) for im, tok in loader]  # two epochs
+        pids = loader.reader.pids()
+        assert len(pids) == workers and all(Path(f"/proc/{pid}").exists() for pid in pids)
+        del loader
+        gc.collect()
+        assert _gone(pids), f"reader processes {pids} outlived their loader"
+    assert len(runs[0]) == len(runs[2]) == 20
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(runs[0], runs[2]))
+
+
+def test_a_killed_reader_process_stops_the_loader_with_one_line(shards, cache):
+    loader = make(shards, cache, train=True, reader_workers=1)
+    it = iter(loader)
+    next(it)
+    (pid,) = loader.reader.pids()
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ReaderDiedError, match=r"ended unexpectedly \(exit code -9; killed.*--resume latest"):
+        for _ in range(len(loader)):
+            next(it)
+    assert loader.reader.pids() == []

@@ -1,18 +1,20 @@
-"""The training crop and flip of a batch of samples, each drawn from the sample's own seed.
+"""The training crop and flip of an image, drawn from the sample's own seed, one or a batch at once.
 
-Both backends take the crop box and the flip from `crops_and_flips`: the DALI pipeline
-receives them as inputs (nothing random runs inside DALI) and the PyTorch fallback applies
-them with PIL (`transform.resize_box_pil`). A sample's augmentation is a pure function of
-(its seed, its image size): the same on both backends, on any number of threads or worker
-processes, after a resume, and after a skipped record shifts the samples behind it into
-other batches.
+A random resized crop: area share uniform in TRAIN_AREA and log-aspect uniform in
+TRAIN_ASPECT, up to TRAIN_CROP_ATTEMPTS tries, then the largest centred crop within the
+aspect range; then a flip with probability 1/2. Every user takes the box and the flip from
+here: the DALI loader receives them as pipeline inputs (nothing random runs inside DALI),
+the PyTorch loader and `transform.augment_pil` (the model's `preprocess_train`) apply them
+with PIL. A sample's augmentation is thus a pure function of (its seed, its image size):
+the same on both loader backends and in `preprocess_train`, on any number of threads or
+worker processes, after a resume, and after a skipped record moves the samples behind it
+into other batches.
 
-The draws are those of `transform.random_resized_box` (area share and log-aspect uniform,
-up to TRAIN_CROP_ATTEMPTS tries, then the largest centred crop in the aspect range) made
-for a whole batch at once: a `numpy.random.Generator` per sample costs about 33 us, more
-than reading the record, and the loader reads 4,000+ records/s per GPU. The uniforms come
-from a counter-based hash of (seed, draw number), so sample i's draws never depend on the
-other samples of its batch.
+The uniforms come from a counter-based hash of (seed, draw number), so a sample's draws do
+not depend on the rest of its batch, and a batch is drawn with numpy in one go: a
+`numpy.random.Generator` per sample cost about 33 us, more than reading the record, at
+4,000+ records/s per GPU. `crop_and_flip` draws one sample with Python numbers, bit for bit
+the same. This module imports numpy only (the loader's reader processes import it).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import math
 
 import numpy as np
 
-from src.open_alip.constants import TRAIN_AREA, TRAIN_ASPECT, TRAIN_CROP_ATTEMPTS
+from .constants import TRAIN_AREA, TRAIN_ASPECT, TRAIN_CROP_ATTEMPTS
 
 __all__ = ["crop_and_flip", "crops_and_flips", "uniforms"]
 

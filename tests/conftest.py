@@ -54,28 +54,3 @@ def hub_env(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     return tmp_path / "hf_home" / "hub"
-
-
-# The longest test files (by `pytest --durations`), started first: under `make test`'s
-# `-n auto --dist loadfile` a worker takes one file at a time in collection order, and a long
-# file handed out last leaves the other worker idle until it ends.
-_LONGEST_FIRST = (
-    "tests/e2e/test_train_e2e.py",
-    "tests/training/test_cost_model.py",
-    "tests/open_alip/test_wkv_fla.py",
-    "tests/open_alip/test_wkv_bi_triton.py",
-    "tests/e2e/test_demo.py",
-    "tests/training/test_traffic.py",
-    "tests/download/test_download.py",
-    "tests/e2e/test_guide.py",
-    "tests/evaluation/test_eval_weights_and_bad_images.py",
-    "tests/e2e/test_install_package.py",
-    "tests/open_alip/test_hub_export.py",
-    "tests/benchmarks/test_gpu_benchmark.py",
-)
-
-
-def pytest_collection_modifyitems(session, config, items):
-    order = {name: i for i, name in enumerate(_LONGEST_FIRST)}
-    root = Path(str(config.rootpath))
-    items.sort(key=lambda item: order.get(Path(str(item.path)).relative_to(root).as_posix(), len(order)))

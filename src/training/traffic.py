@@ -251,8 +251,9 @@ _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
 def _short(path: str) -> str | None:
-    """`path` relative to the repository, or None for files outside it and this module's own."""
-    if path in _HERE or not path.startswith(str(_REPO)):
+    """`path` relative to the repository, or None for files outside it, this module's own, and
+    installed packages (a virtual environment inside the repository, such as .venv, holds torch)."""
+    if path in _HERE or not path.startswith(str(_REPO)) or path.startswith(sys.prefix) or "site-packages" in path:
         return None
     return str(Path(path).relative_to(_REPO))
 

@@ -87,6 +87,11 @@ def test_a_training_step_counts_every_class_and_the_wkv_from_its_launch_shapes(i
     assert report.by_line[("wkv", f"wkv {impl} kernels and their copies (analytic)")] == analytic
     image = next(c for c in report.wkv_calls if c.tower == "image")
     assert (image.batch, image.time) == (2, (16 // SMALL["image_patch_size"]) ** 2)
+    # Forward ops are charged to the model's lines, not to torch's frames (a .venv inside the
+    # repository holds torch, and its files once took the forward's bytes).
+    sites = {site for _, site in report.by_line}
+    assert not any("site-packages" in site or site.startswith(".venv") for site in sites), sorted(sites)
+    assert any(site.startswith("src/open_alip/rwkv6.py:") and "backward" not in site for site in sites)
 
 
 def test_the_chunked_wkv_is_counted_at_dispatch_and_the_rest_of_the_step_is_unchanged():

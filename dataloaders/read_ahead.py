@@ -59,6 +59,8 @@ class BatchRead:
     roi_end: np.ndarray | None = None  # float32 [n, 2]
     mirror: np.ndarray | None = None  # int32 [n]
     bad: list[tuple[int, str]] | None = None  # (record, reason) when some could not be read
+    ends: np.ndarray | None = None  # a worker's answer: image i ends at byte ends[i] of its buffer
+    error: str | None = None  # a worker's answer: why it could not hand the batch over
 
 
 def read_batch(reader: RecordReader, records: np.ndarray, seeds: np.ndarray, train: bool,
@@ -114,14 +116,21 @@ def _worker_main(conn, shardset: ShardSet) -> None:
         read = read_batch(reader, records, seeds, train, spans)
         nbytes = 0
         if not read.bad:
-            fd = slots.get(slot)
-            if fd is None:
-                fd = slots[slot] = os.open(slot, os.O_RDWR)
             data = b"".join(read.payloads)
-            os.pwrite(fd, data, 0)
-            nbytes = len(data)
-            read.ends = np.cumsum([len(p) for p in read.payloads], dtype=np.int64)
-            read.payloads = []
+            try:
+                fd = slots.get(slot)
+                if fd is None:
+                    fd = slots[slot] = os.open(slot, os.O_RDWR)
+                done, view = 0, memoryview(data)
+                while done < len(data):  # a short write (the buffer's limit reached) raises on the next try
+                    done += os.pwrite(fd, view[done:], done)
+            except OSError as e:  # a full /dev/shm (containers often give it 64 MB): said, not a crash
+                read = BatchRead(error=f"{len(data) / 1e6:.0f} MB of images could not be written to its "
+                                       f"buffer ({e.strerror})")
+            else:
+                nbytes = len(data)
+                read.ends = np.cumsum([len(p) for p in read.payloads], dtype=np.int64)
+                read.payloads = []
         try:
             conn.send((rid, nbytes, read))
         except (BrokenPipeError, OSError):
@@ -132,8 +141,8 @@ class _Slot:
     """A file in /dev/shm, unlinked at once, that one batch's images are written into."""
 
     def __init__(self) -> None:
-        folder = _SHM if os.path.isdir(_SHM) else None
-        self.file = tempfile.TemporaryFile(dir=folder)
+        self.folder = _SHM if os.path.isdir(_SHM) else tempfile.gettempdir()
+        self.file = tempfile.TemporaryFile(dir=self.folder)
         self.path = f"/proc/{os.getpid()}/fd/{self.file.fileno()}"
 
     def view(self, nbytes: int) -> np.ndarray:
@@ -236,6 +245,12 @@ class BatchReader:
                 continue
             self._done[rid] = (nbytes, read)
         nbytes, read = self._done.pop(pending.rid)
+        if read.error:
+            self.close()
+            raise ReaderDiedError(
+                f"the data loader's record reader: {read.error} in {pending.slot.folder}; give the machine or "
+                "container more shared memory (docker: --shm-size 8g or --ipc=host) or read in the training "
+                "process (--reader-workers 0)")
         if not read.bad:
             data = pending.slot.view(nbytes)
             starts = [0, *read.ends[:-1].tolist()]

@@ -5,6 +5,8 @@ import gc
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,6 +29,7 @@ from dataloaders.shards import ShardError, load_shards, resolve_shards
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
 from src.open_alip.crops import crop_and_flip, crops_and_flips
 from tests._loader_helpers import caption_index, caption_tokens, record_colour, record_id, write_shard
+from tests._repo import REPO
 
 S = 32  # input size: small keeps the CPU pipelines fast
 ALL_IDS = [*range(0, 20), *range(100, 113), *range(200, 207)]
@@ -547,3 +550,27 @@ def test_a_killed_reader_process_stops_the_loader_with_one_line(shards, cache):
         for _ in range(len(loader)):
             next(it)
     assert loader.reader.pids() == []
+
+
+def test_a_full_shared_memory_buffer_stops_the_loader_with_the_fix(shards, cache, tmp_path):
+    # A file-size limit makes the kernel refuse the worker's write with EFBIG, as a full /dev/shm
+    # refuses it with ENOSPC (works without root); the limit is set in a child process only.
+    script = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (256, 256))\n"
+        "from dataloaders.imagenet import build_loader\n"
+        "from dataloaders.read_ahead import ReaderDiedError\n"
+        f"loader = build_loader({str(shards)!r}, 4, input_size=32, device='cpu', num_threads=1, "
+        f"cache_dir={str(cache)!r}, reader_workers=1)\n"
+        "try:\n"
+        "    next(iter(loader))\n"
+        "except ReaderDiedError as e:\n"
+        "    print(e)\n"
+        "    sys.exit(3)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    line = proc.stdout.strip()
+    assert "\n" not in line and "could not be written to its buffer (File too large)" in line
+    assert "--shm-size" in line and "--reader-workers 0" in line

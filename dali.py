@@ -56,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-bad-records", type=int, default=0, metavar="N",
                    help="records that cannot be read or decoded to skip before failing (default 0: any one fails "
                         "the check; train.py skips up to 100)")
+    p.add_argument("--reader-workers", type=int, metavar="N",
+                   help="processes reading records for the DALI loader, as train.py's flag; 0 reads in a thread "
+                        "(default: 2 where each local process has 4 or more cores, else 0)")
     p.add_argument("--cache-dir", metavar="DIR",
                    help="where to cache the record index (default $RWKV_CLIP_CACHE or ~/.cache/rwkv-clip)")
     args = p.parse_args(argv)
@@ -72,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--workers {args.workers}: use 0 to {max_workers()} (4 per usable CPU core here)")
     if args.max_bad_records < 0:
         p.error("--max-bad-records must be 0 or more")
+    if args.reader_workers is not None and args.reader_workers < 0:
+        p.error("--reader-workers must be 0 or more")
     if args.data_dir and not os.path.isdir(args.data_dir):
         p.error(f"--data-dir {args.data_dir}: no such folder")
     if args.save_grid:

@@ -40,6 +40,7 @@ def _build_loader(args: argparse.Namespace):
         seed=args.seed,
         cache_dir=args.cache_dir,
         max_bad_records=args.max_bad_records,
+        reader_workers=args.reader_workers,
     )
 
 

@@ -50,8 +50,8 @@ def test_checks_pass_and_grid_is_written(data, tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
 
 
-def test_eval_and_torch_backend(data, tmp_path, capsys):
-    for extra in (["--eval"], ["--backend", "torch", "--workers", "0"]):
+def test_eval_reader_processes_and_torch_backend(data, tmp_path, capsys):
+    for extra in (["--eval"], ["--reader-workers", "1"], ["--backend", "torch", "--workers", "0"]):
         code, out, err = run_main(
             capsys, "--data", str(data / "s-0"), "--data", str(data / "s-1.rec"), "--batch-size", "6",
             "--steps", "3", "--input-size", "32", "--device", "cpu", "--cache-dir", str(tmp_path / "c"), *extra,

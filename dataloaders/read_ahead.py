@@ -28,6 +28,7 @@ from __future__ import annotations
 import mmap
 import multiprocessing
 import os
+import signal
 import tempfile
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -103,6 +104,10 @@ def read_batch(reader: RecordReader, records: np.ndarray, seeds: np.ndarray, tra
 
 def _worker_main(conn, shardset: ShardSet) -> None:
     """Answer read requests until the pipe closes: (id, slot path, records, seeds, spans, train)."""
+    # Ctrl-C reaches the terminal's whole process group. The training process stops its readers
+    # itself (its KeyboardInterrupt, then `close`); a reader that died of it first would turn the
+    # interrupt into a "reader process ended" error and print a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     reader = RecordReader(shardset)
     slots: dict[str, int] = {}
     while True:

@@ -296,11 +296,15 @@ def _skips(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
 
 
-@pytest.mark.parametrize("backend, kind", [("dali", "truncated"), ("torch", "truncated"), ("torch", "bogus_marker")])
-def test_a_bad_record_is_skipped_once_and_a_resume_never_meets_it(tmp_path, cache, caplog, backend, kind):
+@pytest.mark.parametrize("backend, kind, workers", [
+    ("dali", "truncated", 0), ("dali", "truncated", 1),  # read in a thread / in a reader process
+    ("torch", "truncated", None), ("torch", "bogus_marker", None)])
+def test_a_bad_record_is_skipped_once_and_a_resume_never_meets_it(tmp_path, cache, caplog, backend, kind, workers):
     data = _bad_shards(tmp_path, kind)
     caplog.set_level(logging.WARNING, logger="dataloaders")
     kw = dict(train=True, backend=backend, seed=11, num_threads=1)
+    if workers is not None:
+        kw["reader_workers"] = workers
     first = make(data, cache, **kw)
     first.set_epoch(1)
     batches, states = [], [first.state_dict()]
@@ -574,3 +578,36 @@ def test_a_full_shared_memory_buffer_stops_the_loader_with_the_fix(shards, cache
     line = proc.stdout.strip()
     assert "\n" not in line and "could not be written to its buffer (File too large)" in line
     assert "--shm-size" in line and "--reader-workers 0" in line
+
+
+def test_ctrl_c_stops_the_run_with_one_interrupt_and_no_reader_left(shards, cache):
+    # Ctrl-C signals the terminal's whole process group, the reader processes too: they must leave
+    # the interrupt to the training process (no "reader ended" error, no traceback of their own)
+    # and be gone when it exits.
+    script = (
+        "from dataloaders.imagenet import build_loader\n"
+        f"loader = build_loader({str(shards)!r}, 4, input_size=32, device='cpu', num_threads=1, "
+        f"cache_dir={str(cache)!r}, reader_workers=2)\n"
+        "it = iter(loader)\n"
+        "next(it)\n"
+        "print(*loader.reader.pids(), flush=True)\n"
+        "while True:\n"
+        "    for batch in loader:\n"
+        "        pass\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, proc.stderr.read()[-2000:]
+        time.sleep(0.5)  # inside the loop, batches being read
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0
+    assert err.count("Traceback") == 1 and err.rstrip().endswith("KeyboardInterrupt"), err[-2000:]
+    assert "ReaderDiedError" not in err
+    assert _gone(pids), f"reader processes {pids} outlived the interrupted run"

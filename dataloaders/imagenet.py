@@ -164,6 +164,8 @@ class DaliLoader(BaseLoader):
         self._feed_stop = False
         self._ahead: dict[tuple, Future] = {}
         self.pipelines_built = 0  # how many times a pipeline was built (kept across epochs: 1)
+        # Training decodes only each crop's window on the CPU; `mixed` decodes whole images.
+        self.roi_decode = self.device.type != "cuda"
 
     # -- pipeline --------------------------------------------------------------------------
     def _device_id(self) -> int | None:
@@ -187,6 +189,39 @@ class DaliLoader(BaseLoader):
             args["device"] = "cpu"
         return args
 
+    def _crop_and_resize(self, jpegs, roi_start, roi_end):
+        """The crop box of each image resized to input_size x input_size (bilinear, antialiased).
+
+        Full decode, then a resize whose region of interest is the box: the only way for `mixed`,
+        whose hardware decoder takes whole images. On the CPU (`roi_decode`) the decoder decodes a
+        window only (libjpeg-turbo skips the rows below it and the inverse DCT of the columns
+        beside it): the box in whole pixels, as the stored (y, x) corners round to, plus a margin
+        the resize filter reaches into (it samples around the box, as PIL's `resize(box=...)`
+        does), so the pixels equal a full decode's resized with that box.
+        """
+        from nvidia.dali import fn, types
+        from nvidia.dali import math as dmath
+
+        size = self.input_size
+        if not self.roi_decode:
+            images = fn.decoders.image(jpegs, **self._decoder_args())
+            return fn.resize(images, resize_x=size, resize_y=size, roi_start=roi_start, roi_end=roi_end,
+                             roi_relative=True, interp_type=types.INTERP_LINEAR)
+        shape = fn.peek_image_shape(jpegs, adjust_orientation=False)  # (H, W, C) as stored
+        extent = fn.cast(shape[0:2], dtype=types.FLOAT)
+        top_left = dmath.floor(roi_start * extent + 0.5)
+        bottom_right = dmath.floor(roi_end * extent + 0.5)
+        # The resize filter reaches past the box: half a scale step downscaling (antialiased), one
+        # pixel upscaling; a scale step plus one covers both.
+        margin = dmath.ceil((bottom_right - top_left) / size) + 1
+        low = dmath.max(top_left - margin, 0.0)
+        high = dmath.min(bottom_right + margin, extent)
+        window = fn.decoders.image_slice(jpegs, start=fn.cast(low, dtype=types.INT32),
+                                         end=fn.cast(high, dtype=types.INT32), axis_names="HW",
+                                         **self._decoder_args())
+        return fn.resize(window, resize_x=size, resize_y=size, roi_start=top_left - low,
+                         roi_end=bottom_right - low, roi_relative=False, interp_type=types.INTERP_LINEAR)
+
     def _build_pipeline(self):
         from nvidia.dali import Pipeline, fn, types
 
@@ -205,10 +240,7 @@ class DaliLoader(BaseLoader):
                     source=_Source(self), num_outputs=4, batch=True,
                     dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32], ndim=[1, 1, 1, 0],
                 )
-                images = fn.decoders.image(jpegs, **self._decoder_args())
-                # Crop and resize in one pass: the region of interest is the crop box.
-                images = fn.resize(images, resize_x=size, resize_y=size, roi_start=roi_start, roi_end=roi_end,
-                                   roi_relative=True, interp_type=types.INTERP_LINEAR)
+                images = self._crop_and_resize(jpegs, roi_start, roi_end)
             else:
                 (jpegs,) = fn.external_source(source=_Source(self), num_outputs=1, batch=True,
                                               dtype=[types.UINT8], ndim=[1])

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -28,6 +29,7 @@ from dataloaders.read_ahead import ReaderDiedError
 from dataloaders.shards import ShardError, load_shards, resolve_shards
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
 from src.open_alip.crops import crop_and_flip, crops_and_flips
+from src.recordio import IRHeader, MXIndexedRecordIO, pack
 from tests._loader_helpers import caption_index, caption_tokens, record_colour, record_id, write_shard
 from tests._repo import REPO
 
@@ -250,6 +252,37 @@ def test_backends_deliver_the_same_records_crops_and_captions(tmp_path, cache):
         assert torch.equal(ta, tb)
         # Same crop box and flip per sample; only the decoders' and resamplers' rounding differs.
         assert float((a - b).abs().mean()) < 0.01
+
+
+def _noise_shard(prefix: Path, sizes: list[tuple[int, int]]) -> Path:
+    """One caption per record, images of pure noise: every pixel the resize reads shows."""
+    rng = np.random.default_rng(5)
+    with MXIndexedRecordIO(f"{prefix}.idx", f"{prefix}.rec", "w") as rec:
+        for rid, (w, h) in enumerate(sizes):
+            jpg = cv2.imencode(".jpg", rng.integers(0, 256, (h, w, 3), dtype=np.uint8))[1].tobytes()
+            rec.write_idx(rid, pack(IRHeader(0, caption_tokens(rid, 1).ravel(), rid, 0), jpg))
+    return Path(f"{prefix}.rec")
+
+
+def test_cpu_training_decodes_only_the_crop_window_with_the_full_decodes_pixels(tmp_path, cache):
+    # Crops scaled up (a 20-pixel side to 32) and down (up to 9x): the window's margin must hold
+    # every pixel the resize filter reads around the box, or the crop's border pixels change.
+    sizes = [(20 + 37 * i % 290, 16 + 53 * i % 250) for i in range(24)]
+    _noise_shard(tmp_path / "noise", sizes)
+    window = make(tmp_path / "noise", cache, train=True, batch_size=8, seed=3)
+    full = make(tmp_path / "noise", cache, train=True, batch_size=8, seed=3)
+    full.roi_decode = False  # the `mixed` pipeline's way: whole image, resize's region of interest
+    fallback = make(tmp_path / "noise", cache, train=True, batch_size=8, seed=3, backend="torch")
+    assert window.roi_decode
+    level = 1 / 255 / min(CLIP_STD)  # one grey level after normalisation
+    for (a, ta), (b, tb), (c, tc) in zip(window, full, fallback):
+        assert torch.equal(ta, tb) and torch.equal(ta, tc)
+        # PIL rounds between its two passes, DALI does not: 0.0024 apart on average (measured).
+        assert float((a - c).abs().mean()) < 0.005
+        diff = (a - b).abs()
+        # The window path takes the box in whole pixels, the full decode's region of interest is
+        # float32 relative corners: a pixel where those round apart is one level off, no more.
+        assert float(diff.max()) <= 1.001 * level and float((diff > 0).float().mean()) < 0.01
 
 
 def test_batch_crops_are_each_samples_own_draws_with_the_crop_semantics():

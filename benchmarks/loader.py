@@ -3,7 +3,10 @@
 
 Both loaders read the same shards with the same number of CPU workers (DALI
 threads vs DataLoader processes), apply the training transform (random-resized
-crop, resize, flip, normalise) and pick captions. Each loader's first batch pays
+crop, resize, flip, normalise) and pick captions. The DALI loader runs twice: as
+the CPU backend runs it (decoding only each crop's window) and with whole-image
+decodes (the `mixed` pipeline's way), so the window decode's gain comes from the
+same run. `--stages` times each step of the transform on one thread. Each loader's first batch pays
 for its start-up and is not timed (as in dali.py); the rest of `--epochs` whole
 epochs is, epoch changes included. CPU time (this process and its reaped workers)
 is reported beside wall time, as it is the steadier figure on a machine shared
@@ -104,59 +107,122 @@ def dali_py_rate(data, args: argparse.Namespace, steps: int) -> float:
     return float(found.group(1))
 
 
-def stage_costs(data, input_size: int, batch_size: int, batches: int = 8) -> None:
-    """Images per CPU-second of decode and decode+crop+resize, DALI (one thread) vs PIL."""
+def stage_costs(data, input_size: int, batch_size: int, batches: int = 8, repeats: int = 3) -> None:
+    """Images per CPU-second of each step of the training transform, DALI (one thread) vs PIL.
+
+    Each image gets its crop box as the loaders draw it (src/open_alip/crops.py), and the DALI
+    rows build their crop-and-resize with the loader's own code (`DaliLoader._crop_and_resize`):
+    whole decode + a resize with the box as region of interest (the `mixed` way), or the window
+    decode (`fn.decoders.image_slice`, the CPU way). Steps are timed in turn, `repeats` times;
+    medians are printed.
+    """
     import io
 
     from nvidia.dali import fn, pipeline_def, types
     from PIL import Image
 
-    from dataloaders.shards import load_shards
     from dataloaders.torch_loader import RecordDataset
+    from src.open_alip.constants import CLIP_MEAN, CLIP_STD
+    from src.open_alip.crops import crops_and_flips
+    from src.open_alip.transform import resize_box_pil
 
-    shardset = load_shards(data, cache_dir=Path(tempfile.gettempdir()) / "rwkv-clip-bench-cache")
-    n = min(shardset.total_records, batch_size * batches)
-    payloads = [RecordDataset(shardset, input_size, True).read(i)[1] for i in range(n)]
-    batches_of = [[np.frombuffer(p, np.uint8) for p in payloads[i : i + batch_size]]
-                  for i in range(0, n - batch_size + 1, batch_size)]
+    cache = Path(tempfile.gettempdir()) / "rwkv-clip-bench-cache"
+    loader = build_loader(data, batch_size, input_size=input_size, train=True, device="cpu", cache_dir=cache,
+                          rank=0, world_size=1)
+    reader = RecordDataset(loader.shardset, input_size, True)  # the records, read once up front
+    n = min(loader.shardset.total_records, batch_size * batches) // batch_size * batch_size
+    payloads = [reader.read(i)[1] for i in range(n)]
+    sizes = [Image.open(io.BytesIO(p)).size for p in payloads]
+    widths, heights = np.array([w for w, _ in sizes]), np.array([h for _, h in sizes])
+    boxes, mirror = crops_and_flips(widths, heights, np.arange(n) * 7919 + 1)
+    extent = np.stack([heights, widths], axis=1).astype(np.float64)
+    starts = (boxes[:, [1, 0]] / extent).astype(np.float32)
+    ends = (boxes[:, [3, 2]] / extent).astype(np.float32)
+    feeds = [([np.frombuffer(p, np.uint8) for p in payloads[i : i + batch_size]], list(starts[i : i + batch_size]),
+              list(ends[i : i + batch_size]), list(mirror[i : i + batch_size].astype(np.int32)))
+             for i in range(0, n, batch_size)]
+    mean, std = [m * 255 for m in CLIP_MEAN], [s * 255 for s in CLIP_STD]
 
-    def dali_rate(resize: bool, antialias: bool = True, slice_first: bool = False) -> float:
+    def dali_step(step: str):
+        state = {"at": 0}
+        inputs = 1 if step == "decode" else 4 if step.endswith("normalise") else 3  # what the step uses
+
+        def source():
+            feed = feeds[state["at"] % len(feeds)]
+            state["at"] += 1
+            return feed[:inputs]
+
         @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None, prefetch_queue_depth=1)
         def pipe():
-            jpegs = fn.external_source(name="jpegs", dtype=types.UINT8, ndim=1)
-            if slice_first:  # decode only the crop window (libjpeg-turbo's region decoding), then resize it
-                images = fn.decoders.image_slice(jpegs, rel_start=[0.05, 0.05], rel_end=[0.95, 0.95], axis_names="HW",
-                                                 device="cpu", output_type=types.RGB)
-                return fn.resize(images, resize_x=input_size, resize_y=input_size, antialias=antialias)
-            images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
-            if resize:  # the loader's crop-and-resize: a region of interest of the resize
-                images = fn.resize(images, resize_x=input_size, resize_y=input_size, roi_start=[0.05, 0.05],
-                                   roi_end=[0.95, 0.95], roi_relative=True, antialias=antialias)
+            fed = fn.external_source(source=source, num_outputs=inputs, batch=True,
+                                     dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32][:inputs])
+            jpegs, start, end, flip = (list(fed) + [None] * 3)[:4]
+            if step == "decode":
+                return fn.decoders.image(jpegs, device="cpu", adjust_orientation=False)
+            if step == "window":
+                return fn.decoders.image_slice(jpegs, rel_start=start, rel_end=end, axis_names="HW", device="cpu",
+                                               adjust_orientation=False)
+            if step == "no-antialias":
+                images = fn.decoders.image(jpegs, device="cpu", adjust_orientation=False)
+                return fn.resize(images, resize_x=input_size, resize_y=input_size, roi_start=start, roi_end=end,
+                                 roi_relative=True, antialias=False)
+            loader.roi_decode = step.startswith("window")
+            images = loader._crop_and_resize(jpegs, start, end)
+            if step.endswith("normalise"):
+                images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=mean,
+                                                  std=std, mirror=flip)
             return images
 
         p = pipe()
         p.build()
-        p.run(jpegs=batches_of[0])
-        t = time.process_time()
-        for batch in batches_of:
-            p.run(jpegs=batch)
-        return len(batches_of) * batch_size / (time.process_time() - t)
+        p.run()  # untimed: the first run allocates
 
-    def pil_rate(resize: bool) -> float:
-        t = time.process_time()
-        for b in payloads:
-            with Image.open(io.BytesIO(b)) as img:
-                img = img.convert("RGB")
-                if resize:
-                    w, h = img.size
-                    img.resize((input_size, input_size), Image.BILINEAR, box=(0, 0, int(w * 0.9), int(h * 0.9)))
-        return len(payloads) / (time.process_time() - t)
+        def run() -> float:
+            t = time.process_time()
+            for _ in feeds:
+                p.run()
+            return n / (time.process_time() - t)
 
-    print("stage costs, one thread, images per CPU-second (higher is better):")
-    print(f"  decode                          DALI {dali_rate(False):7.1f}   PIL {pil_rate(False):7.1f}")
-    print(f"  + resize to {input_size:<4d}(antialiased)   DALI {dali_rate(True):7.1f}   PIL {pil_rate(True):7.1f}")
-    print(f"  + resize, DALI antialias=False  DALI {dali_rate(True, False):7.1f}")
-    print(f"  decode the crop only + resize   DALI {dali_rate(True, slice_first=True):7.1f}   (fn.decoders.image_slice)")
+        return run
+
+    def pil_step(step: str):
+        mean_px, std_px = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+
+        def run() -> float:
+            t = time.process_time()
+            for b, box, flip in zip(payloads, boxes.tolist(), mirror.tolist()):
+                with Image.open(io.BytesIO(b)) as img:
+                    img = img.convert("RGB")
+                if step != "decode":
+                    img = resize_box_pil(img, input_size, tuple(box), flip)
+                if step.endswith("normalise"):  # as dataloaders/torch_loader.py does
+                    np.ascontiguousarray(((np.asarray(img, np.float32) - mean_px) / std_px).transpose(2, 0, 1))
+            return n / (time.process_time() - t)
+
+        return run
+
+    rows = [  # (label, DALI step, PIL step or None)
+        ("decode the whole image", "decode", "decode"),
+        ("decode the crop's window only", "window", None),
+        (f"whole decode + crop-resize to {input_size}", "full", "resize"),
+        ("window decode + crop-resize (the CPU loader)", "window+resize", None),
+        ("whole decode + resize, antialias=False", "no-antialias", None),
+        ("+ normalise: whole decode (the mixed way)", "full+normalise", "resize+normalise"),
+        ("+ normalise: window decode (the CPU loader)", "window+normalise", None),
+    ]
+    timers = [(dali_step(d), pil_step(q) if q else None) for _, d, q in rows]
+    rates: list[tuple[list[float], list[float]]] = [([], []) for _ in rows]
+    for _ in range(repeats):
+        for (dali, pil), (dali_rates, pil_rates) in zip(timers, rates):
+            dali_rates.append(dali())
+            if pil:
+                pil_rates.append(pil())
+    print(f"stage costs over {n} images with the loaders' crop boxes, one thread, median images per CPU-second "
+          f"of {repeats} (higher is better):")
+    for (label, _, _), (dali_rates, pil_rates) in zip(rows, rates):
+        pil = f"   PIL {np.median(pil_rates):7.1f}" if pil_rates else ""
+        print(f"  {label:46s} DALI {np.median(dali_rates):7.1f}{pil}")
+    loader.reader.close()
 
 
 def _spin(stop: threading.Event, count: list[int]) -> None:
@@ -307,22 +373,31 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         common = dict(input_size=args.input_size, train=True, device="cpu", num_threads=args.workers,
                       cache_dir=Path(tmp) / "cache", rank=0, world_size=1)
-        wall: dict[str, list[float]] = {"dali": [], "torch": []}
-        cpu: dict[str, list[float]] = {"dali": [], "torch": []}
-        for backend in wall:  # warm-up: load DALI / fork machinery once, untimed
-            warm = iter(build_loader(data, args.batch_size, backend=backend, **common))
+
+        def make(name: str):
+            """dali: the CPU pipeline (window decodes); dali-full: whole decodes, as `mixed` does."""
+            loader = build_loader(data, args.batch_size, backend="torch" if name == "torch" else "dali", **common)
+            if name == "dali-full":
+                loader.roi_decode = False
+            return loader
+
+        names = ("dali", "dali-full", "torch")
+        wall: dict[str, list[float]] = {name: [] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}
+        for backend in ("dali", "torch"):  # warm-up: load DALI / fork machinery once, untimed
+            warm = iter(make(backend))
             next(warm)
             del warm
         shape = build_loader(data, args.batch_size, **common)
-        # Alternating runs spread the machine's noise over both loaders.
+        # Alternating runs spread the machine's noise over the loaders.
         cli: list[float] = []
         for _ in range(args.repeats):
-            for backend in wall:
-                loader = build_loader(data, args.batch_size, backend=backend, **common)
+            for name in names:
+                loader = make(name)
                 rate, per_cpu, n = measure(loader, args.epochs)
-                wall[backend].append(rate)
-                cpu[backend].append(per_cpu)
-                print(f"{backend:>5}: {rate:8.1f} images/s, {per_cpu:8.1f} images per CPU-second "
+                wall[name].append(rate)
+                cpu[name].append(per_cpu)
+                print(f"{name:>9}: {rate:8.1f} images/s, {per_cpu:8.1f} images per CPU-second "
                       f"({n} images timed)", flush=True)
                 del loader
             if args.vs_dali_py:
@@ -332,9 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"records {shape.total_records}, batch {args.batch_size}, input {args.input_size}, "
               f"workers {args.workers}, epochs {args.epochs}, repeats {args.repeats}")
         for name, table, unit in (("wall", wall, "images/s"), ("cpu", cpu, "images per CPU-second")):
-            dali, fallback = (float(np.median(table[b])) for b in ("dali", "torch"))
+            dali, full, fallback = (float(np.median(table[b])) for b in names)
             print(f"median {unit}: DALI CPU {dali:.1f}, PyTorch fallback {fallback:.1f}; "
-                  f"ratio DALI / fallback ({name}): {dali / fallback:.2f}x")
+                  f"ratio DALI / fallback ({name}): {dali / fallback:.2f}x; with whole-image decodes "
+                  f"{full:.1f}, {full / fallback:.2f}x (window decodes gain {dali / full:.2f}x)")
         if cli:
             bench = float(np.median(wall["dali"]))
             print(f"median images/s: dali.py {np.median(cli):.1f}, this benchmark's DALI {bench:.1f}; "

@@ -12,8 +12,9 @@ DALI does not install.
 How the DALI backend is fed. The loader reads the records itself, batches ahead in
 processes of its own, off the training thread's GIL (dataloaders/read_ahead.py), and hands
 DALI the encoded images through an external source, with each sample's crop box and flip
-(src/open_alip/crops.py: the PyTorch fallback's draws); DALI decodes, crops and resizes in
-one `resize` with a region of interest, flips and normalises. Nothing random runs inside DALI, which gives:
+(src/open_alip/crops.py: the PyTorch fallback's draws); DALI decodes, crops and resizes (the
+crop box is the resize's region of interest), flips and normalises. Nothing random runs inside DALI,
+which gives:
 
 - one pipeline for the whole run, kept across epochs (each epoch only resets it);
 - `set_epoch(e)` reproduces epoch `e` without replaying earlier ones;
@@ -26,8 +27,9 @@ one `resize` with a region of interest, flips and normalises. Nothing random run
 The order of an epoch is a full permutation of the rank's records (not a shuffle buffer
 over the file order), so batches mix the whole share of the data; records are read at
 random offsets, which wants storage that serves random reads (local disk, page cache).
-The full image is decoded (the crop keeps 70-100% of it anyway) so that JPEGs can go to
-the GPU's hardware decoder, which does not decode regions.
+On the GPU (`mixed`) the full image is decoded, so that JPEGs can go to the hardware decoder,
+which does not decode regions; on the CPU only each crop's window is (`_crop_and_resize`), with
+the same pixels as a whole decode resized with that box.
 
 DALI is imported only when a DALI pipeline is built, so the fallback backend and the
 helpers here work without it.

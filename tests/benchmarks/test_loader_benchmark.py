@@ -27,3 +27,25 @@ def test_reader_mode_prints_crop_costs_and_rates_alone_and_beside_a_busy_thread(
     assert (thread, procs) == (rates["a thread", "beside a busy thread"], rates["2 processes", "beside a busy thread"])
     assert abs(procs / thread - ratio) < 0.06 * ratio + 0.05
     assert "goal >= 12,000 beside it" in out
+
+
+def test_loader_mode_times_window_and_whole_decodes_against_the_fallback_and_each_stage(capsys):
+    assert bench.main(["--records", "48", "--batch-size", "16", "--input-size", "32", "--repeats", "1",
+                       "--stages"]) == 0
+    out = capsys.readouterr().out
+    for unit, name in (("images/s", "wall"), ("images per CPU-second", "cpu")):
+        found = re.search(rf"median {unit}: DALI CPU ([0-9.]+), PyTorch fallback ([0-9.]+); ratio DALI / fallback "
+                          rf"\({name}\): ([0-9.]+)x; with whole-image decodes ([0-9.]+), ([0-9.]+)x \(window decodes "
+                          r"gain ([0-9.]+)x\)", out)
+        window, fallback, ratio, full, full_ratio, gain = (float(g) for g in found.groups())
+        assert min(window, fallback, full) > 0
+        assert abs(window / fallback - ratio) < 0.01 + 0.005 * ratio
+        assert abs(full / fallback - full_ratio) < 0.01 + 0.005 * full_ratio
+        assert abs(window / full - gain) < 0.01 + 0.005 * gain
+    stages = re.findall(r"^  (\S.*?)\s+DALI\s+([0-9.]+)(?:\s+PIL\s+([0-9.]+))?$", out, re.M)
+    assert [label for label, _, _ in stages] == [
+        "decode the whole image", "decode the crop's window only", "whole decode + crop-resize to 32",
+        "window decode + crop-resize (the CPU loader)", "whole decode + resize, antialias=False",
+        "+ normalise: whole decode (the mixed way)", "+ normalise: window decode (the CPU loader)"]
+    assert all(float(dali) > 0 for _, dali, _ in stages)
+    assert [bool(pil) for _, _, pil in stages] == [True, False, True, False, False, True, False]

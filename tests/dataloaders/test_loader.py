@@ -254,12 +254,14 @@ def test_backends_deliver_the_same_records_crops_and_captions(tmp_path, cache):
         assert float((a - b).abs().mean()) < 0.01
 
 
-def _noise_shard(prefix: Path, sizes: list[tuple[int, int]]) -> Path:
-    """One caption per record, images of pure noise: every pixel the resize reads shows."""
+def _noise_shard(prefix: Path, sizes: list[tuple[int, int]], cut: dict[int, float] | None = None) -> Path:
+    """One caption per record, images of pure noise: every pixel the resize reads shows.
+    Records in `cut` keep only that share of their JPEG's bytes."""
     rng = np.random.default_rng(5)
     with MXIndexedRecordIO(f"{prefix}.idx", f"{prefix}.rec", "w") as rec:
         for rid, (w, h) in enumerate(sizes):
             jpg = cv2.imencode(".jpg", rng.integers(0, 256, (h, w, 3), dtype=np.uint8))[1].tobytes()
+            jpg = jpg[: int(len(jpg) * (cut or {}).get(rid, 1.0))]
             rec.write_idx(rid, pack(IRHeader(0, caption_tokens(rid, 1).ravel(), rid, 0), jpg))
     return Path(f"{prefix}.rec")
 
@@ -283,6 +285,19 @@ def test_cpu_training_decodes_only_the_crop_window_with_the_full_decodes_pixels(
         # The window path takes the box in whole pixels, the full decode's region of interest is
         # float32 relative corners: a pixel where those round apart is one level off, no more.
         assert float(diff.max()) <= 1.001 * level and float((diff > 0).float().mean()) < 0.01
+
+
+def test_cpu_window_decode_stops_above_the_rows_it_does_not_need(tmp_path, cache, caplog):
+    # 64 x 400: no drawn crop fits, so every seed gets the centred fallback, rows 160-240 (plus the
+    # margin). Record 3 is cut after 75% of its bytes, well below those rows: a whole decode fails
+    # on it, the window decode never reads that far.
+    _noise_shard(tmp_path / "tall", [(64, 400)] * 8, cut={3: 0.75})
+    caplog.set_level(logging.WARNING, logger="dataloaders")
+    window = make(tmp_path / "tall", cache, train=True, batch_size=4, seed=2, max_bad_records=1)
+    assert sorted(ids_of(list(window))) == list(range(8)) and window.bad_records == 0
+    full = make(tmp_path / "tall", cache, train=True, batch_size=4, seed=2, max_bad_records=1)
+    full.roi_decode = False
+    assert 3 not in ids_of(list(full)) and full.bad_records == 1 and len(_skips(caplog)) == 1
 
 
 def test_batch_crops_are_each_samples_own_draws_with_the_crop_semantics():

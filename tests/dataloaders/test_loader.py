@@ -539,6 +539,8 @@ def test_gpu_settings_follow_the_resolved_device(shards, cache):
     assert (args["device_memory_padding"], args["host_memory_padding"]) == (DEVICE_MEMORY_PADDING, HOST_MEMORY_PADDING)
     assert args["hw_decoder_load"] == HW_DECODER_LOAD > 0 and PREFETCH_DEPTH == 3
     assert make(shards, cache)._decoder_args()["device"] == "cpu"
+    # The hardware decoder takes whole images: only the CPU pipeline decodes crop windows.
+    assert not loader.roi_decode and make(shards, cache).roi_decode
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (DALI 'mixed' decoding)")

@@ -3,6 +3,7 @@
     python -m benchmarks.traffic --config RWKV_CLIP_B32 --batch 512 --precision bf16 --wkv-impl fla
     python -m benchmarks.traffic --save benchmarks/results/traffic_b32_before.json
     python -m benchmarks.traffic --baseline benchmarks/results/traffic_b32_before.json
+    python -m benchmarks.traffic --mix-impl triton --baseline benchmarks/results/traffic_b32_before.json
 
 Counted on this machine's CPU by src/training/traffic.py (FakeTensors under CUDA autocast
 rules: no GPU, no arithmetic). Bytes are read + written; MB are 10^6 bytes. Times are
@@ -13,7 +14,8 @@ Three comparisons, each against a baseline:
   both counted from their launch shapes in this run;
 * `--baseline`: a JSON this script saved earlier (`--save`) from the same command, e.g.
   before a change to the model, against this run: element-wise + cast + copy traffic
-  and the total, with their ratios.
+  and the total, with their ratios. `--mix-impl` may differ from the baseline's: the
+  fused token-shift mixes (src/open_alip/mix.py) against the eager ones is such a change.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def render(report, top: int, baseline: dict | None) -> list[str]:
     bw = H200_BANDWIDTH
     b = report.batch
     lines = [
-        f"{report.config}, batch {b}, {report.precision}, wkv {report.wkv_impl}: eager training step "
+        f"{report.config}, batch {b}, {report.precision}, wkv {report.wkv_impl}, mixes {report.mix_impl}: "
+        "eager training step "
         "(forward, CLIP loss, backward, clipping, fused AdamW), bytes read + written",
         f"{'class':<12} {'per pair':>12} {'per step':>12} {'at 4.3 TB/s':>12}",
     ]
@@ -88,7 +91,8 @@ def compare(report, baseline: dict) -> list[str]:
     fusible = report.per_pair(*FUSIBLE)
     rows = [("element-wise + cast + copy", b_fusible, fusible), ("total", before["total"], report.per_pair())]
     rows += [(c, before[c], report.per_pair(c)) for c in FUSIBLE]
-    out = [f"against the baseline {baseline.get('label', '')!s} (same config, batch, precision, wkv), per pair:"]
+    out = [f"against the baseline {baseline.get('label', '')!s} (same config, batch, precision, wkv; mixes "
+           f"{baseline.get('mix_impl', 'torch')}), per pair:"]
     for name, old, new in rows:
         ratio = f"{old / new:5.2f}x lower" if new else "all gone"
         out.append(f"  {name:<27} before {_mb(old)}   after {_mb(new)}   {ratio}")
@@ -119,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=512, help="pairs per GPU step (the micro-batch)")
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--wkv-impl", default="fla", choices=("fla", "bi_triton", "chunked", "reference"))
+    parser.add_argument("--mix-impl", default="torch", choices=("torch", "triton"),
+                        help="token-shift mixes: eager torch ops, or one fused Triton op per mix site")
     parser.add_argument("--top", type=int, default=15, help="source lines to list")
     parser.add_argument("--save", type=Path, help="write the counts as JSON here (a baseline for later runs)")
     parser.add_argument("--label", default="", help="a name for this run, stored with --save")
@@ -130,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         baseline = _load_baseline(args.baseline, args) if args.baseline else None
-        report = count_traffic(args.config, args.batch, args.precision, args.wkv_impl)
+        report = count_traffic(args.config, args.batch, args.precision, args.wkv_impl, mix_impl=args.mix_impl)
     except UserError as exc:
         return report_error(PROG, exc)
     print("\n".join(render(report, args.top, baseline)))

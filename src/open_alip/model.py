@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .mix import check_mix_impl
 from .rwkv6 import TimeMix
 from .text_rwkv import TextRWKV
 from .vision_rwkv import VisionRWKV
@@ -275,6 +276,15 @@ class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for us
         for module in self.modules():
             if isinstance(module, TimeMix):
                 module.wkv_impl = impl
+
+    def set_mix_impl(self, impl: str) -> None:
+        """Choose how every block computes its token-shift mixes: "torch" (eager expressions,
+        the default) or "triton" (one fused kernel pair per mix site, `mix.py`: CUDA, or CPU
+        under TRITON_INTERPRET=1; a forward where it cannot run raises ValueError)."""
+        check_mix_impl(impl)
+        for module in self.modules():
+            if hasattr(module, "mix_impl"):
+                module.mix_impl = impl
 
     def encode_image(self, image: torch.Tensor, normalize: bool = False) -> torch.Tensor:
         """`[B, 3, S, S]` -> `[B, D]` image embeddings in the model's dtype, L2-normalised when asked.

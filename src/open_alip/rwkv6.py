@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .mix import fused_mixes
 from .wkv import wkv
 
 MIX_LORA = 32  # rank of the data-dependent token-shift LoRA (5 blocks: w, k, v, r, g)
@@ -108,6 +109,7 @@ class TimeMix(nn.Module):
         self.n_head = n_head
         self.head_size = dim_att // n_head
         self.wkv_impl = wkv_impl
+        self.mix_impl = "torch"  # "triton": the token-shift mixes fused (mix.py; RWKV_CLIP.set_mix_impl)
         # The text tower's decays: float32 masters used in the compute dtype, as the original's
         # bfloat16-stored ones are (text_rwkv.py).
         self.cast_decays = cast_decays
@@ -166,16 +168,28 @@ class TimeMix(nn.Module):
         else:
             raise ValueError(f"unknown LoRA init {lora!r}")
 
-    def forward(self, x: torch.Tensor, x_shifted: torch.Tensor) -> torch.Tensor:
+    def _mixes(self, x: torch.Tensor, x_shifted: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The five inputs (w, k, v, r, g) of the projections: token-shift mixes whose
+        coefficients have a data-dependent LoRA term."""
         batch, time, _ = x.shape
-        xx = x_shifted - x
-        xxx = x + xx * self.time_maa_x
+        maa = (self.time_maa_w, self.time_maa_k, self.time_maa_v, self.time_maa_r, self.time_maa_g)
+        fused = self.mix_impl == "triton"
+        if fused:
+            (xxx,) = fused_mixes(x, x_shifted, [self.time_maa_x])
+        else:
+            xx = x_shifted - x
+            xxx = x + xx * self.time_maa_x
         lora = torch.tanh(xxx @ self.time_maa_w1).reshape(batch * time, 5, MIX_LORA).transpose(0, 1)
         m = (lora @ self.time_maa_w2).reshape(5, batch, time, -1)
-        maa = torch.stack([self.time_maa_w, self.time_maa_k, self.time_maa_v, self.time_maa_r, self.time_maa_g])
+        if fused:
+            return fused_mixes(x, x_shifted, list(maa), m)
         # The five mixes as one broadcast: the same values as five, and backward sums the
         # gradients of x and xx in one reduction each instead of four accumulating adds.
-        xw, xk, xv, xr, xg = (x + xx * (maa + m)).unbind(0)
+        return (x + xx * (torch.stack(maa) + m)).unbind(0)
+
+    def forward(self, x: torch.Tensor, x_shifted: torch.Tensor) -> torch.Tensor:
+        batch, time, _ = x.shape
+        xw, xk, xv, xr, xg = self._mixes(x, x_shifted)
 
         r = self.receptance(xr)
         k = self.key(xk)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .mix import fused_mixes
 from .rwkv6 import TimeMix, channel_ramp, layer_ratios, orthogonal_scaled_, shift_channels
 
 TEXT_LINEAR_ORDER = ("receptance", "key", "value", "output", "gate")
@@ -45,6 +46,7 @@ class ChannelMix(nn.Module):
     def __init__(self, n_embd: int, dim_ffn: int, head_size: int):
         super().__init__()
         self.head_size = head_size
+        self.mix_impl = "torch"  # "triton": fused (mix.py)
         self.time_maa_k = nn.Parameter(torch.zeros(1, 1, n_embd))
         self.time_maa_r = nn.Parameter(torch.zeros(1, 1, n_embd))
         self.key = nn.Linear(n_embd, dim_ffn, bias=False)
@@ -52,9 +54,12 @@ class ChannelMix(nn.Module):
         self.value = nn.Linear(dim_ffn, n_embd, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xx = bi_shift(x, self.head_size) - x
-        xk = x + xx * self.time_maa_k
-        xr = x + xx * self.time_maa_r
+        if self.mix_impl == "triton":
+            xk, xr = fused_mixes(x, bi_shift(x, self.head_size), [self.time_maa_k, self.time_maa_r])
+        else:
+            xx = bi_shift(x, self.head_size) - x
+            xk = x + xx * self.time_maa_k
+            xr = x + xx * self.time_maa_r
         k = torch.relu(self.key(xk))
         # k * k, not square(): CUDA autocast runs pow in float32, a cast there and back.
         return torch.sigmoid(self.receptance(xr)) * self.value(k * k)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .mix import fused_mixes
 from .rwkv6 import DropPath, TimeMix, channel_ramp, layer_ratios, shift_channels
 
 IMAGE_GN_EPS = 1e-5
@@ -56,6 +57,7 @@ class ChannelMix(nn.Module):
         super().__init__()
         hidden = hidden_rate * embed_dims
         self.head_size = embed_dims // num_heads
+        self.mix_impl = "torch"  # "triton": fused (mix.py)
         self.spatial_mix_k = nn.Parameter(torch.zeros(1, 1, embed_dims))
         self.spatial_mix_r = nn.Parameter(torch.zeros(1, 1, embed_dims))
         self.key = nn.Linear(embed_dims, hidden, bias=False)
@@ -64,8 +66,11 @@ class ChannelMix(nn.Module):
 
     def forward(self, x: torch.Tensor, resolution: tuple[int, int]) -> torch.Tensor:
         xs = q_shift(x, resolution, self.head_size)
-        xk = x * self.spatial_mix_k + xs * (1 - self.spatial_mix_k)
-        xr = x * self.spatial_mix_r + xs * (1 - self.spatial_mix_r)
+        if self.mix_impl == "triton":  # x * mix + xs * (1 - mix) = xs + (x - xs) * mix
+            xk, xr = fused_mixes(xs, x, [self.spatial_mix_k, self.spatial_mix_r])
+        else:
+            xk = x * self.spatial_mix_k + xs * (1 - self.spatial_mix_k)
+            xr = x * self.spatial_mix_r + xs * (1 - self.spatial_mix_r)
         k = torch.relu(self.key(xk))
         # k * k, not square(): CUDA autocast runs pow in float32, a cast there and back.
         return torch.sigmoid(self.receptance(xr)) * self.value(k * k)

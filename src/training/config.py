@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dataloaders.base import DEFAULT_MAX_BAD_RECORDS
+from src.open_alip.mix import MIX_IMPLS
 from src.open_alip.wkv import WKV_IMPL_CHOICES
 from src.training.errors import TrainingError
 from src.training.schedule import SCHEDULES
@@ -201,6 +202,11 @@ class TrainConfig:
         help="WKV implementation (src/open_alip/wkv.py): auto takes fla's Triton kernels on CUDA when fla-core "
              "imports, else chunked (PyTorch); reference is the slow exact recurrence; bi_triton is our own kernel "
              "pair for both directions (reads bf16, less memory traffic; opt-in until timed against fla)")
+    mix_impl: str = setting(
+        "torch", group=SPEED, choices=MIX_IMPLS,
+        help="token-shift mixes (src/open_alip/mix.py): torch runs them as eager ops; triton fuses each mix site "
+             "into one kernel pair (CUDA; 2.5x less element-wise traffic per B/32 pair by benchmarks/traffic.py; "
+             "opt-in until timed on a GPU)")
     compile: bool = setting(False, group=SPEED,
                             help="torch.compile the model (DDP included; the recipes: on, --no-compile turns it off); "
                                  "if the compiler fails the run warns once and continues eagerly")

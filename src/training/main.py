@@ -78,6 +78,7 @@ def _run(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook]) -> None:
 def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resume_path: Path | None) -> None:
 
     wkv_impl = _resolve_wkv_impl(cfg, env)
+    _check_mix_impl(cfg, env)
     plan, checkpointing, why = plan_for_device(
         model_config=cfg.model, wkv_impl=wkv_impl, precision=cfg.precision, device=env.device,
         world_size=env.world_size, global_batch=cfg.global_batch_size, accum_freq=cfg.accum_freq,
@@ -277,6 +278,15 @@ def _resolve_wkv_impl(cfg: TrainConfig, env: DistEnv) -> str:
         raise TrainingError(f"--wkv-impl {cfg.wkv_impl}: {exc}") from exc
 
 
+def _check_mix_impl(cfg: TrainConfig, env: DistEnv) -> None:
+    """Fused mixes where their kernels cannot run fail before any work, as the WKV does."""
+    from src.open_alip.mix import mix_problem
+
+    problem = mix_problem(env.device) if cfg.mix_impl == "triton" else None
+    if problem is not None:
+        raise TrainingError(f"--mix-impl triton: {problem}; or use --mix-impl torch")
+
+
 def _build_model(cfg: TrainConfig, env: DistEnv, wkv_impl: str, checkpointing: bool) -> nn.Module:
     # The model library's one entry point, as the inference CLIs' loader (src/evaluation/model_loader.py)
     # uses it: the same files, hf-hub: repos and errors for --pretrained as for --model-weight.
@@ -290,6 +300,7 @@ def _build_model(cfg: TrainConfig, env: DistEnv, wkv_impl: str, checkpointing: b
     except OpenAlipError as exc:
         raise TrainingError(f"model config: {exc}") from None
     model.train()
+    model.set_mix_impl(cfg.mix_impl)
     model.set_grad_checkpointing(checkpointing)
     if cfg.text_decay_dtype == "bf16":
         model.set_text_decay_dtype(torch.bfloat16)
@@ -313,6 +324,7 @@ def build_training_step(cfg: TrainConfig, env: DistEnv, total_steps: int) -> tup
     optimizer, schedule, DDP and compile wrappers, loss), without data or an output folder: what
     benchmarks/gpu.py times. Feed `trainer.step` batches of `plan.micro_batch`."""
     wkv_impl = _resolve_wkv_impl(cfg, env)
+    _check_mix_impl(cfg, env)
     plan, checkpointing, _ = plan_for_device(
         model_config=cfg.model, wkv_impl=wkv_impl, precision=cfg.precision, device=env.device,
         world_size=env.world_size, global_batch=cfg.global_batch_size, accum_freq=cfg.accum_freq,

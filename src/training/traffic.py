@@ -33,6 +33,11 @@ traffic counted from the launch shapes (`WKV_TRAFFIC`, from
 partials and sums; for bi_triton its two passes over bf16 inputs). For "chunked" and
 "reference", plain torch ops, the ops are counted at dispatch and classed "wkv".
 
+The token-shift mixes: with `mix_impl="triton"` each mix site is one custom op
+(`src/open_alip/mix.py`), counted at dispatch like any op: its inputs read and its
+outputs written once, as its kernels do. The float32 partial sums of its coefficient
+gradients (K x C floats per 256 rows, about 0.1% of the op) are not counted.
+
 Backward ops are attributed to the forward line that created their autograd node
 (anomaly mode records each node's forward stack). Not counted: the data loader, DDP's
 gradient buckets and all-reduce, and torch.compile's fusion (this is the eager step).
@@ -55,6 +60,7 @@ from torch.utils._pytree import tree_flatten
 
 from src.open_alip import ClipLoss, get_model_config
 from src.open_alip import wkv as wkv_module
+from src.open_alip.mix import MIX_IMPLS
 from src.training.errors import TrainingError
 from src.training.step_trace import (
     MEASURE_LOCK,
@@ -70,7 +76,13 @@ H200_BANDWIDTH = 4.3e12
 PRECISIONS = ("bf16", "fp16", "fp32")
 
 _REPO = Path(__file__).resolve().parents[2]
-_HERE = {str(Path(__file__).resolve()), str(_REPO / "src" / "training" / "step_trace.py")}
+# Frames never named as a site: this module, the step's driver, and the fused mixes' binding
+# (its op is charged to the model line that asked for the mixes).
+_HERE = {
+    str(Path(__file__).resolve()),
+    str(_REPO / "src" / "training" / "step_trace.py"),
+    str(_REPO / "src" / "open_alip" / "mix.py"),
+}
 _WKV_FILE = str(Path(wkv_module.__file__).resolve())
 _WKV_CODE = wkv_module.wkv.__code__
 
@@ -201,6 +213,7 @@ class TrafficReport:
     batch: int
     precision: str
     wkv_impl: str
+    mix_impl: str = "torch"
     by_class: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CLASSES, 0))
     # (class, source line) -> bytes; backward ops carry their forward line
     by_line: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
@@ -231,6 +244,7 @@ class TrafficReport:
             "batch": self.batch,
             "precision": self.precision,
             "wkv_impl": self.wkv_impl,
+            "mix_impl": self.mix_impl,
             "bytes_per_pair": {c: self.per_pair(c) for c in CLASSES} | {"total": self.per_pair()},
             "top_lines": [
                 {"class": c, "line": line, "bytes_per_pair": b / self.batch} for c, line, b in self.top_lines(40)
@@ -392,6 +406,7 @@ def count_traffic(
     precision: str = "bf16",
     wkv_impl: str = "fla",
     grad_clip: bool = True,
+    mix_impl: str = "torch",
 ) -> TrafficReport:
     """Count one eager training step's memory traffic (see the module docstring).
 
@@ -404,12 +419,14 @@ def count_traffic(
         raise TrafficError(f"--wkv-impl {wkv_impl!r}: traffic is counted for {', '.join(WKV_TRAFFIC)}")
     if batch < 1:
         raise TrafficError(f"batch {batch}: use a positive number of pairs")
+    if mix_impl not in MIX_IMPLS:
+        raise TrafficError(f"--mix-impl {mix_impl!r}: use one of {', '.join(MIX_IMPLS)}")
     try:
         name = "custom" if isinstance(config, Mapping) else str(config)
         cfg = get_model_config(dict(config) if isinstance(config, Mapping) else config)
     except (ValueError, FileNotFoundError) as exc:
         raise TrafficError(str(exc)) from None
-    report = TrafficReport(name, batch, precision, wkv_impl)
+    report = TrafficReport(name, batch, precision, wkv_impl, mix_impl)
     # Opaque kernels are stood in for by the chunked WKV, whose ops are then left out.
     run_impl = "chunked" if WKV_TRAFFIC[wkv_impl] is not None else wkv_impl
     with MEASURE_LOCK:
@@ -424,6 +441,7 @@ def _run(
     with fake_mode():
         model = model.to_empty(device="cpu")
         model.set_wkv_impl(run_impl)
+        model.set_mix_impl(report.mix_impl)
         model.train()
         params = list(_iter_params(model))
         optimizer = torch.optim.AdamW(params, lr=1e-3, fused=True)

@@ -1,0 +1,177 @@
+"""The token-shift mixes, fused (`mix_impl="triton"`): one Triton kernel pair per mix site.
+
+Every RWKV block blends each token with its shifted neighbour before its linears:
+
+    time mix       xxx = x + (xs - x) * maa_x, then five mixes x + (xs - x) * (maa_j + m_j)
+                   (m: the data-dependent LoRA term, bf16 under autocast)
+    channel mix    text: x + (xs - x) * maa_{k,r};   image: x * mix + xs * (1 - mix),
+                   that is xs + (x - xs) * mix
+
+All are `a + (b - a) * (coef_j + m_j)` for K mixes sharing a and b, which is what
+`fused_mixes` computes. Run eagerly, each site costs a handful of float32 element-wise
+kernels, each reading and writing the whole activation, plus autocast's cast of every
+result to bf16 before its linear; their backward again. Fused, the forward reads a and
+b once (and m), and writes the K results directly in the autocast dtype (what the linears
+read); the backward reads the K gradients, a, b and m once and writes da, db and dm,
+with the coefficients' gradients summed over rows inside each program (a float32 row of
+K x C per span of rows, summed in a fixed order afterwards: the same on every run).
+
+The arithmetic is float32 as in eager mode; only the results' rounding to the autocast
+dtype moves into the kernel, so the values the linears see are the same up to float32
+rounding order. The shift itself stays `rwkv6.shift_channels` (copies).
+
+The kernels are in `mix_triton_kernels.py`, imported on first use (see wkv_bi_triton.py
+for why); under TRITON_INTERPRET=1 they run on CPU tensors, which is how they are
+tested. `mix_impl="torch"` (the default) keeps the eager expressions in the modules.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from .triton_env import constant_under_compile, device_guard, kernel_problem
+
+Tensor = torch.Tensor
+
+MIX_IMPLS = ("torch", "triton")
+_BLOCK_R, _BLOCK_C, _MAX_SPANS = 32, 64, 8  # a program: 64 channels over up to 8 x 32 rows
+
+_problems: dict[str, str | None] = {}
+
+
+def _kernels() -> ModuleType:
+    from . import mix_triton_kernels
+
+    return mix_triton_kernels
+
+
+@constant_under_compile
+def _problem_for(device_type: str) -> str | None:
+    if device_type not in _problems:
+        _problems[device_type] = kernel_problem(
+            device_type,
+            lambda: _kernels().mix_forward_kernel,
+            needs="the triton package",
+            package="triton",
+            module="src.open_alip.mix_triton_kernels",
+        )
+    return _problems[device_type]
+
+
+def mix_problem(device: torch.device | str) -> str | None:
+    """Why the fused mixes cannot run on `device` now, or None when they can."""
+    return _problem_for(torch.device(device).type)
+
+
+def _check(device: torch.device) -> None:
+    problem = mix_problem(device)
+    if problem is not None:
+        raise ValueError(f"mix implementation 'triton' cannot run on {device}: {problem}")
+
+
+def _launch(rows: int, channels: int) -> tuple[tuple[int, int], int]:
+    """(grid, spans of _BLOCK_R rows per program)."""
+    spans = max(1, min(_MAX_SPANS, -(-rows // _BLOCK_R)))
+    return (-(-rows // (_BLOCK_R * spans)), -(-channels // _BLOCK_C)), spans
+
+
+def _shape(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None) -> tuple[int, int, int]:
+    channels = a.shape[-1]
+    rows = a.numel() // max(channels, 1)
+    mixes = coef.shape[0]
+    if b.shape != a.shape or coef.dim() != 2 or coef.shape[1] != channels:
+        raise ValueError(f"mixes of a {tuple(a.shape)}, b {tuple(b.shape)}: coef must be [K, {channels}], "
+                         f"got {tuple(coef.shape)}")
+    if m is not None and m.shape != (mixes, *a.shape):
+        raise ValueError(f"m must be [{mixes}, {', '.join(map(str, a.shape))}], got {tuple(m.shape)}")
+    return mixes, rows, channels
+
+
+@torch.library.custom_op("open_alip::token_mix", mutates_args=())
+def token_mix_op(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+    """`[K, *a.shape]` of a + (b - a) * (coef[j] + m[j]) in `out_dtype`; coef `[K, C]`, m `[K, *a.shape]` or None."""
+    mixes, rows, channels = _shape(a, b, coef, m)
+    _check(a.device)
+    a, b, coef = a.contiguous(), b.contiguous(), coef.contiguous()
+    m = m.contiguous() if m is not None else None
+    out = torch.empty((mixes, *a.shape), dtype=out_dtype, device=a.device)
+    if rows * channels:
+        grid, spans = _launch(rows, channels)
+        with device_guard(a):
+            _kernels().mix_forward_kernel[grid](
+                a, b, coef, a if m is None else m, out, rows, channels,
+                K=mixes, HAS_M=m is not None, BLOCK_R=_BLOCK_R, BLOCK_C=_BLOCK_C, SPANS=spans,
+            )  # fmt: skip
+    return out
+
+
+@token_mix_op.register_fake
+def _(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+    return a.new_empty((coef.shape[0], *a.shape), dtype=out_dtype)
+
+
+@torch.library.custom_op("open_alip::token_mix_backward", mutates_args=())
+def token_mix_backward_op(
+    grad: Tensor, a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(da, db, dcoef, dm) of `token_mix_op`, each in its input's dtype; dm is empty when m is None."""
+    mixes, rows, channels = _shape(a, b, coef, m)
+    _check(a.device)
+    grad, a, b, coef = grad.contiguous(), a.contiguous(), b.contiguous(), coef.contiguous()
+    m = m.contiguous() if m is not None else None
+    da, db = torch.empty_like(a), torch.empty_like(b)
+    dm = torch.empty_like(m) if m is not None else a.new_empty(0)
+    grid, spans = _launch(rows, channels)
+    part = torch.zeros((grid[0], mixes, channels), dtype=torch.float32, device=a.device)
+    if rows * channels:
+        with device_guard(a):
+            _kernels().mix_backward_kernel[grid](
+                grad, a, b, coef, a if m is None else m, da, db, a if m is None else dm, part, rows, channels,
+                K=mixes, K_PAD=1 << (mixes - 1).bit_length(), HAS_M=m is not None,
+                BLOCK_R=_BLOCK_R, BLOCK_C=_BLOCK_C, SPANS=spans,
+            )  # fmt: skip
+    return da, db, part.sum(0).to(coef.dtype), dm
+
+
+@token_mix_backward_op.register_fake
+def _(grad: Tensor, a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None):
+    dm = torch.empty_like(m) if m is not None else a.new_empty(0)
+    return torch.empty_like(a), torch.empty_like(b), torch.empty_like(coef), dm
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    a, b, coef, m, _ = inputs
+    ctx.has_m = m is not None
+    ctx.save_for_backward(a, b, coef, m)
+
+
+def _backward(ctx, grad: Tensor):
+    a, b, coef, m = ctx.saved_tensors
+    da, db, dcoef, dm = token_mix_backward_op(grad, a, b, coef, m)
+    return da, db, dcoef, (dm if ctx.has_m else None), None
+
+
+token_mix_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fused_mixes(a: Tensor, b: Tensor, coefs: list[Tensor] | Tensor, m: Tensor | None = None) -> tuple[Tensor, ...]:
+    """The K mixes a + (b - a) * (coef_j + m_j) of `[..., C]` a and b, each coef_j of C
+    elements (any shape, e.g. a `[1, 1, C]` parameter), m `[K, *a.shape]` or None.
+
+    Under autocast the results come in its dtype (the linears' input), else in a's.
+    Raises ValueError where the kernels cannot run (see `mix_problem`).
+    """
+    coef = torch.stack([c.reshape(-1) for c in coefs]) if isinstance(coefs, (list, tuple)) else coefs
+    device_type = a.device.type
+    if torch.is_autocast_enabled(device_type):
+        out_dtype = torch.get_autocast_dtype(device_type)
+    else:
+        out_dtype = a.dtype
+    return token_mix_op(a, b, coef.reshape(coef.shape[0], -1), m, out_dtype).unbind(0)
+
+
+def check_mix_impl(impl: str) -> None:
+    if impl not in MIX_IMPLS:
+        raise ValueError(f"unknown mix implementation {impl!r}; choose one of {', '.join(MIX_IMPLS)}")

@@ -1,0 +1,95 @@
+"""The Triton kernels of the fused token-shift mixes (the binding and the math are in `mix.py`).
+
+Imported on first use only, as `wkv_bi_triton_kernels.py` is: Triton decides at decoration
+time whether a kernel is interpreted (TRITON_INTERPRET=1).
+
+Both kernels see `a` and `b` as `[R, C]` rows (R = batch * time) and the K mixes as
+`[K, R, C]`. One program owns a block of channels over a span of rows: it reads a and b
+once for all K mixes, and in the backward sums each coefficient's gradient over its rows
+in registers, so the only partial buffer is one float32 row of K x C per span of rows.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .triton_env import interpreter_requested
+
+@triton.jit
+def _rounded_native(x, dtype: tl.constexpr):
+    """x in `dtype`; a GPU rounds a float32 downcast to nearest even, as torch does."""
+    return x.to(dtype)
+
+
+def _rounded_interpreted(x, dtype):
+    """The same under the interpreter, which truncates a float32 -> bf16 downcast: bf16 is
+    rounded to nearest even on the bits (finite values; fp16 stays truncated there)."""
+    if dtype != tl.bfloat16:
+        return x.to(dtype)
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+_rounded = _rounded_interpreted if interpreter_requested() else _rounded_native
+
+
+@triton.jit
+def mix_forward_kernel(
+    a_ptr, b_ptr, coef_ptr, m_ptr, out_ptr, R, C,
+    K: tl.constexpr, HAS_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SPANS: tl.constexpr,
+):  # fmt: skip
+    """out[j] = a + (b - a) * (coef[j] + m[j]) for j < K, computed in float32, stored in out's dtype."""
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < C
+    first_row = tl.program_id(0) * BLOCK_R * SPANS
+    for s in range(SPANS):
+        rows = first_row + s * BLOCK_R + tl.arange(0, BLOCK_R)
+        ok = (rows < R)[:, None] & col_ok[None, :]
+        at = rows[:, None] * C + cols[None, :]
+        a = tl.load(a_ptr + at, mask=ok, other=0.0).to(tl.float32)
+        diff = tl.load(b_ptr + at, mask=ok, other=0.0).to(tl.float32) - a
+        for j in tl.static_range(K):
+            c = tl.load(coef_ptr + j * C + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            if HAS_M:
+                c = c + tl.load(m_ptr + j * R * C + at, mask=ok, other=0.0).to(tl.float32)
+            tl.store(out_ptr + j * R * C + at, _rounded(a + diff * c, out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def mix_backward_kernel(
+    grad_ptr, a_ptr, b_ptr, coef_ptr, m_ptr, da_ptr, db_ptr, dm_ptr, dcoef_ptr, R, C,
+    K: tl.constexpr, K_PAD: tl.constexpr, HAS_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    SPANS: tl.constexpr,
+):  # fmt: skip
+    """da = sum_j g_j (1 - c_j), db = sum_j g_j c_j, dm_j = g_j (b - a), and this span's
+    sum over rows of g_j (b - a) into dcoef_part[program row, j], with c_j = coef_j + m_j."""
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < C
+    first_row = tl.program_id(0) * BLOCK_R * SPANS
+    mixes = tl.arange(0, K_PAD)
+    dcoef = tl.zeros((K_PAD, BLOCK_C), dtype=tl.float32)  # the span's coefficient gradients
+    for s in range(SPANS):
+        rows = first_row + s * BLOCK_R + tl.arange(0, BLOCK_R)
+        ok = (rows < R)[:, None] & col_ok[None, :]
+        at = rows[:, None] * C + cols[None, :]
+        a = tl.load(a_ptr + at, mask=ok, other=0.0).to(tl.float32)
+        diff = tl.load(b_ptr + at, mask=ok, other=0.0).to(tl.float32) - a
+        g_sum = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+        db = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+        for j in tl.static_range(K):
+            g = tl.load(grad_ptr + j * R * C + at, mask=ok, other=0.0).to(tl.float32)
+            c = tl.load(coef_ptr + j * C + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            if HAS_M:
+                c = c + tl.load(m_ptr + j * R * C + at, mask=ok, other=0.0).to(tl.float32)
+            g_sum += g
+            db += g * c
+            dc = g * diff
+            if HAS_M:
+                tl.store(dm_ptr + j * R * C + at, _rounded(dc, dm_ptr.dtype.element_ty), mask=ok)
+            dcoef += tl.where((mixes == j)[:, None], tl.sum(dc, 0)[None, :], 0.0)
+        tl.store(da_ptr + at, _rounded(g_sum - db, da_ptr.dtype.element_ty), mask=ok)
+        tl.store(db_ptr + at, _rounded(db, db_ptr.dtype.element_ty), mask=ok)
+    out = dcoef_ptr + tl.program_id(0) * K * C + mixes[:, None] * C + cols[None, :]
+    tl.store(out, dcoef, mask=(mixes < K)[:, None] & col_ok[None, :])

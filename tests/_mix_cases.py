@@ -100,7 +100,7 @@ def live_tiny(**overrides) -> torch.nn.Module:
     torch.manual_seed(0)
     model = create_model("RWKV_CLIP_tiny", wkv_impl="chunked", **overrides)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 2 and not p.any():
                 p.normal_(0.0, 0.02)
     return model.eval()

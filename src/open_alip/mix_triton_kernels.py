@@ -16,6 +16,7 @@ import triton.language as tl
 
 from .triton_env import interpreter_requested
 
+
 @triton.jit
 def _rounded_native(x, dtype: tl.constexpr):
     """x in `dtype`; a GPU rounds a float32 downcast to nearest even, as torch does."""

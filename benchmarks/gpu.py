@@ -11,7 +11,9 @@ Sections, in order of value (each guarded: a failure is recorded and the next on
 starts only with the time it needs left, and takes at most its cap):
   train_eager     B/32, batch 512, bf16, fla: the real training step (src.training.loop.Trainer,
                   built as train.py builds it), samples/s, peak memory, first steps apart
-  train_compiled  the same under --compile (inductor); the first step is the compile
+  train_fused     the eager step on our own kernels: --wkv-impl bi_triton --mix-impl triton
+                  (the fused token-shift mixes), against train_eager's fla and eager mixes
+  train_compiled  the same as train_eager under --compile (inductor); the first step is the compile
   wkv             the WKV alone at the training shapes (image T=49, 8 heads of 80; text T=77,
                   10 heads of 64; batch 512): fla, bi_triton and chunked, fp32 and bf16
                   inputs, time and the largest difference from chunked
@@ -43,7 +45,7 @@ from src.errors import report as report_error
 PROG = "benchmarks.gpu"
 DEFAULT_TIME_LIMIT = 400.0  # with start-up (~20 s) and the watchdog's grace: under 8 minutes
 HARD_STOP_GRACE = 30.0
-SECTION_NAMES = ("train_eager", "train_compiled", "wkv", "predict", "profile", "b16", "dali", "nccl")
+SECTION_NAMES = ("train_eager", "train_fused", "train_compiled", "wkv", "predict", "profile", "b16", "dali", "nccl")
 EXTRAS = ("reference", "fla_chunk", "b16")
 COLUMNS = {
     "train_eager": ["model", "batch", "wkv", "compile", "checkpointing", "samples_per_s", "step_ms", "peak_gb",
@@ -57,6 +59,7 @@ COLUMNS = {
     "nccl": ["init_s", "all_reduce_gb", "all_reduce_ms", "bus_gb_per_s", "correct", "error"],
 }
 COLUMNS["train_compiled"] = COLUMNS["b16"] = COLUMNS["train_eager"]
+COLUMNS["train_fused"] = [*COLUMNS["train_eager"][:3], "mixes", *COLUMNS["train_eager"][3:]]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -130,13 +133,16 @@ def build_sections(args: argparse.Namespace, device: Any) -> list[Section]:
     backend = "aot_eager" if cpu else "inductor"
     steps = 2 if cpu else args.steps
 
-    def case(name: str, compile: bool) -> dict[str, Any]:
-        return {"model": name, "batch": batch, "wkv": args.wkv_impl, "compile": compile, "backend": backend}
+    def case(name: str, compile: bool, fused: bool = False) -> dict[str, Any]:
+        wkv, mixes = ("bi_triton", "triton") if fused else (args.wkv_impl, "torch")
+        return {"model": name, "batch": batch, "wkv": wkv, "mixes": mixes, "compile": compile, "backend": backend}
 
-    def train(section: str, model_name: str, compile: bool, keep: bool, results: Results, budget: Budget) -> None:
+    def train(section: str, model_name: str, compile: bool, keep: bool, results: Results, budget: Budget,
+              fused: bool = False) -> None:
         if keep:
             kept.drop()
-        gpu_train.time_training(results, section, budget, case(model_name, compile), kept, device, steps, keep=keep)
+        gpu_train.time_training(results, section, budget, case(model_name, compile, fused), kept, device, steps,
+                                keep=keep)
 
     def profile(results: Results, budget: Budget) -> None:
         if kept.step is None:  # the compiled case did not run or failed: profile an eager step
@@ -151,6 +157,7 @@ def build_sections(args: argparse.Namespace, device: Any) -> list[Section]:
     shapes = {"image": (2, 16, 2, 32), "text": (2, 77, 2, 32)} if cpu else gpu_kernels.TRAINING_SHAPES
     sections = [
         Section("train_eager", partial(train, "train_eager", model, False, False), needs_s=20, cap_s=60),
+        Section("train_fused", partial(train, "train_fused", model, False, False, fused=True), needs_s=20, cap_s=60),
         Section("train_compiled", partial(train, "train_compiled", model, True, True), needs_s=120, cap_s=220),
         Section("wkv", lambda r, b: gpu_kernels.section_wkv(r, b, device, impls, shapes, repeats=2 if cpu else 5),
                 needs_s=15, cap_s=75),
@@ -162,6 +169,8 @@ def build_sections(args: argparse.Namespace, device: Any) -> list[Section]:
                                 needs_s=30, cap_s=90))
     sections += [Section("dali", gpu_extras.section_dali, needs_s=20, cap_s=40),
                  Section("nccl", gpu_extras.section_nccl, needs_s=5, cap_s=15)]
+    if cpu:  # our kernels run on the CPU only under Triton's interpreter, too slow for a smoke run
+        sections = [s for s in sections if s.name != "train_fused"]
     if cpu:  # the tiny configuration needs seconds where the real one needs minutes
         sections = [dataclasses.replace(s, needs_s=1.0) for s in sections]
     return sections

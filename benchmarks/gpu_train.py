@@ -59,11 +59,11 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def train_config(model: str, batch: int, wkv_impl: str, compile: bool, device: torch.device,
-                 backend: str = "inductor", precision: str = "bf16", output: str = ""):
+                 backend: str = "inductor", precision: str = "bf16", output: str = "", mix_impl: str = "torch"):
     """The TrainConfig train.py would build from these flags (nothing is read or written)."""
     from src.training.config import build_config
 
-    given = {"config": MODELS[model], "batch_size": batch, "wkv_impl": wkv_impl, "compile": compile,
+    given = {"config": MODELS[model], "batch_size": batch, "wkv_impl": wkv_impl, "mix_impl": mix_impl, "compile": compile,
              "compile_backend": backend, "precision": precision, "device": str(device),
              "train_data": ["(generated batches)"], "output": output or tempfile.gettempdir()}
     return build_config(given, {})
@@ -92,7 +92,8 @@ def time_training(results: Results, section: str | None, budget: Budget, case: d
         free_memory()
         started = time.perf_counter()
         cfg = train_config(case["model"], case["batch"], case["wkv"], case["compile"], device,
-                           backend=case.get("backend", "inductor"), precision=case.get("precision", "bf16"))
+                           backend=case.get("backend", "inductor"), precision=case.get("precision", "bf16"),
+                           mix_impl=case.get("mixes", "torch"))
         trainer, plan = build_training_step(cfg, env, total_steps=1000)
         # A compiler failure is this measurement's result, not a reason to time the eager step.
         trainer.eager_fallback = None

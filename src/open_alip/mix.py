@@ -14,7 +14,7 @@ result to bf16 before its linear; their backward again. Fused, the forward reads
 b once (and m), and writes the K results directly in the autocast dtype (what the linears
 read); the backward reads the K gradients, a, b and m once and writes da, db and dm,
 with the coefficients' gradients summed over rows inside each program (a float32 row of
-K x C per span of rows, summed in a fixed order afterwards: the same on every run).
+K x C per 256 rows, summed in a fixed order afterwards: the same on every run).
 
 The arithmetic is float32 as in eager mode; only the results' rounding to the autocast
 dtype moves into the kernel, so the values the linears see are the same up to float32
@@ -36,7 +36,10 @@ from .triton_env import constant_under_compile, device_guard, kernel_problem
 Tensor = torch.Tensor
 
 MIX_IMPLS = ("torch", "triton")
-_BLOCK_R, _BLOCK_C, _MAX_SPANS = 32, 64, 8  # a program: 64 channels over up to 8 x 32 rows
+# A program: 64 channels over up to 16 x 16 rows, 4 warps. Chosen by register use when compiled
+# for sm_90 (tests/_mix_compile.py): the backward of the five mixes needs 138 registers a thread
+# (255, the limit, at 32 rows), the forward 96. Not yet timed on a GPU.
+_BLOCK_R, _BLOCK_C, _MAX_SPANS, NUM_WARPS = 16, 64, 16, 4
 
 _problems: dict[str, str | None] = {}
 
@@ -102,7 +105,7 @@ def token_mix_op(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None, out_dtype
         with device_guard(a):
             _kernels().mix_forward_kernel[grid](
                 a, b, coef, a if m is None else m, out, rows, channels,
-                K=mixes, HAS_M=m is not None, BLOCK_R=_BLOCK_R, BLOCK_C=_BLOCK_C, SPANS=spans,
+                K=mixes, HAS_M=m is not None, BLOCK_R=_BLOCK_R, BLOCK_C=_BLOCK_C, SPANS=spans, num_warps=NUM_WARPS,
             )  # fmt: skip
     return out
 
@@ -130,7 +133,7 @@ def token_mix_backward_op(
             _kernels().mix_backward_kernel[grid](
                 grad, a, b, coef, a if m is None else m, da, db, a if m is None else dm, part, rows, channels,
                 K=mixes, K_PAD=1 << (mixes - 1).bit_length(), HAS_M=m is not None,
-                BLOCK_R=_BLOCK_R, BLOCK_C=_BLOCK_C, SPANS=spans,
+                BLOCK_R=_BLOCK_R, BLOCK_C=_BLOCK_C, SPANS=spans, num_warps=NUM_WARPS,
             )  # fmt: skip
     return da, db, part.sum(0).to(coef.dtype), dm
 

@@ -112,3 +112,14 @@ def test_traffic_counts_each_mix_site_as_one_op_at_the_model_line():
     sites = {site for _, site in fused.by_line}
     assert not [site for site in sites if site.startswith("src/open_alip/mix.py")]
     assert fused.as_json()["mix_impl"] == "triton"
+
+
+def test_kernels_compile_for_sm90_without_spilling():
+    # The GPU lowering (and its native bf16 rounding, which the interpreter replaces), at the
+    # launch configuration mix.py uses, for the time mix's five mixes and a channel mix's two.
+    report = run_report("tests._mix_compile", interpret=False, timeout=600)
+    assert set(report) == {"forward_K5", "backward_K5", "forward_K2", "backward_K2"}
+    for kernel, usage in report.items():
+        assert usage["spill_bytes"] == 0, (kernel, usage)
+        # Under 168 registers a thread leaves room for three programs of 4 warps per SM.
+        assert usage["registers"] < 168, (kernel, usage)

@@ -26,7 +26,7 @@ CASES: dict[str, tuple[int, int, int, int, bool]] = {
     "time_mix_xxx_K1": (2, 7, 80, 1, False),
     "time_mix_five_K5_lora": (2, 49, 96, 5, True),
     "channel_mix_K2": (3, 77, 64, 2, False),
-    "rows_over_one_program_K5": (4, 150, 40, 5, True),
+    "rows_over_one_program_K2": (2, 150, 16, 2, True),
     "one_row_one_channel": (1, 1, 1, 2, True),
 }
 
@@ -147,28 +147,28 @@ def check_model() -> dict:
 
 
 def check_compile() -> dict:
-    """One float32 training step of a one-block tiny model with fused mixes, compiled with aot_eager
-    in one graph (the op stays one opaque node), against the same step eager. (In bf16, aot_eager's
-    decompositions of the other ops round differently, about 1% of a gradient either way.)"""
-    base = live_tiny(n_layer=1, image_depth=1, ctx_len=8, input_size=16, image_num_heads=1, head_size=64).train()
-    base.set_mix_impl("triton")
-    images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
-    tokens = torch.randint(1, 1000, (2, 8), generator=torch.Generator().manual_seed(2))
+    """One image block (its time mix's two mix sites and its channel mix) with fused mixes, float32,
+    compiled with aot_eager in one graph (each op stays one opaque node), against the same block eager:
+    output and every gradient. (In bf16, aot_eager's decompositions of the other ops round differently.)"""
+    block = live_tiny(n_layer=1, image_depth=1, input_size=16, image_num_heads=1, head_size=64).image_model.layers[0]
+    for module in block.modules():
+        if hasattr(module, "mix_impl"):
+            module.mix_impl = "triton"
+    x = torch.randn(2, 4, block.ln1.normalized_shape[0], generator=torch.Generator().manual_seed(1))
 
     def step(compiled: bool) -> list[torch.Tensor]:
-        model = copy.deepcopy(base)
+        model = copy.deepcopy(block)
         forward = torch.compile(model, backend="aot_eager", fullgraph=True) if compiled else model
-        image, text, scale = forward(images, tokens)
-        loss = (scale * image @ text.T).logsumexp(-1).mean()
-        loss.backward()
-        return [loss.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        leaf = x.clone().requires_grad_()
+        out = forward(leaf, (2, 2))
+        (out * torch.cos(out)).sum().backward()
+        return [out.detach(), leaf.grad] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
     compiled, eager = step(True), step(False)
     return {
         "tensors": len(compiled),
         "finite": all(bool(torch.isfinite(t).all()) for t in compiled),
-        "compiled_vs_eager": max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-                                 for a, b in zip(compiled, eager)),
+        "compiled_vs_eager": max(float((a - b).abs().max()) for a, b in zip(compiled, eager)),
     }
 
 

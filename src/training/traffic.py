@@ -45,6 +45,7 @@ gradient buckets and all-reduce, and torch.compile's fusion (this is the eager s
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import types
@@ -264,6 +265,13 @@ class TrafficReport:
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
+@functools.lru_cache(maxsize=None)
+def _resolved(path: str) -> str:
+    # A backward node's stack names the same few files thousands of times; resolving is a syscall each.
+    return str(Path(path).resolve())
+
+
+@functools.lru_cache(maxsize=None)
 def _short(path: str) -> str | None:
     """`path` relative to the repository, or None for files outside it, this module's own, and
     installed packages (a virtual environment inside the repository, such as .venv, holds torch)."""
@@ -349,9 +357,9 @@ def _node_site(node) -> tuple[str, bool]:
         if not m:
             continue
         path, line, fn = m.groups()
-        if fn == "wkv" and str(Path(path).resolve()) == _WKV_FILE:
+        if fn == "wkv" and _resolved(path) == _WKV_FILE:
             in_wkv = True
-        short = _short(str(Path(path).resolve()))
+        short = _short(_resolved(path))
         if short is not None:
             site = f"{short}:{line}"
     return site or "(outside the repository)", in_wkv

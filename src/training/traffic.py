@@ -265,13 +265,13 @@ class TrafficReport:
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _resolved(path: str) -> str:
     # A backward node's stack names the same few files thousands of times; resolving is a syscall each.
     return str(Path(path).resolve())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _short(path: str) -> str | None:
     """`path` relative to the repository, or None for files outside it, this module's own, and
     installed packages (a virtual environment inside the repository, such as .venv, holds torch)."""

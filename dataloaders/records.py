@@ -26,7 +26,7 @@ from PIL import Image
 from dataloaders.shards import ShardError, ShardSet
 from src.caption_record import InvalidCaptions, unpack_caption_record
 from src.jpeg import jpeg_info
-from src.recordio import RecordIOError, read_record_span
+from src.recordio import RecordIOError, record_in
 
 __all__ = ["BadRecord", "RecordReader", "image_size", "probe_shards"]
 
@@ -120,7 +120,7 @@ class RecordReader:
         path = str(self.shardset.shards[shard].rec)
         try:
             # Errors name offsets inside `buf`, so the message is ours, with the file's offset.
-            data, stop = read_record_span(io.BytesIO(buf), 0, path)
+            data, stop = record_in(buf, path)
             if stop != len(buf) and end == int(self.shardset.sizes[shard]):
                 # Records are written back to back, so bytes after a shard's last indexed record are
                 # records its index does not list (an index cut short, or stale).

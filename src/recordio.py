@@ -25,6 +25,7 @@ the magic number that starts every part (`MAGIC`, `MAGIC_BYTES` as on disk).
 
 from __future__ import annotations
 
+import io
 import numbers
 import os
 import struct
@@ -102,22 +103,26 @@ def pack(header: Any, s: bytes) -> bytes:
     return _IR.pack(*header) + s
 
 
-def unpack(s: bytes) -> tuple[IRHeader, bytes]:
-    """Split a record into its `IRHeader` and payload (label array decoded when flag > 0)."""
-    if len(s) < _IR_SIZE:
-        raise RecordIOError(f"record of {len(s)} bytes is shorter than the {_IR_SIZE}-byte IRHeader")
-    header = IRHeader(*_IR.unpack(s[:_IR_SIZE]))
-    s = s[_IR_SIZE:]
+def unpack(s: bytes | memoryview) -> tuple[IRHeader, bytes]:
+    """Split a record into its `IRHeader` and payload (label array decoded when flag > 0).
+
+    The payload is copied once (a view would keep the whole record alive); the label is a
+    read-only view of `s`."""
+    view = memoryview(s)
+    if len(view) < _IR_SIZE:
+        raise RecordIOError(f"record of {len(view)} bytes is shorter than the {_IR_SIZE}-byte IRHeader")
+    header = IRHeader(*_IR.unpack_from(view))
+    start = _IR_SIZE
     if header.flag > 0:
         need = header.flag * 4
-        if len(s) < need:
+        if len(view) - start < need:
             raise RecordIOError(
                 f"record header says {header.flag} float32 labels ({need} bytes) "
-                f"but only {len(s)} bytes follow the header"
+                f"but only {len(view) - start} bytes follow the header"
             )
-        header = header._replace(label=np.frombuffer(s, np.float32, header.flag))
-        s = s[need:]
-    return header, s
+        header = header._replace(label=np.frombuffer(view, np.float32, header.flag, offset=start))
+        start += need
+    return header, view[start:].tobytes()
 
 
 def unpack_img(s: bytes, iscolor: int = -1) -> tuple[IRHeader, np.ndarray]:
@@ -509,6 +514,20 @@ def read_record_span(f: BinaryIO, offset: int, path: str) -> tuple[bytes, int]:
     if record is None:
         raise RecordIOError(f"{path}: no record at byte offset {offset} (truncated .rec?)")
     return record, stop
+
+
+def record_in(buf: bytes, path: str) -> tuple[bytes | memoryview, int]:
+    """`read_record_span` of the record at the start of `buf` (bytes read from a `.rec` file).
+
+    A record stored whole in one part, as nearly all are, comes back as a view of `buf`, not
+    a copy; anything else goes the general way, with its errors."""
+    if len(buf) >= 8:
+        magic, lrec = _PART_HEADER.unpack_from(buf)
+        length = lrec & _LENGTH_MASK
+        stop = 8 + length + (-length & 3)
+        if magic == MAGIC and lrec >> 29 == _WHOLE and stop <= len(buf):
+            return memoryview(buf)[8 : 8 + length], stop
+    return read_record_span(io.BytesIO(buf), 0, path)
 
 
 def read_record_at(f: BinaryIO, offset: int, path: str) -> bytes:

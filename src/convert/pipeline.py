@@ -30,7 +30,7 @@ from .report import Report, percent
 from .sources import InputError, Source, SourceOptions, make_source
 from .state import load_state, new_state, write_json_atomic, write_report
 from .worker import WorkerConfig
-from .writer import TMP_SUFFIX, ShardWriter
+from .writer import TMP_SUFFIX, ShardWriter, discard_temps
 
 MAX_ID = 2**64 - 1  # record ids are uint64 (docs/formats.md, section 1)
 MAX_WORKERS_PER_CORE = 4  # past this, more workers only add memory and start-up time
@@ -342,6 +342,7 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
     workers = opts.workers or available_cores()
     sharded = opts.shard_size > 0
     writer: ShardWriter | None = None
+    opening: tuple[Path, Path] | None = None  # a shard whose writer is being made
     bar = _progress(my_total, done_before, opts.progress)
     try:
         for chunk, results in ordered_map(prefetch(chunked(items(), opts.chunk)), config, workers):
@@ -351,7 +352,8 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
                 if r.reason is not None:
                     continue
                 if writer is None:
-                    writer = ShardWriter(*shard_paths(prefix, len(state["shards"]) if sharded else None))
+                    opening = shard_paths(prefix, len(state["shards"]) if sharded else None)
+                    writer = ShardWriter(*opening)
                 payload = r.payload if r.payload is not None else item.image
                 writer.write(r.sample_id, pack_caption_record(r.tokens, r.sample_id, item.row, payload))
                 if sharded and writer.records == opts.shard_size:
@@ -367,6 +369,8 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
     except BaseException:
         if writer is not None:
             writer.abort()
+        elif opening is not None:
+            discard_temps(*opening)
         raise
     finally:
         bar.close()

@@ -37,8 +37,8 @@ class ShardWriter:
 
     def __init__(self, rec: Path, idx: Path) -> None:
         self.rec, self.idx = rec, idx
-        self.tmp_rec = rec.with_name(rec.name + TMP_SUFFIX)
-        self.tmp_idx = idx.with_name(idx.name + TMP_SUFFIX)
+        self.tmp_rec, self.tmp_idx = temp_paths(rec, idx)
+        self._committing = False
         self._io = _IndexStreamer(str(self.tmp_idx), str(self.tmp_rec), "w")
         self.records = 0
         self.first_id: int | None = None
@@ -54,6 +54,7 @@ class ShardWriter:
     def commit(self) -> dict:
         """Publish the shard; returns its summary for the report."""
         size = self._io.tell()
+        self._committing = True
         self._io.close()
         for tmp in (self.tmp_idx, self.tmp_rec):
             fsync_path(tmp)
@@ -76,5 +77,18 @@ class ShardWriter:
                     close()
             except OSError:
                 pass
-        for tmp in (self.tmp_idx, self.tmp_rec):
-            tmp.unlink(missing_ok=True)
+        discard_temps(self.rec, self.idx)
+        if self._committing and not self.rec.exists():  # stopped between the two renames
+            self.idx.unlink(missing_ok=True)
+
+
+def temp_paths(rec: Path, idx: Path) -> tuple[Path, Path]:
+    """The names a shard's `.rec` and `.idx` are written under until `commit()`."""
+    return rec.with_name(rec.name + TMP_SUFFIX), idx.with_name(idx.name + TMP_SUFFIX)
+
+
+def discard_temps(rec: Path, idx: Path) -> None:
+    """Delete a shard's unfinished files, also where a stop came while its writer was being made
+    (SIGTERM raises anywhere: the files may exist before the writer does)."""
+    for tmp in temp_paths(rec, idx):
+        tmp.unlink(missing_ok=True)

@@ -119,6 +119,10 @@ ENDPOINT=${ENDPOINT%/}
 [[ $ENDPOINT =~ ^https?://[^/[:space:]]+(/[^[:space:]]*)?$ ]] || die "HF_ENDPOINT '$ENDPOINT' is not an http(s) URL; unset it to use https://huggingface.co"
 MAX_ROUNDS=${HFD_MAX_ROUNDS:-3}
 BATCH=${HFD_BATCH:-64}
+# Seconds the downloader waits before retrying a failed request (wget backs off up to it).
+RETRY_WAIT=${HFD_RETRY_WAIT:-2}
+[[ $RETRY_WAIT =~ ^[0-9]+$ ]] && ((RETRY_WAIT >= 1 && RETRY_WAIT <= 600)) \
+  || die "HFD_RETRY_WAIT '$RETRY_WAIT' is not a number of seconds from 1 to 600; unset it for the default 2"
 NPROC=$(nproc 2>/dev/null || echo 2)
 
 # ---------------------------------------------------------------------------------------
@@ -580,7 +584,7 @@ download_batch() { # I...: fetch into STAGING
     run_child aria2c --no-conf=true --input-file="$PRIV/aria2.in" \
       --max-connection-per-server="$THREADS" --split="$THREADS" --min-split-size=1M \
       --max-concurrent-downloads="$JOBS" --continue=true --auto-file-renaming=false \
-      --max-tries=10 --retry-wait=2 --connect-timeout=30 --timeout=60 \
+      --max-tries=10 --retry-wait="$RETRY_WAIT" --connect-timeout=30 --timeout=60 \
       --auto-save-interval=5 --file-allocation=none --console-log-level=error \
       --summary-interval=0 --download-result=hide --human-readable=true || true
   else
@@ -593,7 +597,7 @@ download_batch() { # I...: fetch into STAGING
       k=$((k + 1))
       say "[$k/$#] ${NAMES[$i]}"
       mkdir -p -- "$(dirname -- "$STAGING/${NAMES[$i]}")"
-      run_child wget "${conf[@]}" "${progress[@]}" -c -O "$STAGING/${NAMES[$i]}" --tries=10 --waitretry=2 \
+      run_child wget "${conf[@]}" "${progress[@]}" -c -O "$STAGING/${NAMES[$i]}" --tries=10 --waitretry="$RETRY_WAIT" \
         --retry-connrefused --retry-on-http-error=429,500,502,503,504 --read-timeout=60 -- "$url" || true
     done
   fi

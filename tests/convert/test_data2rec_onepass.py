@@ -71,7 +71,7 @@ def make_env(tmp_path: Path, endpoint: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
-    env.update(HOME=str(home), HF_ENDPOINT=endpoint, OMP_NUM_THREADS="1")
+    env.update(HOME=str(home), HF_ENDPOINT=endpoint, OMP_NUM_THREADS="1", HFD_RETRY_WAIT="1")
     return env
 
 

@@ -56,8 +56,9 @@ def make_env(tmp_path: Path, endpoint: str, path: str | None = None, **extra: st
     home, tmpdir = tmp_path / "home", tmp_path / "tmpdir"
     home.mkdir(exist_ok=True)
     tmpdir.mkdir(exist_ok=True)
-    # HOME isolated: no token of the machine's user is picked up; TMPDIR checked for leftovers
-    env.update(HOME=str(home), TMPDIR=str(tmpdir), HF_ENDPOINT=endpoint)
+    # HOME isolated: no token of the machine's user is picked up; TMPDIR checked for leftovers.
+    # Retries after a second, not the default two: the injected faults are retried all the same.
+    env.update(HOME=str(home), TMPDIR=str(tmpdir), HF_ENDPOINT=endpoint, HFD_RETRY_WAIT="1")
     if path is not None:
         env["PATH"] = path
     env.update(extra)

@@ -34,6 +34,28 @@ def _rounded_interpreted(x, dtype):
 
 
 _rounded = _rounded_interpreted if interpreter_requested() else _rounded_native
+# Helpers are inlined when compiled; the interpreter runs them as plain functions (it would re-patch
+# triton.language on every call of a jitted one, as wkv_bi_triton_kernels.py explains).
+_helper = (lambda fn: fn) if interpreter_requested() else triton.jit
+
+
+@_helper
+def _span(a_ptr, b_ptr, rows, cols, col_ok, R, C):
+    """A block of rows: its mask, element offsets, a and b - a in float32."""
+    ok = (rows < R)[:, None] & col_ok[None, :]
+    at = rows[:, None] * C + cols[None, :]
+    a = tl.load(a_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    diff = tl.load(b_ptr + at, mask=ok, other=0.0).to(tl.float32) - a
+    return ok, at, a, diff
+
+
+@_helper
+def _coefficient(coef_ptr, m_ptr, j, cols, col_ok, at, ok, R, C, HAS_M: tl.constexpr):
+    """coef[j] (+ m[j] where there is one) over the block, in float32."""
+    c = tl.load(coef_ptr + j * C + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_M:
+        c = c + tl.load(m_ptr + j * R * C + at, mask=ok, other=0.0).to(tl.float32)
+    return c
 
 
 @triton.jit
@@ -46,15 +68,9 @@ def mix_forward_kernel(
     col_ok = cols < C
     first_row = tl.program_id(0) * BLOCK_R * SPANS
     for s in range(SPANS):
-        rows = first_row + s * BLOCK_R + tl.arange(0, BLOCK_R)
-        ok = (rows < R)[:, None] & col_ok[None, :]
-        at = rows[:, None] * C + cols[None, :]
-        a = tl.load(a_ptr + at, mask=ok, other=0.0).to(tl.float32)
-        diff = tl.load(b_ptr + at, mask=ok, other=0.0).to(tl.float32) - a
+        ok, at, a, diff = _span(a_ptr, b_ptr, first_row + s * BLOCK_R + tl.arange(0, BLOCK_R), cols, col_ok, R, C)
         for j in tl.static_range(K):
-            c = tl.load(coef_ptr + j * C + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-            if HAS_M:
-                c = c + tl.load(m_ptr + j * R * C + at, mask=ok, other=0.0).to(tl.float32)
+            c = _coefficient(coef_ptr, m_ptr, j, cols, col_ok, at, ok, R, C, HAS_M)
             tl.store(out_ptr + j * R * C + at, _rounded(a + diff * c, out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -72,18 +88,12 @@ def mix_backward_kernel(
     mixes = tl.arange(0, K_PAD)
     dcoef = tl.zeros((K_PAD, BLOCK_C), dtype=tl.float32)  # the span's coefficient gradients
     for s in range(SPANS):
-        rows = first_row + s * BLOCK_R + tl.arange(0, BLOCK_R)
-        ok = (rows < R)[:, None] & col_ok[None, :]
-        at = rows[:, None] * C + cols[None, :]
-        a = tl.load(a_ptr + at, mask=ok, other=0.0).to(tl.float32)
-        diff = tl.load(b_ptr + at, mask=ok, other=0.0).to(tl.float32) - a
+        ok, at, a, diff = _span(a_ptr, b_ptr, first_row + s * BLOCK_R + tl.arange(0, BLOCK_R), cols, col_ok, R, C)
         g_sum = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
         db = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
         for j in tl.static_range(K):
             g = tl.load(grad_ptr + j * R * C + at, mask=ok, other=0.0).to(tl.float32)
-            c = tl.load(coef_ptr + j * C + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-            if HAS_M:
-                c = c + tl.load(m_ptr + j * R * C + at, mask=ok, other=0.0).to(tl.float32)
+            c = _coefficient(coef_ptr, m_ptr, j, cols, col_ok, at, ok, R, C, HAS_M)
             g_sum += g
             db += g * c
             dc = g * diff

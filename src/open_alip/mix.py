@@ -36,6 +36,7 @@ from .triton_env import constant_under_compile, device_guard, kernel_problem
 Tensor = torch.Tensor
 
 MIX_IMPLS = ("torch", "triton")
+MAX_MIXES = 5  # the most any mix site has (the time mix's five); the kernels take that many pointers
 # A program: 64 channels over up to 16 x 16 rows, 4 warps. Chosen by register use when compiled
 # for sm_90 (tests/_mix_compile.py): the backward of the five mixes needs 138 registers a thread
 # (255, the limit, at 32 rows), the forward 96. Not yet timed on a GPU.
@@ -84,6 +85,8 @@ def _shape(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None) -> tuple[int, i
     channels = a.shape[-1]
     rows = a.numel() // max(channels, 1)
     mixes = coef.shape[0]
+    if not 1 <= mixes <= MAX_MIXES:
+        raise ValueError(f"{mixes} mixes: the kernels take 1 to {MAX_MIXES}")
     if b.shape != a.shape or coef.dim() != 2 or coef.shape[1] != channels:
         raise ValueError(f"mixes of a {tuple(a.shape)}, b {tuple(b.shape)}: coef must be [K, {channels}], "
                          f"got {tuple(coef.shape)}")
@@ -92,37 +95,45 @@ def _shape(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None) -> tuple[int, i
     return mixes, rows, channels
 
 
+def _pointers(tensors: list[Tensor]) -> list[Tensor]:
+    """`tensors` padded to MAX_MIXES with the first (the kernels never touch the padding)."""
+    return tensors + tensors[:1] * (MAX_MIXES - len(tensors))
+
+
 @torch.library.custom_op("open_alip::token_mix", mutates_args=())
-def token_mix_op(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None, out_dtype: torch.dtype) -> Tensor:
-    """`[K, *a.shape]` of a + (b - a) * (coef[j] + m[j]) in `out_dtype`; coef `[K, C]`, m `[K, *a.shape]` or None."""
+def token_mix_op(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None, out_dtype: torch.dtype) -> list[Tensor]:
+    """The K mixes a + (b - a) * (coef[j] + m[j]), each a tensor of a's shape in `out_dtype`;
+    coef `[K, C]`, m `[K, *a.shape]` or None. K separate outputs, so that autograd hands their
+    gradients back as they are (one stacked output would have them stacked into a copy)."""
     mixes, rows, channels = _shape(a, b, coef, m)
     _check(a.device)
     a, b, coef = a.contiguous(), b.contiguous(), coef.contiguous()
     m = m.contiguous() if m is not None else None
-    out = torch.empty((mixes, *a.shape), dtype=out_dtype, device=a.device)
+    outs = [torch.empty(a.shape, dtype=out_dtype, device=a.device) for _ in range(mixes)]
     if rows * channels:
         grid, spans = _launch(rows, channels)
         with device_guard(a):
             _kernels().mix_forward_kernel[grid](
-                a, b, coef, a if m is None else m, out, rows, channels,
+                a, b, coef, a if m is None else m, *_pointers(outs), rows, channels,
                 K=mixes, HAS_M=m is not None, BLOCK_R=_BLOCK_R, BLOCK_C=_BLOCK_C, SPANS=spans, num_warps=NUM_WARPS,
             )  # fmt: skip
-    return out
+    return outs
 
 
 @token_mix_op.register_fake
-def _(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None, out_dtype: torch.dtype) -> Tensor:
-    return a.new_empty((coef.shape[0], *a.shape), dtype=out_dtype)
+def _(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None, out_dtype: torch.dtype) -> list[Tensor]:
+    return [a.new_empty(a.shape, dtype=out_dtype) for _ in range(coef.shape[0])]
 
 
 @torch.library.custom_op("open_alip::token_mix_backward", mutates_args=())
 def token_mix_backward_op(
-    grad: Tensor, a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None
+    grads: list[Tensor], a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(da, db, dcoef, dm) of `token_mix_op`, each in its input's dtype; dm is empty when m is None."""
     mixes, rows, channels = _shape(a, b, coef, m)
     _check(a.device)
-    grad, a, b, coef = grad.contiguous(), a.contiguous(), b.contiguous(), coef.contiguous()
+    grads = [g.contiguous() for g in grads]
+    a, b, coef = a.contiguous(), b.contiguous(), coef.contiguous()
     m = m.contiguous() if m is not None else None
     da, db = torch.empty_like(a), torch.empty_like(b)
     dm = torch.empty_like(m) if m is not None else a.new_empty(0)
@@ -131,28 +142,30 @@ def token_mix_backward_op(
     if rows * channels:
         with device_guard(a):
             _kernels().mix_backward_kernel[grid](
-                grad, a, b, coef, a if m is None else m, da, db, a if m is None else dm, part, rows, channels,
-                K=mixes, K_PAD=1 << (mixes - 1).bit_length(), HAS_M=m is not None,
+                *_pointers(grads), a, b, coef, a if m is None else m, da, db, a if m is None else dm, part,
+                rows, channels, K=mixes, K_PAD=1 << (mixes - 1).bit_length(), HAS_M=m is not None,
                 BLOCK_R=_BLOCK_R, BLOCK_C=_BLOCK_C, SPANS=spans, num_warps=NUM_WARPS,
             )  # fmt: skip
     return da, db, part.sum(0).to(coef.dtype), dm
 
 
 @token_mix_backward_op.register_fake
-def _(grad: Tensor, a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None):
+def _(grads: list[Tensor], a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None):
     dm = torch.empty_like(m) if m is not None else a.new_empty(0)
     return torch.empty_like(a), torch.empty_like(b), torch.empty_like(coef), dm
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    a, b, coef, m, _ = inputs
-    ctx.has_m = m is not None
+    a, b, coef, m, out_dtype = inputs
+    ctx.has_m, ctx.out_dtype = m is not None, out_dtype
     ctx.save_for_backward(a, b, coef, m)
 
 
-def _backward(ctx, grad: Tensor):
+def _backward(ctx, grads: list[Tensor | None]):
     a, b, coef, m = ctx.saved_tensors
-    da, db, dcoef, dm = token_mix_backward_op(grad, a, b, coef, m)
+    # A mix nothing used has no gradient; the kernels read one of zeros for it.
+    grads = [torch.zeros(a.shape, dtype=ctx.out_dtype, device=a.device) if g is None else g for g in grads]
+    da, db, dcoef, dm = token_mix_backward_op(grads, a, b, coef, m)
     return da, db, dcoef, (dm if ctx.has_m else None), None
 
 
@@ -172,7 +185,7 @@ def fused_mixes(a: Tensor, b: Tensor, coefs: list[Tensor] | Tensor, m: Tensor | 
         out_dtype = torch.get_autocast_dtype(device_type)
     else:
         out_dtype = a.dtype
-    return token_mix_op(a, b, coef.reshape(coef.shape[0], -1), m, out_dtype).unbind(0)
+    return tuple(token_mix_op(a, b, coef.reshape(coef.shape[0], -1), m, out_dtype))
 
 
 def check_mix_impl(impl: str) -> None:

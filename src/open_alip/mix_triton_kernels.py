@@ -3,10 +3,11 @@
 Imported on first use only, as `wkv_bi_triton_kernels.py` is: Triton decides at decoration
 time whether a kernel is interpreted (TRITON_INTERPRET=1).
 
-Both kernels see `a` and `b` as `[R, C]` rows (R = batch * time) and the K mixes as
-`[K, R, C]`. One program owns a block of channels over a span of rows: it reads a and b
-once for all K mixes, and in the backward sums each coefficient's gradient over its rows
-in registers, so the only partial buffer is one float32 row of K x C per span of rows.
+Both kernels see `a` and `b` as `[R, C]` rows (R = batch * time), the LoRA term m and its
+gradient as `[K, R, C]`, and the K mixes and their gradients as K tensors of `[R, C]` each.
+One program owns a block of channels over a span of rows: it reads a and b once for all K
+mixes, and in the backward sums each coefficient's gradient over its rows in registers, so
+the only partial buffer is one float32 row of K x C per span of rows.
 """
 
 from __future__ import annotations
@@ -58,12 +59,27 @@ def _coefficient(coef_ptr, m_ptr, j, cols, col_ok, at, ok, R, C, HAS_M: tl.const
     return c
 
 
+@_helper
+def _pick(j: tl.constexpr, p0, p1, p2, p3, p4):
+    """The j-th of the mixes' own tensors (up to five, one pointer each)."""
+    if j == 0:
+        return p0
+    elif j == 1:
+        return p1
+    elif j == 2:
+        return p2
+    elif j == 3:
+        return p3
+    else:
+        return p4
+
+
 @triton.jit
 def mix_forward_kernel(
-    a_ptr, b_ptr, coef_ptr, m_ptr, out_ptr, R, C,
+    a_ptr, b_ptr, coef_ptr, m_ptr, out0_ptr, out1_ptr, out2_ptr, out3_ptr, out4_ptr, R, C,
     K: tl.constexpr, HAS_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SPANS: tl.constexpr,
 ):  # fmt: skip
-    """out[j] = a + (b - a) * (coef[j] + m[j]) for j < K, computed in float32, stored in out's dtype."""
+    """out_j = a + (b - a) * (coef[j] + m[j]) for j < K, computed in float32, stored in out_j's dtype."""
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
     first_row = tl.program_id(0) * BLOCK_R * SPANS
@@ -71,12 +87,13 @@ def mix_forward_kernel(
         ok, at, a, diff = _span(a_ptr, b_ptr, first_row + s * BLOCK_R + tl.arange(0, BLOCK_R), cols, col_ok, R, C)
         for j in tl.static_range(K):
             c = _coefficient(coef_ptr, m_ptr, j, cols, col_ok, at, ok, R, C, HAS_M)
-            tl.store(out_ptr + j * R * C + at, _rounded(a + diff * c, out_ptr.dtype.element_ty), mask=ok)
+            out_ptr = _pick(j, out0_ptr, out1_ptr, out2_ptr, out3_ptr, out4_ptr)
+            tl.store(out_ptr + at, _rounded(a + diff * c, out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
 def mix_backward_kernel(
-    grad_ptr, a_ptr, b_ptr, coef_ptr, m_ptr, da_ptr, db_ptr, dm_ptr, dcoef_ptr, R, C,
+    g0_ptr, g1_ptr, g2_ptr, g3_ptr, g4_ptr, a_ptr, b_ptr, coef_ptr, m_ptr, da_ptr, db_ptr, dm_ptr, dcoef_ptr, R, C,
     K: tl.constexpr, K_PAD: tl.constexpr, HAS_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
     SPANS: tl.constexpr,
 ):  # fmt: skip
@@ -92,7 +109,7 @@ def mix_backward_kernel(
         g_sum = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
         db = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
         for j in tl.static_range(K):
-            g = tl.load(grad_ptr + j * R * C + at, mask=ok, other=0.0).to(tl.float32)
+            g = tl.load(_pick(j, g0_ptr, g1_ptr, g2_ptr, g3_ptr, g4_ptr) + at, mask=ok, other=0.0).to(tl.float32)
             c = _coefficient(coef_ptr, m_ptr, j, cols, col_ok, at, ok, R, C, HAS_M)
             g_sum += g
             db += g * c

@@ -35,7 +35,8 @@ Options:
   -h, --help           show this help
 
 Environment: HF_ENDPOINT (default https://huggingface.co) selects the hub or a mirror;
-HF_TOKEN (or the token saved by `hf auth login`) authenticates.
+HF_TOKEN (or the token saved by `hf auth login`) authenticates; HFD_RETRY_WAIT sets the seconds
+before a failed request is retried (default 2).
 Needs curl and jq, plus aria2c or wget.
 Exit status: 0 when every selected file is present and verified, 1 otherwise.
 EOF

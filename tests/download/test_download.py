@@ -401,6 +401,15 @@ def test_bad_arguments_give_usage_and_exit_1(tmp_path: Path, args: list[str], me
     assert "Usage: hfd.sh REPO_ID" in r.stderr
 
 
+@pytest.mark.parametrize("wait", ["0", "soon", "601"])
+def test_a_bad_retry_wait_is_refused_before_any_request(tmp_path: Path, wait: str):
+    r = run_hfd([REPO, "--local-dir", str(tmp_path / "out")], make_env(tmp_path, "http://127.0.0.1:9", HFD_RETRY_WAIT=wait))
+    assert r.returncode == 1 and not (tmp_path / "out").exists()
+    assert r.stderr.splitlines() == [
+        f"hfd.sh: error: HFD_RETRY_WAIT '{wait}' is not a number of seconds from 1 to 600; unset it for the default 2"
+    ]
+
+
 def test_list_only_prints_the_selection_at_a_pinned_commit_and_writes_nothing(shard_repo_dir: Path, tmp_path: Path):
     # data2rec.py --from-hub lists through this, then downloads file by file at the commit
     with serve_in_background(shard_repo_dir, REPO) as server:

@@ -245,3 +245,13 @@ def test_the_watchdog_saves_the_report_and_stops_a_run_that_overstays(tmp_path):
 def test_the_default_run_fits_eight_minutes():
     # The sections' time plus the watchdog's grace leaves at least 40 s for start-up.
     assert gpu.DEFAULT_TIME_LIMIT + gpu.HARD_STOP_GRACE <= 8 * 60 - 40
+
+
+def test_a_gpu_run_times_our_own_kernels_right_after_the_default_step():
+    args = gpu.parse_args(["--output", "r.json"])
+    names = [s.name for s in gpu.build_sections(args, torch.device("cpu"))]
+    assert names[:3] == ["train_eager", "train_fused", "train_compiled"]
+    cpu = gpu.build_sections(gpu.parse_args(["--cpu-test", "--output", "r.json"]), torch.device("cpu"))
+    assert "train_fused" not in [s.name for s in cpu]  # our kernels run on a CPU only when interpreted
+    cfg = gpu_train.train_config("tiny", 8, "bi_triton", False, torch.device("cpu"), mix_impl="triton")
+    assert (cfg.wkv_impl, cfg.mix_impl) == ("bi_triton", "triton")

@@ -364,8 +364,10 @@ def _announce(cfg: TrainConfig, env: DistEnv, plan: BatchPlan, model: nn.Module,
     """Log what this run is and write params.json (the resolved configuration)."""
     params = sum(p.numel() for p in model.parameters())
     wkv = {m.wkv_impl for m in model.modules() if hasattr(m, "wkv_impl")}
-    LOG.info("model %s: %s parameters, WKV %s, text decays stored in %s | %d process(es) on %s, %s%s",
-             cfg.config, f"{params:,}", "/".join(sorted(wkv)), cfg.text_decay_dtype, env.world_size,
+    mixes = {m.mix_impl for m in model.modules() if hasattr(m, "mix_impl")}
+    LOG.info("model %s: %s parameters, WKV %s, token-shift mixes %s, text decays stored in %s | %d process(es) "
+             "on %s, %s%s", cfg.config, f"{params:,}", "/".join(sorted(wkv)), "/".join(sorted(mixes)),
+             cfg.text_decay_dtype, env.world_size,
              env.device.type, cfg.precision, f", compiled ({cfg.compile_backend})" if cfg.compile else "")
     LOG.info("%s | %d records, %d steps per epoch, %d steps in all", plan.describe(), int(loader.total_records),
              steps_per_epoch, schedule.total_steps)

@@ -92,6 +92,9 @@ def _shape(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None) -> tuple[int, i
                          f"got {tuple(coef.shape)}")
     if m is not None and m.shape != (mixes, *a.shape):
         raise ValueError(f"m must be [{mixes}, {', '.join(map(str, a.shape))}], got {tuple(m.shape)}")
+    if mixes * rows * channels >= 2**31:  # the kernels address m and dm with 32-bit offsets
+        raise ValueError(f"{mixes} mixes of {rows} x {channels} values exceed the kernels' 2^31 elements; "
+                         "use a smaller micro-batch or --mix-impl torch")
     return mixes, rows, channels
 
 
@@ -122,6 +125,7 @@ def token_mix_op(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None, out_dtype
 
 @token_mix_op.register_fake
 def _(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None, out_dtype: torch.dtype) -> list[Tensor]:
+    _shape(a, b, coef, m)  # shapes the kernels refuse fail here too (FakeTensors, torch.compile)
     return [a.new_empty(a.shape, dtype=out_dtype) for _ in range(coef.shape[0])]
 
 
@@ -151,6 +155,7 @@ def token_mix_backward_op(
 
 @token_mix_backward_op.register_fake
 def _(grads: list[Tensor], a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None):
+    _shape(a, b, coef, m)
     dm = torch.empty_like(m) if m is not None else a.new_empty(0)
     return torch.empty_like(a), torch.empty_like(b), torch.empty_like(coef), dm
 
@@ -181,10 +186,11 @@ def fused_mixes(a: Tensor, b: Tensor, coefs: list[Tensor] | Tensor, m: Tensor | 
     """
     coef = torch.stack([c.reshape(-1) for c in coefs]) if isinstance(coefs, (list, tuple)) else coefs
     device_type = a.device.type
-    if torch.is_autocast_enabled(device_type):
-        out_dtype = torch.get_autocast_dtype(device_type)
-    else:
-        out_dtype = a.dtype
+    try:
+        autocast = torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type without autocast (meta)
+        autocast = False
+    out_dtype = torch.get_autocast_dtype(device_type) if autocast else a.dtype
     return tuple(token_mix_op(a, b, coef.reshape(coef.shape[0], -1), m, out_dtype))
 
 

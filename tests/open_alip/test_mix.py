@@ -124,3 +124,13 @@ def test_kernels_compile_for_sm90_without_spilling():
         assert usage["spill_bytes"] == 0, (kernel, usage)
         # Under 168 registers a thread leaves room for three programs of 4 warps per SM.
         assert usage["registers"] < 168, (kernel, usage)
+
+
+def test_shapes_the_kernels_cannot_address_are_refused_before_any_launch():
+    # Checked before the device: the message is the same on a GPU. Shapes only (meta tensors).
+    a = torch.empty(1, 2**29, 4, device="meta")
+    with pytest.raises(ValueError, match="exceed the kernels' 2\\^31 elements"):
+        fused_mixes(a, a, [torch.empty(4, device="meta")] * 2)
+    small = torch.empty(1, 2, 4, device="meta")
+    with pytest.raises(ValueError, match="the kernels take 1 to 5"):
+        fused_mixes(small, small, [torch.empty(4, device="meta")] * 6)

@@ -15,11 +15,12 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     from src.errors import UserError, report
-    from src.training.main import run
     from src.training.params import parse_config
 
     try:
-        config = parse_config(argv)
+        config = parse_config(argv)  # --help and flag errors answer before torch is imported
+        from src.training.main import run
+
         hooks = []
         if config.zeroshot_data:
             from src.evaluation.hook import zero_shot_epoch_hook

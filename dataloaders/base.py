@@ -28,16 +28,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from dataloaders.limits import DEFAULT_MAX_BAD_RECORDS
 from dataloaders.shards import ShardError, ShardSet
 from src.errors import UserError
 from src.open_alip.constants import CONTEXT_LENGTH
 
 LOG = logging.getLogger("dataloaders")
 
-# A run stops when a process knows of more bad records than this: one damaged image must not
-# end a 26-hour run, but a wrong or broken dataset must stop within minutes, not after
-# warning about every record. 100 is under 0.001% of YFCC15M.
-DEFAULT_MAX_BAD_RECORDS = 100
 
 # Streams of randomness drawn from one (seed, epoch, rank, world) tuple: the order of the
 # epoch and the per-sample augmentation seeds (the values keep earlier runs' orders).

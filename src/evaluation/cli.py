@@ -63,7 +63,7 @@ def build_parser(
     p.add_argument("--device", default="auto", help="auto (GPU if present), cpu, cuda or cuda:N")
     p.add_argument("--wkv-impl", default="auto", metavar="IMPL",
                    help="WKV implementation: auto (fla's kernels on a GPU when fla-core imports, else chunked) "
-                        "or a name from WKV_IMPL_CHOICES in src/open_alip/wkv.py (an unknown name is refused "
+                        "or a name from WKV_IMPL_CHOICES in src/open_alip/choices.py (an unknown name is refused "
                         "with the list)")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="hub cache folder for hf-hub: weights (default: huggingface_hub's, under HF_HOME)")

@@ -31,11 +31,11 @@ from types import ModuleType
 
 import torch
 
+from .choices import MIX_IMPLS
 from .triton_env import constant_under_compile, device_guard, kernel_problem
 
 Tensor = torch.Tensor
 
-MIX_IMPLS = ("torch", "triton")
 MAX_MIXES = 5  # the most any mix site has (the time mix's five); the kernels take that many pointers
 # A program: 64 channels over up to 16 x 16 rows, 4 warps. Chosen by register use when compiled
 # for sm_90 (tests/_mix_compile.py): the backward of the five mixes needs 138 registers a thread

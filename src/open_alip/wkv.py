@@ -45,6 +45,7 @@ import torch
 
 from . import wkv_bi_triton as _bi
 from . import wkv_fla as _fla
+from .choices import WKV_IMPL_CHOICES, WKV_IMPLEMENTATIONS
 
 Tensor = torch.Tensor
 
@@ -294,8 +295,9 @@ IMPLEMENTATIONS: dict[str, Callable[..., Tensor]] = {
     "fla_chunk": wkv_fla_chunk,
     "bi_triton": wkv_bi_triton,
 }
-# Every name `wkv`, `resolve_wkv_impl` and the model accept (for a CLI's `choices`).
-WKV_IMPL_CHOICES: tuple[str, ...] = ("auto", *IMPLEMENTATIONS)
+# The names are choices.py's (what the CLIs offer without importing this module); they must be these.
+if tuple(IMPLEMENTATIONS) != WKV_IMPLEMENTATIONS:
+    raise ImportError(f"src/open_alip/choices.py names {WKV_IMPLEMENTATIONS}, wkv.py implements {tuple(IMPLEMENTATIONS)}")
 # Triton kernels: on CPU they run only under Triton's interpreter (for checks, slow).
 TRITON_IMPLEMENTATIONS = frozenset({"fla", "fla_chunk", "bi_triton"})
 # Implementations that take r, k, v, w, u in the dtypes they come in; `wkv` converts

@@ -21,9 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dataloaders.base import DEFAULT_MAX_BAD_RECORDS
-from src.open_alip.mix import MIX_IMPLS
-from src.open_alip.wkv import WKV_IMPL_CHOICES
+from dataloaders.limits import DEFAULT_MAX_BAD_RECORDS
+from src.open_alip.choices import MIX_IMPLS, WKV_IMPL_CHOICES
 from src.training.errors import TrainingError
 from src.training.schedule import SCHEDULES
 

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: train.py's parser (this module's SCHEDULES) needs no torch
+    import torch
 
 SCHEDULES = ("cosine", "onecycle", "linear", "warmup-cosine", "warmup-linear", "const")
 ONECYCLE = ("cosine", "onecycle")

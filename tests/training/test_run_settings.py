@@ -5,6 +5,8 @@ it, and a run recorded by an earlier version still compares on resume."""
 
 import argparse
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from src.training import main as train_main
 from src.training.config import RECIPES, TrainConfig, flag_of, recipe_notices, settings
 from src.training.params import MODEL_KEYS, build_parser, parse_config
 from src.training.schedule import Schedule
+from tests._repo import REPO
 
 # What deepglint/RWKV-CLIP's shell/train_RWKV_CLIP_B32_YFCC15M.sh and train.py ran with, as this
 # toolkit's B/32 script passed them flag by flag before the recipe existed.
@@ -59,6 +62,16 @@ def test_the_flags_take_the_fields_types(tmp_path):
     assert cfg.given == {"train_data", "output", "workers", "lr", "local_loss", "batch_size", "accum_freq", "resume"}
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--train-data", "d", "--output", "o", "--work", "3"])  # allow_abbrev=False
+
+
+def test_the_parser_and_the_launcher_import_no_torch():
+    # train.py --help, a flag error and the recipe scripts' launcher answer in a tenth of a second,
+    # not after torch's two (the implementations' names come from src/open_alip/choices.py).
+    code = ("import sys, src.training.params, src.training.launch; "
+            "assert 'torch' not in sys.modules, [m for m in sys.modules if m.startswith(('src', 'dataloaders'))]")
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True).returncode == 0
+    proc = subprocess.run([sys.executable, "train.py", "--help"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0 and "--mix-impl {torch,triton}" in proc.stdout
 
 
 def test_help_shows_a_default_only_where_there_is_one(capsys):

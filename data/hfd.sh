@@ -191,8 +191,10 @@ watchdog() {
   if [[ $child =~ ^[0-9]+$ ]]; then kill -TERM "$child" 2>/dev/null || true; fi
   rm -rf -- "$PRIV"
 }
-watchdog "$$" </dev/null >/dev/null 2>&1 &
-WATCHDOG=$!
+# Started from a subshell that exits at once, so it is not this shell's child: no `wait` of this
+# shell (a trap's, bash's own) can block on it, which lives as long as this shell does.
+(watchdog "$$" </dev/null >/dev/null 2>&1 & printf '%s\n' "$!" >"$PRIV/watchdog")
+WATCHDOG=$(cat -- "$PRIV/watchdog")
 
 # A child in the background + wait, so that a signal to this script reaches the
 # downloader too (and it can save its resume state) instead of orphaning it.

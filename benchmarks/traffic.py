@@ -27,6 +27,7 @@ from pathlib import Path
 
 from src.errors import UserError
 from src.errors import report as report_error
+from src.open_alip.choices import MIX_IMPLS
 
 PROG = "benchmarks.traffic"
 FUSIBLE = ("elementwise", "cast", "copy")  # what fusion (eager cuts, torch.compile) can remove
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=512, help="pairs per GPU step (the micro-batch)")
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--wkv-impl", default="fla", choices=("fla", "bi_triton", "chunked", "reference"))
-    parser.add_argument("--mix-impl", default="torch", choices=("torch", "triton"),
+    parser.add_argument("--mix-impl", default="torch", choices=MIX_IMPLS,
                         help="token-shift mixes: eager torch ops, or one fused Triton op per mix site")
     parser.add_argument("--top", type=int, default=15, help="source lines to list")
     parser.add_argument("--save", type=Path, help="write the counts as JSON here (a baseline for later runs)")

@@ -144,23 +144,16 @@ def _worker_main(conn, shardset: ShardSet) -> None:
 def _write_all(fd: int, buffers: list[np.ndarray]) -> None:
     """The buffers back to back from the file's start: one `pwritev` per up to 512 of them (no
     joined copy). A short write (the buffer's size limit reached) continues, and raises on the next try."""
-    offset, i = 0, 0
-    while i < len(buffers):
-        chunk = buffers[i : i + 512]
-        written = os.pwritev(fd, chunk, offset)
+    views = [memoryview(b) for b in buffers]
+    i = offset = 0
+    while i < len(views):
+        written = os.pwritev(fd, views[i : i + 512], offset)
         offset += written
-        for buf in chunk:  # past the buffers written whole; finish one written in part
-            if written >= len(buf):
-                written -= len(buf)
-                i += 1
-                continue
-            view = memoryview(buf)[written:]
-            while len(view):
-                done = os.pwrite(fd, view, offset)
-                offset += done
-                view = view[done:]
+        while i < len(views) and written >= len(views[i]):  # past the buffers written whole
+            written -= len(views[i])
             i += 1
-            break
+        if written:  # the rest of one written in part
+            views[i] = views[i][written:]
 
 
 class _Slot:

@@ -39,7 +39,7 @@ Tensor = torch.Tensor
 MAX_MIXES = 5  # the most any mix site has (the time mix's five); the kernels take that many pointers
 # A program: 64 channels over up to 16 x 16 rows, 4 warps. Chosen by register use when compiled
 # for sm_90 (tests/_mix_compile.py): the backward of the five mixes needs 138 registers a thread
-# (255, the limit, at 32 rows), the forward 96. Not yet timed on a GPU.
+# (255, the limit, at 32 rows), the forward 64. Not yet timed on a GPU.
 _BLOCK_R, _BLOCK_C, _MAX_SPANS, NUM_WARPS = 16, 64, 16, 4
 
 _problems: dict[str, str | None] = {}
@@ -177,21 +177,21 @@ def _backward(ctx, grads: list[Tensor | None]):
 token_mix_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def fused_mixes(a: Tensor, b: Tensor, coefs: list[Tensor] | Tensor, m: Tensor | None = None) -> tuple[Tensor, ...]:
+def fused_mixes(a: Tensor, b: Tensor, coefs: list[Tensor], m: Tensor | None = None) -> tuple[Tensor, ...]:
     """The K mixes a + (b - a) * (coef_j + m_j) of `[..., C]` a and b, each coef_j of C
     elements (any shape, e.g. a `[1, 1, C]` parameter), m `[K, *a.shape]` or None.
 
     Under autocast the results come in its dtype (the linears' input), else in a's.
     Raises ValueError where the kernels cannot run (see `mix_problem`).
     """
-    coef = torch.stack([c.reshape(-1) for c in coefs]) if isinstance(coefs, (list, tuple)) else coefs
+    coef = torch.stack([c.reshape(-1) for c in coefs])
     device_type = a.device.type
     try:
         autocast = torch.is_autocast_enabled(device_type)
     except RuntimeError:  # a device type without autocast (meta)
         autocast = False
     out_dtype = torch.get_autocast_dtype(device_type) if autocast else a.dtype
-    return tuple(token_mix_op(a, b, coef.reshape(coef.shape[0], -1), m, out_dtype))
+    return tuple(token_mix_op(a, b, coef, m, out_dtype))
 
 
 def check_mix_impl(impl: str) -> None:

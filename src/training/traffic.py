@@ -61,7 +61,7 @@ from torch.utils._pytree import tree_flatten
 
 from src.open_alip import ClipLoss, get_model_config
 from src.open_alip import wkv as wkv_module
-from src.open_alip.mix import MIX_IMPLS
+from src.open_alip.choices import MIX_IMPLS
 from src.training.errors import TrainingError
 from src.training.step_trace import (
     MEASURE_LOCK,

@@ -65,41 +65,35 @@ def check_fake() -> dict:
 
 
 def check_compile() -> dict:
-    """One training step of the tiny model on bi_triton under bf16 autocast, compiled with
-    aot_eager in one graph, against the same step eager and eager on "chunked"."""
+    """One image block (its time mix with the WKV on bi_triton, and its channel mix) under bf16
+    autocast, compiled with aot_eager in one graph, against the same block eager and eager on
+    "chunked": output, input gradient and every parameter gradient. (One block, not the model:
+    the same op in the same graph, for a fifth of the tracing.)"""
     torch.manual_seed(0)
-    base = create_model("RWKV_CLIP_tiny", wkv_impl="bi_triton", n_layer=1, image_depth=1, ctx_len=8, input_size=16,
-                        image_num_heads=1, head_size=64).train()
-    images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
-    tokens = torch.randint(1, 1000, (2, 8), generator=torch.Generator().manual_seed(2))
+    model = create_model("RWKV_CLIP_tiny", wkv_impl="bi_triton", n_layer=1, image_depth=1, ctx_len=8, input_size=16,
+                         image_num_heads=1, head_size=64)
+    block = model.image_model.layers[0].train()
+    with torch.no_grad():  # a fresh block's output projections are zero, which would hide the gradients behind them
+        for p in block.parameters():
+            if p.dim() == 2 and not p.any():
+                p.normal_(0.0, 0.02)
+    x = torch.randn(2, 4, block.ln1.normalized_shape[0], generator=torch.Generator().manual_seed(1))
 
-    def train_step(impl: str, compiled: bool) -> list[torch.Tensor]:
-        model = copy.deepcopy(base)
-        model.set_wkv_impl(impl)
-        forward = torch.compile(model, backend="aot_eager", fullgraph=True) if compiled else model
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    def step(impl: str, compiled: bool) -> list[torch.Tensor]:
+        copy_ = copy.deepcopy(block)
+        for module in copy_.modules():
+            if hasattr(module, "wkv_impl"):
+                module.wkv_impl = impl
+        forward = torch.compile(copy_, backend="aot_eager", fullgraph=True) if compiled else copy_
+        leaf = x.clone().requires_grad_()
         with torch.autocast("cpu", dtype=BF16):
-            image, text, scale = forward(images, tokens)
-            logits = (
-                scale
-                * torch.nn.functional.normalize(image.float(), dim=-1)
-                @ torch.nn.functional.normalize(text.float(), dim=-1).T
-            )
-            labels = torch.arange(len(logits))
-            loss = (
-                torch.nn.functional.cross_entropy(logits, labels)
-                + torch.nn.functional.cross_entropy(logits.T, labels)
-            ) / 2
-        loss.backward()
-        grads = [p.grad.clone() for p in model.parameters()]
-        optimizer.step()
-        return [loss.detach()] + grads + [p.detach().clone() for p in model.parameters()]
+            out = forward(leaf, (2, 2)).float()
+        (out * torch.cos(out)).sum().backward()
+        return [out.detach(), leaf.grad] + [p.grad.clone() for p in copy_.parameters() if p.grad is not None]
 
-    compiled = train_step("bi_triton", compiled=True)
-    eager = train_step("bi_triton", compiled=False)
-    chunked = train_step("chunked", compiled=False)
-    n_params = len(list(base.parameters()))
-    grads = slice(1, 1 + n_params)
+    compiled = step("bi_triton", compiled=True)
+    eager = step("bi_triton", compiled=False)
+    chunked = step("chunked", compiled=False)
 
     def largest(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
         return max(((x - y).abs().max() / y.abs().max().clamp_min(1e-30)).item() for x, y in zip(a, b))
@@ -108,8 +102,8 @@ def check_compile() -> dict:
         "tensors": len(compiled),
         "finite": all(bool(torch.isfinite(t).all()) for t in compiled),
         "compiled_vs_eager": max((a - b).abs().max().item() for a, b in zip(compiled, eager)),
-        "grads_vs_chunked": largest(compiled[grads], chunked[grads]),
-        "loss_vs_chunked": abs(compiled[0] - chunked[0]).item(),
+        "grads_vs_chunked": largest(compiled[1:], chunked[1:]),
+        "out_vs_chunked": largest(compiled[:1], chunked[:1]),
     }
 
 

@@ -60,16 +60,16 @@ def test_fake_tensors_get_shapes_and_dtypes_without_a_kernel(interpreted):
     }
 
 
-def test_a_compiled_training_step_matches_eager(interpreted):
-    # The tiny model (one block per tower) under bf16 autocast, fullgraph=True with aot_eager:
-    # loss, 69 gradients and 69 updated parameters identical to the eager step on bi_triton,
-    # and the gradients within bf16 rounding of the eager step on chunked.
+def test_a_compiled_block_matches_eager(interpreted):
+    # One image block under bf16 autocast, fullgraph=True with aot_eager: output, input gradient and
+    # 30 parameter gradients identical to the eager block on bi_triton, and within bf16 rounding
+    # of the eager block on chunked (measured: output equal, gradients 1.4e-2 of the largest).
     result = interpreted["compile"]
-    assert result["tensors"] == 139
+    assert result["tensors"] == 32
     assert result["finite"]
     assert result["compiled_vs_eager"] == 0.0
     assert result["grads_vs_chunked"] < 2e-2
-    assert result["loss_vs_chunked"] < 1e-4
+    assert result["out_vs_chunked"] < 1e-2
 
 
 def test_names_under_the_interpreter(interpreted):

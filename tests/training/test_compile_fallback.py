@@ -10,7 +10,6 @@ import logging
 
 import pytest
 import torch
-from torch._dynamo import register_backend
 
 from src.training.config import build_config
 from src.training.distributed import DistEnv
@@ -19,9 +18,18 @@ from src.training.main import build_training_step
 CPU = DistEnv(0, 0, 1, torch.device("cpu"), None)
 
 
-@register_backend(name="rwkv_clip_test_broken")
 def _broken_backend(gm, example_inputs):
     raise RuntimeError("the stand-in compiler cannot compile anything")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _register_broken_backend():
+    # Registered when these tests run, not when the suite is collected: importing torch._dynamo
+    # costs every pytest worker about a second, and only the one running this file needs it.
+    from torch._dynamo import list_backends, register_backend
+
+    if "rwkv_clip_test_broken" not in list_backends(exclude_tags=()):
+        register_backend(_broken_backend, name="rwkv_clip_test_broken")
 
 
 def _step(backend: str, tmp_path):

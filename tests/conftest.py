@@ -71,3 +71,43 @@ def hub_env(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     return tmp_path / "hf_home" / "hub"
+
+
+# -- order: the longest files first ------------------------------------------------------------
+# xdist hands whole files (--dist loadfile) to the workers in collection order. A long file that
+# starts last keeps one worker busy while the others have finished; started first, the short
+# files fill in around it. Each file's time is kept in pytest's cache after a run; before there
+# is one (a fresh clone), files with a `slow` test go first.
+_FILE_SECONDS = "rwkv_clip/file_seconds"
+
+
+def _test_file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    known = config.cache.get(_FILE_SECONDS, {}) if config.cache is not None else {}
+    weight: dict[str, float] = {}
+    for item in items:
+        name = _test_file(item.nodeid)
+        slow = 1e6 if item.get_closest_marker("slow") else 0.0
+        weight[name] = max(weight.get(name, 0.0), known.get(name, slow))
+    first = {name: i for i, name in reversed(list(enumerate(_test_file(item.nodeid) for item in items)))}
+    items.sort(key=lambda item: (-weight[_test_file(item.nodeid)], first[_test_file(item.nodeid)]))
+
+
+_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    _seconds[_test_file(report.nodeid)] = _seconds.get(_test_file(report.nodeid), 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    # Only the process that sees every file's reports (xdist's controller, or a run without xdist)
+    # writes, and only after a full run: a run of a few files would drop the others' times.
+    config = session.config
+    if config.cache is None or hasattr(config, "workerinput") or config.args != config.getini("testpaths"):
+        return
+    if _seconds:
+        config.cache.set(_FILE_SECONDS, {name: round(s, 1) for name, s in sorted(_seconds.items())})

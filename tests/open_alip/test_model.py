@@ -2,6 +2,8 @@
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from src.open_alip.rwkv6 import DropPath
 from src.open_alip.text_rwkv import bi_shift
 from src.open_alip.vision_rwkv import q_shift
 from tests import _model_reference as ref
+from tests._repo import REPO
 
 # The released checkpoints' key lists (names, shapes, dtypes, order), as committed test data.
 REFERENCE_DIR = Path(__file__).resolve().parent / "data"
@@ -397,6 +400,25 @@ def test_loads_a_synthetic_original_b32_checkpoint(b32):
     source = {k: (v.bfloat16() if v.dtype == torch.float32 else v) for k, v in _tiny().state_dict().items()}
     load_checkpoint(fp32_model, source)
     assert fp32_model.text_model.blocks[0].att.time_decay.dtype == torch.float32
+
+
+def test_the_shape_check_runs_no_initialiser_and_imports_no_compiler():
+    # A fresh process: loading weights checks their shapes on a meta-device model first. Run there,
+    # the initialisers import torch._dynamo (2 s at every start of an evaluation command).
+    code = (
+        "import sys\n"
+        "from src.open_alip import get_model_config\n"
+        "from src.open_alip.model import RWKV_CLIP, CheckpointMismatchError, check_fits\n"
+        "tiny = RWKV_CLIP(get_model_config('RWKV_CLIP_tiny')).state_dict()\n"
+        "check_fits(get_model_config('RWKV_CLIP_tiny'), tiny)\n"
+        "try:\n"
+        "    check_fits(get_model_config('RWKV_CLIP_B32'), tiny)\n"
+        "except CheckpointMismatchError:\n"
+        "    print('mismatch found', 'torch._dynamo' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "mismatch found False"
 
 
 def test_a_checkpoint_that_does_not_fit_names_the_keys(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,9 +77,11 @@ def hub_env(monkeypatch, tmp_path):
 # -- order: the longest files first ------------------------------------------------------------
 # xdist hands whole files (--dist loadfile) to the workers in collection order. A long file that
 # starts last keeps one worker busy while the others have finished; started first, the short
-# files fill in around it. Each file's time is kept in pytest's cache after a run; before there
-# is one (a fresh clone), files with a `slow` test go first.
+# files fill in around it. Each file's time is kept in pytest's cache after a full run; where the
+# cache has none (a fresh clone, CI), tests/file_seconds.json has the times of a full run here
+# (copied from the cache); a file in neither goes first if it has a `slow` test.
 _FILE_SECONDS = "rwkv_clip/file_seconds"
+_SEED_SECONDS = Path(__file__).with_name("file_seconds.json")
 
 
 def _test_file(nodeid: str) -> str:
@@ -86,7 +89,9 @@ def _test_file(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    known = config.cache.get(_FILE_SECONDS, {}) if config.cache is not None else {}
+    known = json.loads(_SEED_SECONDS.read_text()) if _SEED_SECONDS.is_file() else {}
+    cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
+    known.update(cache.get(_FILE_SECONDS, {}) if cache is not None else {})
     weight: dict[str, float] = {}
     for item in items:
         name = _test_file(item.nodeid)
@@ -105,9 +110,12 @@ def pytest_runtest_logreport(report) -> None:
 
 def pytest_sessionfinish(session, exitstatus) -> None:
     # Only the process that sees every file's reports (xdist's controller, or a run without xdist)
-    # writes, and only after a full run: a run of a few files would drop the others' times.
+    # writes, only for a run of the whole suite (a run of one file is timed under other conditions),
+    # and over the old times: a run with -k leaves the files it did not run as they were.
     config = session.config
-    if config.cache is None or hasattr(config, "workerinput") or config.args != config.getini("testpaths"):
+    cache = getattr(config, "cache", None)
+    if cache is None or hasattr(config, "workerinput") or config.args != config.getini("testpaths"):
         return
     if _seconds:
-        config.cache.set(_FILE_SECONDS, {name: round(s, 1) for name, s in sorted(_seconds.items())})
+        times = {**cache.get(_FILE_SECONDS, {}), **{name: round(s, 1) for name, s in _seconds.items()}}
+        cache.set(_FILE_SECONDS, dict(sorted(times.items())))

@@ -1,5 +1,6 @@
-"""Reference implementations in throw-away virtualenvs: real MXNet (the RecordIO format
-oracle) and open_clip's tokenizer. Tests check against them; benchmarks time against them.
+"""Reference implementations: real MXNet (the RecordIO format oracle) and open_clip's tokenizer
+in throw-away virtualenvs, and a spec-literal RecordIO encoder. Tests check against them;
+benchmarks time against them.
 
 The venvs live under `.cache/venvs/<name>` in the repo (git-ignored), are built once and
 reused while their package list is unchanged. A file lock makes concurrent test
@@ -12,12 +13,34 @@ import fcntl
 import hashlib
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VENV_ROOT = Path(os.environ.get("RWKV_CLIP_TEST_VENVS", REPO_ROOT / ".cache" / "venvs"))
+
+RECORDIO_MAGIC = struct.pack("<I", 0xCED7230A)  # docs/formats.md section 1, written out again on purpose
+
+
+def reference_encode(data: bytes) -> bytes:
+    """docs/formats.md section 1, read literally and slowly: the bytes one record occupies."""
+    parts, start = [], 0
+    for i in range(0, len(data) - 3, 4):
+        if data[i : i + 4] == RECORDIO_MAGIC:
+            parts.append(data[start:i])
+            start = i + 4
+    parts.append(data[start:])
+    out = b""
+    for n, part in enumerate(parts):
+        if len(parts) == 1:
+            cflag = 0
+        else:
+            cflag = 1 if n == 0 else 3 if n == len(parts) - 1 else 2
+        out += RECORDIO_MAGIC + struct.pack("<I", (cflag << 29) | len(part)) + part
+    return out + b"\0" * (-len(data) % 4)
+
 
 MXNET_PACKAGES = ("mxnet==1.9.1", "numpy<1.24", "opencv-python-headless==4.8.1.78")
 

@@ -1,31 +1,12 @@
-"""Shared pieces of the RecordIO tests: test records, a spec-literal reference
-encoder, and the script that drives real MXNet 1.9.1 as the format oracle."""
+"""Shared pieces of the RecordIO tests: test records and the script that drives real MXNet 1.9.1
+as the format oracle (the spec-literal encoder is benchmarks/oracles.py's)."""
 
 
 import json
-import struct
 
 import numpy as np
 
 from src.recordio import MAGIC_BYTES as MAGIC
-
-
-def reference_encode(data: bytes) -> bytes:
-    """docs/formats.md section 1, read literally and slowly: the bytes one record occupies."""
-    parts, start = [], 0
-    for i in range(0, len(data) - 3, 4):
-        if data[i : i + 4] == MAGIC:
-            parts.append(data[start:i])
-            start = i + 4
-    parts.append(data[start:])
-    out = b""
-    for n, part in enumerate(parts):
-        if len(parts) == 1:
-            cflag = 0
-        else:
-            cflag = 1 if n == 0 else 3 if n == len(parts) - 1 else 2
-        out += MAGIC + struct.pack("<I", (cflag << 29) | len(part)) + part
-    return out + b"\0" * (-len(data) % 4)
 
 
 def random_payloads(seed: int, count: int, max_size: int = 20000) -> list[bytes]:

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.oracles import mxnet_python, run_oracle
+from benchmarks.oracles import mxnet_python, reference_encode, run_oracle
 from src import recordio
 from src.recordio import (
     IRHeader,
@@ -36,7 +36,6 @@ from tests._recordio_helpers import (
     dump_specs,
     random_payloads,
     record_specs,
-    reference_encode,
 )
 
 # Payloads that exercise every branch of the multi-part rule.

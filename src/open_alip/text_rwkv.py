@@ -140,7 +140,7 @@ class TextRWKV(nn.Module):
 
     @torch.no_grad()
     def init_mixing(self) -> None:
-        if self.emb.weight.is_meta:  # shapes only (model.check_fits): nothing to fill
+        if self.emb.weight.is_meta:  # shapes only (check_fits, the cost model): nothing to fill
             return
         n_layer = len(self.blocks)
         for i, block in enumerate(self.blocks):
@@ -154,7 +154,7 @@ class TextRWKV(nn.Module):
     def reinit_weights(self) -> None:
         """The original `text_initialization`: orthogonal 2-D weights, small embedding, and
         every value rounded to bfloat16, as the released (bf16) runs initialised them."""
-        if self.emb.weight.is_meta:  # shapes only (model.check_fits): nothing to fill
+        if self.emb.weight.is_meta:  # shapes only (check_fits, the cost model): nothing to fill
             return
         n_layer = len(self.blocks)
         for name, p in self.named_parameters():

@@ -156,7 +156,7 @@ class VisionRWKV(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """Original from-scratch init; everything not listed keeps PyTorch's defaults."""
-        if self.pos_embed.is_meta:  # shapes only (model.check_fits): nothing to fill
+        if self.pos_embed.is_meta:  # shapes only (check_fits, the cost model): nothing to fill
             return
         self.pos_embed.zero_()
         depth = len(self.layers)

@@ -61,8 +61,7 @@ def naive_write(path: str, records: list[bytes]) -> None:
     """The simple way: look at every aligned word in Python (the spec read literally)."""
     with open(path, "wb") as f:
         for data in records:
-            f.write(reference_encode(data))
-            f.write(b"\0" * (-len(data) % 4))
+            f.write(reference_encode(data))  # with its padding
 
 
 def best_of(repeats: int, fn) -> float:

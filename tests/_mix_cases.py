@@ -8,6 +8,7 @@ the numbers case by case.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import sys
@@ -146,6 +147,20 @@ def check_model() -> dict:
     }
 
 
+def block_outputs(block: torch.nn.Module, x: torch.Tensor, compiled: bool,
+                  autocast: torch.dtype | None = None) -> list[torch.Tensor]:
+    """A copy of the image `block` run on x (a 2 x 2 patch grid), eagerly or compiled with aot_eager
+    in one graph, under autocast to `autocast` if given: its output (in float32), the input's
+    gradient and every parameter gradient, from a fixed function of the output."""
+    model = copy.deepcopy(block)
+    forward = torch.compile(model, backend="aot_eager", fullgraph=True) if compiled else model
+    leaf = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext():
+        out = forward(leaf, (2, 2)).float()
+    (out * torch.cos(out)).sum().backward()
+    return [out.detach(), leaf.grad] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
 def check_compile() -> dict:
     """One image block (its time mix's two mix sites and its channel mix) with fused mixes, float32,
     compiled with aot_eager in one graph (each op stays one opaque node), against the same block eager:
@@ -155,16 +170,7 @@ def check_compile() -> dict:
         if hasattr(module, "mix_impl"):
             module.mix_impl = "triton"
     x = torch.randn(2, 4, block.ln1.normalized_shape[0], generator=torch.Generator().manual_seed(1))
-
-    def step(compiled: bool) -> list[torch.Tensor]:
-        model = copy.deepcopy(block)
-        forward = torch.compile(model, backend="aot_eager", fullgraph=True) if compiled else model
-        leaf = x.clone().requires_grad_()
-        out = forward(leaf, (2, 2))
-        (out * torch.cos(out)).sum().backward()
-        return [out.detach(), leaf.grad] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
-
-    compiled, eager = step(True), step(False)
+    compiled, eager = block_outputs(block, x, compiled=True), block_outputs(block, x, compiled=False)
     return {
         "tensors": len(compiled),
         "finite": all(bool(torch.isfinite(t).all()) for t in compiled),

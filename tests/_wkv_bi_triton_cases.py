@@ -10,15 +10,14 @@ at either head size), hence one batch element and head for the long sequences.
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from src.open_alip import create_model
 from src.open_alip.wkv import available_implementations, resolve_wkv_impl, wkv
+from tests._mix_cases import block_outputs, live_tiny
 from tests._wkv_fla_cases import check_case, make_inputs
 
 F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
@@ -69,27 +68,15 @@ def check_compile() -> dict:
     autocast, compiled with aot_eager in one graph, against the same block eager and eager on
     "chunked": output, input gradient and every parameter gradient. (One block, not the model:
     the same op in the same graph, for a fifth of the tracing.)"""
-    torch.manual_seed(0)
-    model = create_model("RWKV_CLIP_tiny", wkv_impl="bi_triton", n_layer=1, image_depth=1, ctx_len=8, input_size=16,
-                         image_num_heads=1, head_size=64)
-    block = model.image_model.layers[0].train()
-    with torch.no_grad():  # a fresh block's output projections are zero, which would hide the gradients behind them
-        for p in block.parameters():
-            if p.dim() == 2 and not p.any():
-                p.normal_(0.0, 0.02)
+    block = live_tiny(n_layer=1, image_depth=1, ctx_len=8, input_size=16, image_num_heads=1,
+                      head_size=64).image_model.layers[0].train()
     x = torch.randn(2, 4, block.ln1.normalized_shape[0], generator=torch.Generator().manual_seed(1))
 
     def step(impl: str, compiled: bool) -> list[torch.Tensor]:
-        copy_ = copy.deepcopy(block)
-        for module in copy_.modules():
+        for module in block.modules():
             if hasattr(module, "wkv_impl"):
                 module.wkv_impl = impl
-        forward = torch.compile(copy_, backend="aot_eager", fullgraph=True) if compiled else copy_
-        leaf = x.clone().requires_grad_()
-        with torch.autocast("cpu", dtype=BF16):
-            out = forward(leaf, (2, 2)).float()
-        (out * torch.cos(out)).sum().backward()
-        return [out.detach(), leaf.grad] + [p.grad.clone() for p in copy_.parameters() if p.grad is not None]
+        return block_outputs(block, x, compiled, autocast=BF16)
 
     compiled = step("bi_triton", compiled=True)
     eager = step("bi_triton", compiled=False)

@@ -97,8 +97,8 @@ def pytest_collection_modifyitems(config, items) -> None:
         name = _test_file(item.nodeid)
         slow = 1e6 if item.get_closest_marker("slow") else 0.0
         weight[name] = max(weight.get(name, 0.0), known.get(name, slow))
-    first = {name: i for i, name in reversed(list(enumerate(_test_file(item.nodeid) for item in items)))}
-    items.sort(key=lambda item: (-weight[_test_file(item.nodeid)], first[_test_file(item.nodeid)]))
+    # A stable sort: files of equal weight, and the tests within a file, keep their order.
+    items.sort(key=lambda item: -weight[_test_file(item.nodeid)])
 
 
 _seconds: dict[str, float] = {}

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from src.open_alip.constants import CONTEXT_LENGTH, EOT_TOKEN, SOT_TOKEN, VOCAB_SIZE
-from src.recordio import IRHeader, pack, unpack
+from src.recordio import IRHeader, pack_head, unpack
 
 __all__ = [
     "CONTEXT_LENGTH",
@@ -26,6 +26,7 @@ __all__ = [
     "VOCAB_SIZE",
     "CaptionRecord",
     "InvalidCaptions",
+    "caption_record_head",
     "check_captions",
     "pack_caption_record",
     "unpack_caption_record",
@@ -96,7 +97,13 @@ def _raise_problem(t: np.ndarray, lo: float, hi: float) -> None:
 
 def pack_caption_record(tokens: np.ndarray, sample_id: int, id2: int, payload: bytes) -> bytes:
     """The record of `payload` with caption `tokens` (already passed through `check_captions`)."""
-    return pack(IRHeader(0, tokens, sample_id, id2), payload)
+    return caption_record_head(tokens, sample_id, id2) + payload
+
+
+def caption_record_head(tokens: np.ndarray, sample_id: int, id2: int) -> bytes:
+    """What the record of caption `tokens` holds before its payload (header and label), for
+    writers that write the payload after it without a join (MXRecordIO.write_parts)."""
+    return pack_head(IRHeader(0, tokens, sample_id, id2))
 
 
 def unpack_caption_record(record: bytes) -> CaptionRecord:

@@ -74,7 +74,7 @@ class JpegFault(NamedTuple):
     text: str
 
 
-def jpeg_structure_fault(data: bytes, trailer: int = 4096) -> JpegFault | None:
+def jpeg_structure_fault(data: bytes, trailer: int = 4096, read_final_scan: bool = True) -> JpegFault | None:
     """None when `data` is a structurally sound JPEG, else what is wrong with it.
 
     Sound: SOI first; then marker segments, each a known marker with a length that fits;
@@ -84,6 +84,13 @@ def jpeg_structure_fault(data: bytes, trailer: int = 4096) -> JpegFault | None:
     and EOI, followed by at most `trailer` bytes (some writers pad). The entropy-coded data itself
     is not decoded: a scan whose bits are corrupt but whose markers are in place passes (decoders
     then warn and fill, or fail; the loaders skip and count such a record).
+
+    `read_final_scan=False` does not look for markers inside the entropy-coded data of a
+    sequential frame's final scan (the one that completes the frame's components): that scan is
+    taken to run to the last end-of-image marker, which must lie within `trailer` bytes of the
+    end. It saves reading the whole image (most of the walk's time on a photo), and admits one
+    more kind of damage that decoders meet only then: a marker where none belongs inside that
+    scan (libjpeg ends the scan early and warns, or fails the image).
     """
     n = len(data)
     if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
@@ -156,6 +163,12 @@ def jpeg_structure_fault(data: bytes, trailer: int = 4096) -> JpegFault | None:
             fault = _scan_fault(seg, at, frame, huffman, progressive, tables, quant, covered)
             if fault:
                 return fault
+            if not read_final_scan and not progressive and covered == set(frame):
+                eoi = data.rfind(b"\xff\xd9", max(i, n - trailer - 2))
+                if eoi < 0:
+                    return JpegFault(TRUNCATED, f"the scan at byte {at} is cut off (no end-of-image marker after it)")
+                i = eoi
+                continue
             m = _SCAN_END.search(data, i)
             if m is None:
                 return JpegFault(TRUNCATED, f"the scan at byte {at} is cut off (no marker after it)")

@@ -10,10 +10,12 @@ Levels (`validate`), and what each one guarantees about a stored image:
 * ``structure``: ``off`` + a walk of every JPEG's markers (src/jpeg.py's
                  jpeg_structure_fault): segments in order and of sane sizes, frame,
                  Huffman and quantisation tables defined before each scan, every scan
-                 running to a marker, EOI at the end. No decode: what it cannot see is
-                 entropy-coded data whose bits are wrong but whose markers are in place;
-                 both loaders skip and count a record they cannot decode, so such an image
-                 costs one sample, not a run. The default: close to the speed of a copy.
+                 running to a marker, EOI at the end. No decode, and the final scan of a
+                 sequential JPEG is not read (it is most of the bytes): what it cannot see
+                 is entropy-coded data whose bits are wrong, or a stray marker inside that
+                 final scan; both loaders skip and count a record they cannot decode, so
+                 such an image costs one sample, not a run. The default: close to the
+                 speed of a copy.
 * ``decode``:    ``structure`` + a PIL decode at 1/8 scale (the DCT-domain shortcut; the
                  entropy-coded data is still read in full), so PIL, the PyTorch loader's
                  decoder, decodes every stored JPEG; DALI's CPU decoder (libjpeg-turbo) is
@@ -173,7 +175,7 @@ def prepare_image(data: bytes, opts: ImageOptions) -> tuple[bytes, bool]:
         # The common case, decided without PIL: a plain 8-bit gray/colour JPEG that stays as it is.
         plain = sof in _PLAIN_SOF and comps in (1, 3) and bits == 8
         if plain and opts.quality is None and _target_size(w, h, opts.resize_short) is None:
-            fault = jpeg_structure_fault(data, _EOI_WINDOW) if opts.validate != "off" else None
+            fault = jpeg_structure_fault(data, _EOI_WINDOW, read_final_scan=False) if opts.validate != "off" else None
             if fault is None:
                 if opts.validate in ("decode", "full"):
                     _decode_check(data, opts.validate)

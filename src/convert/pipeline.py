@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from src.caption_record import CONTEXT_LENGTH, pack_caption_record
+from src.caption_record import CONTEXT_LENGTH, caption_record_head
 from src.errors import UserError
 from src.fsutil import DEFAULT_MAX_FILE_BYTES, json_safe, printable
 from src.lock import OutputLock
@@ -355,7 +355,7 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
                     opening = shard_paths(prefix, len(state["shards"]) if sharded else None)
                     writer = ShardWriter(*opening)
                 payload = r.payload if r.payload is not None else item.image
-                writer.write(r.sample_id, pack_caption_record(r.tokens, r.sample_id, item.row, payload))
+                writer.write(r.sample_id, caption_record_head(r.tokens, r.sample_id, item.row), payload)
                 if sharded and writer.records == opts.shard_size:
                     state["shards"].append(writer.commit())
                     writer = None

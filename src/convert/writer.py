@@ -27,6 +27,11 @@ class _IndexStreamer(MXIndexedRecordIO):
         self.write(buf)
         self.fidx.write(f"{int(idx)}\t{pos}\n")
 
+    def write_idx_parts(self, idx, head: bytes, payload: bytes) -> None:
+        pos = self.tell()
+        self.write_parts(head, payload)
+        self.fidx.write(f"{int(idx)}\t{pos}\n")
+
 
 class ShardWriter:
     """`.rec` + `.idx` written as `NAME.rec.tmp` / `NAME.idx.tmp`, renamed by `commit()`.
@@ -44,8 +49,9 @@ class ShardWriter:
         self.first_id: int | None = None
         self.last_id: int | None = None
 
-    def write(self, key: int, record: bytes) -> None:
-        self._io.write_idx(key, record)
+    def write(self, key: int, head: bytes, payload: bytes) -> None:
+        """Append the record `head + payload` (see caption_record_head) under `key`."""
+        self._io.write_idx_parts(key, head, payload)
         self.records += 1
         if self.first_id is None:
             self.first_id = key

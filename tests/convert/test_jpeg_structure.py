@@ -2,10 +2,14 @@
 against the decode it replaced as the default (PIL at 1/8 scale, still `--validate decode`).
 
 The contract (issue 27): every truncated, marker-broken or non-JPEG payload the decode refused,
-the walk refuses too. What it admits that a decode could refuse is entropy-coded data whose bits
-are wrong but whose markers are whole; in these corpora the decode admits those as well (libjpeg
-only warns on a bad Huffman code), and a record that still fails to decode is skipped and counted
-by both loaders (tests/dataloaders/test_loader.py::test_a_bad_record_is_skipped_once_and_a_resume_never_meets_it).
+the walk refuses too. What it admits that a decode could refuse:
+- entropy-coded data whose bits are wrong but whose markers are whole; in these corpora the decode
+  admits those as well (libjpeg only warns on a bad Huffman code);
+- a marker where none belongs inside the final scan of a sequential JPEG: data2rec's walk does not
+  read that scan (reading it was most of the walk's time on a photo), the decode refuses such a
+  file. Both are safe for training: a record that fails to decode is skipped and counted by both
+  loaders (tests/dataloaders/test_loader.py::test_a_bad_record_is_skipped_once_and_a_resume_never_meets_it,
+  whose "bogus_marker" record is one of these), and DALI's CPU decoder decodes the FF99 kind.
 """
 
 import io
@@ -99,8 +103,9 @@ def damaged(data: bytes) -> dict[str, list[bytes]]:
         flipped.append(bytes(b))
     return {
         "truncated": [data[: n * k // 20] for k in range(1, 20)] + [data[:-1], data[:-2]],
-        "marker_broken": marker_broken
-        + [data[:p] + m + data[p:] for p in inside for m in (b"\xff\x99", b"\xff\xc0", b"\xff\xd8", b"\xff\xdb")],
+        "marker_broken": marker_broken,
+        "marker_in_scan": [data[:p] + m + data[p:] for p in inside
+                           for m in (b"\xff\x99", b"\xff\xc0", b"\xff\xd8", b"\xff\xdb")],
         "scan_bits": flipped,
     }
 
@@ -140,6 +145,22 @@ def test_what_the_decode_refused_the_structure_check_refuses(name):
         assert jpeg_structure_fault(data).kind == TRUNCATED
     for data in NON_JPEG:
         assert not _old_default(data) and not _stored(data)
+
+
+@pytest.mark.parametrize("name", ["baseline", "progressive", "gray", "restart intervals"])
+def test_a_marker_inside_the_final_scan_is_admitted_only_where_the_walk_skips_that_scan(name):
+    inserted = damaged(sound_jpegs()[name])["marker_in_scan"]
+    refused_before = [d for d in inserted if not _old_default(d)]
+    assert len(refused_before) >= len(inserted) // 2  # the decode refused most of them
+    # Every scan read (the default, as the evaluation's DALI path uses it): each one is seen.
+    assert all(jpeg_structure_fault(d) is not None for d in inserted)
+    admitted = [d for d in refused_before if _stored(d)]
+    if name == "progressive":  # its scans are all read: the next one's header lies behind each
+        assert admitted == []
+    else:  # one scan completes the frame: taken to run to the end-of-image marker, unread
+        assert admitted == refused_before
+        assert all(prepare_image(d, ImageOptions()) == (d, False) for d in admitted)
+        assert not any(_stored(d, "decode") for d in admitted)  # --validate decode still refuses them
 
 
 @pytest.mark.parametrize("name", ["baseline", "progressive", "gray", "restart intervals"])

@@ -78,17 +78,9 @@ def ordered_map(
         for chunk in chunks:
             yield chunk, process_chunk(chunk)
         return
-    # forkserver: workers start from a clean process, not a fork of a parent that may
-    # hold threads (pyarrow, DALI) in the middle of something. Started here, from the main
-    # thread, because the forkserver dies when the thread that started it ends (see processes.py).
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["src.convert.forkserver_guard", "src.convert.worker"])
-    from multiprocessing import forkserver
-
-    forkserver.ensure_running()
     window = workers * window_per_worker
     pending: deque[tuple[list[Item], Future]] = deque()
-    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker, initargs=(config, True))
+    pool: ProcessPoolExecutor | None = None  # started at the first chunk that is not light
     try:
         init_worker(config)
         for chunk in chunks:
@@ -97,6 +89,7 @@ def ordered_map(
                 done.set_result(process_chunk(chunk))
                 pending.append((chunk, done))
             else:
+                pool = pool or _start_pool(config, workers)
                 pending.append((chunk, pool.submit(process_chunk, chunk)))
             if len(pending) >= window:
                 chunk, fut = pending.popleft()
@@ -110,12 +103,28 @@ def ordered_map(
     except BaseException:  # Ctrl-C, SIGTERM, an error downstream: workers may be mid-chunk or blocked
         _stop(pool)
         raise
-    pool.shutdown(wait=True)
+    if pool is not None:
+        pool.shutdown(wait=True)
 
 
-def _stop(pool: ProcessPoolExecutor) -> None:
+def _start_pool(config: WorkerConfig, workers: int) -> ProcessPoolExecutor:
+    """The worker pool. forkserver: workers start from a clean process, not a fork of a parent
+    that may hold threads (pyarrow, DALI) in the middle of something. Started from the thread that
+    consumes ordered_map, the main thread, because the forkserver dies when the thread that
+    started it ends (see processes.py)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["src.convert.forkserver_guard", "src.convert.worker"])
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+    return ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker, initargs=(config, True))
+
+
+def _stop(pool: ProcessPoolExecutor | None) -> None:
     """End the pool now: waiting for running chunks could take forever (a worker blocked
     reading a hung network file), and their results are not wanted."""
+    if pool is None:
+        return
     processes = list((getattr(pool, "_processes", None) or {}).values())  # where CPython keeps them
     for proc in processes:
         if proc.is_alive():

@@ -23,6 +23,7 @@ from tests._data2rec_helpers import (
     bad_images,
     jpeg,
     odd_images,
+    png_alpha,
     read_records,
     tokens_for,
     write_hub_parquet,
@@ -101,6 +102,28 @@ def test_parquet_workers_give_identical_files(hub, tmp_path):
     for a, b in zip(one, two):
         assert a.read_bytes() == b.read_bytes()
         assert a.with_suffix(".idx").read_bytes() == b.with_suffix(".idx").read_bytes()
+
+
+def test_hub_jpegs_at_the_default_level_are_checked_in_process_with_any_worker_count(tmp_path, monkeypatch):
+    # Shipping a 64 KB image to a worker process costs more than its structure check: with every
+    # image a JPEG (tokens given), no worker pool is started, and the files are those of one worker.
+    import src.convert.distributor as distributor
+
+    shard = tmp_path / "in" / "train-00000.parquet"
+    shard.parent.mkdir()
+    write_hub_parquet(shard, [(jpeg(24, 16, r), tokens_for(2, r)) for r in range(10)])
+    convert([shard], tmp_path / "one", quiet(workers=1))
+
+    def no_pool(*args):
+        raise AssertionError("a worker pool was started for light chunks")
+
+    monkeypatch.setattr(distributor, "_start_pool", no_pool)
+    convert([shard], tmp_path / "two", quiet(workers=2, chunk=3))
+    assert (tmp_path / "one.rec").read_bytes() == (tmp_path / "two.rec").read_bytes()
+    # A PNG among them is re-encoded in a worker, the pool started for its chunk only.
+    write_hub_parquet(shard, [(jpeg(24, 16, 0), tokens_for(2, 0)), (png_alpha(), tokens_for(2, 1))])
+    with pytest.raises(AssertionError, match="worker pool was started"):
+        convert([shard], tmp_path / "three", quiet(workers=2, chunk=1))
 
 
 def test_multi_machine_split_is_disjoint_and_complete(hub, tmp_path):

@@ -58,6 +58,8 @@ _SCAN_END = re.compile(rb"\xff[\x01-\xcf\xd8-\xfe]")
 _APP_COM = frozenset(range(0xE0, 0xF0)) | {0xFE}
 _ARITHMETIC_SOF = frozenset((0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
 _PROGRESSIVE_SOF = frozenset((0xC2, 0xC6, 0xCA, 0xCE))
+_PARSED = SOF_MARKERS | {0xC4, 0xDA, 0xDB}  # segments whose contents the walk checks
+_KNOWN = SOF_MARKERS | _APP_COM | {0xC4, 0xCC, 0xDA, 0xDB, 0xDC, 0xDD}  # markers with a length
 MAX_DIMENSION = 65500  # libjpeg's JPEG_MAX_DIMENSION: larger frames do not decode anywhere
 _MAX_BLOCKS_IN_MCU = 10  # libjpeg's limit for an interleaved scan (sum of H*V over its components)
 
@@ -74,7 +76,7 @@ class JpegFault(NamedTuple):
     text: str
 
 
-def jpeg_structure_fault(data: bytes, trailer: int = 4096, read_final_scan: bool = True) -> JpegFault | None:
+def jpeg_structure_fault(data: bytes | memoryview, trailer: int = 4096, read_final_scan: bool = True) -> JpegFault | None:
     """None when `data` is a structurally sound JPEG, else what is wrong with it.
 
     Sound: SOI first; then marker segments, each a known marker with a length that fits;
@@ -123,8 +125,7 @@ def jpeg_structure_fault(data: bytes, trailer: int = 4096, read_final_scan: bool
             return None
         if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # TEM, stray restart: no length, decoders skip them
             continue
-        known = marker in SOF_MARKERS or marker in _APP_COM or marker in (0xC4, 0xCC, 0xDA, 0xDB, 0xDC, 0xDD)
-        if not known:
+        if marker not in _KNOWN:
             return JpegFault(BROKEN, f"marker FF{marker:02X} at byte {at} is no marker a decoder accepts")
         if i + 2 > n:
             return JpegFault(TRUNCATED, f"ends inside the marker FF{marker:02X} at byte {at}")
@@ -134,15 +135,16 @@ def jpeg_structure_fault(data: bytes, trailer: int = 4096, read_final_scan: bool
             return JpegFault(BROKEN, f"marker FF{marker:02X} at byte {at} has length {length}")
         if end > n:
             return JpegFault(TRUNCATED, f"the marker FF{marker:02X} at byte {at} runs {end - n} bytes past the end")
-        seg = data[i + 2 : end]
+        # bytes, also when `data` is a view: the table parsers cache by segment, and a cached view
+        # would keep the whole buffer it points into alive.
+        seg = bytes(data[i + 2 : end]) if marker in _PARSED else b""
         i = end
         if marker in SOF_MARKERS:
             if frame is not None:
                 return JpegFault(BROKEN, f"marker FF{marker:02X} at byte {at} is a second frame header")
-            problem = _frame_problem(seg)
+            problem, frame = _frame(seg)
             if problem:
                 return JpegFault(BROKEN, f"frame header at byte {at}: {problem}")
-            frame = {seg[6 + 3 * c]: (seg[7 + 3 * c] >> 4, seg[7 + 3 * c] & 15, seg[8 + 3 * c]) for c in range(seg[5])}
             arithmetic, progressive = marker in _ARITHMETIC_SOF, marker in _PROGRESSIVE_SOF
             huffman = not arithmetic
         elif marker == 0xC4:
@@ -164,15 +166,26 @@ def jpeg_structure_fault(data: bytes, trailer: int = 4096, read_final_scan: bool
             if fault:
                 return fault
             if not read_final_scan and not progressive and covered == set(frame):
-                eoi = data.rfind(b"\xff\xd9", max(i, n - trailer - 2))
+                tail = max(i, n - trailer - 2)
+                eoi = bytes(data[tail:]).rfind(b"\xff\xd9")
                 if eoi < 0:
                     return JpegFault(TRUNCATED, f"the scan at byte {at} is cut off (no end-of-image marker after it)")
-                i = eoi
+                i = tail + eoi
                 continue
             m = _SCAN_END.search(data, i)
             if m is None:
                 return JpegFault(TRUNCATED, f"the scan at byte {at} is cut off (no marker after it)")
             i = m.start()
+
+
+@functools.lru_cache(maxsize=1024)
+def _frame(seg: bytes) -> tuple[str | None, dict[int, tuple[int, int, int]]]:
+    """(problem or None, component id -> (H, V, quantisation table)) of a frame header; the dict
+    is shared by every image with this header (the cache's), so it is only read."""
+    problem = _frame_problem(seg)
+    if problem:
+        return problem, {}
+    return None, {seg[6 + 3 * c]: (seg[7 + 3 * c] >> 4, seg[7 + 3 * c] & 15, seg[8 + 3 * c]) for c in range(seg[5])}
 
 
 def _frame_problem(seg: bytes) -> str | None:

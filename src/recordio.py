@@ -154,7 +154,7 @@ def pack_img(header: Any, img: np.ndarray, quality: int = 95, img_fmt: str = ".j
     return pack(header, buf.tobytes())
 
 
-def _aligned_magic_offsets(buf: bytes) -> list[int]:
+def _aligned_magic_offsets(buf: bytes | memoryview) -> list[int]:
     """Offsets of the magic word at 4-byte-aligned positions of `buf`, in order."""
     if len(buf) >= _NUMPY_SCAN_MIN:
         # One vectorised compare of every aligned word beats bytes.find on large,
@@ -162,6 +162,7 @@ def _aligned_magic_offsets(buf: bytes) -> list[int]:
         found = np.frombuffer(buf, dtype="<u4", count=len(buf) >> 2) == MAGIC
         # A hit is about one record in 250,000 (a 64 KB JPEG): any() first skips the index list.
         return (np.flatnonzero(found) << 2).tolist() if found.any() else []
+    buf = bytes(buf)  # a view has no find(); short, so the copy is cheap
     hits = []
     hit = buf.find(MAGIC_BYTES)
     while hit >= 0:
@@ -346,7 +347,7 @@ class MXRecordIO:
             f.write(chunk)
         self._pos += size
 
-    def write_parts(self, head: bytes, payload: bytes) -> None:
+    def write_parts(self, head: bytes, payload: bytes | memoryview) -> None:
         """Append the record `head + payload` without joining them (for a large payload the
         join is a copy of it). `head`'s length must be a multiple of 4, as pack_head's is."""
         if len(head) & 3:

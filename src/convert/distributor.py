@@ -90,6 +90,9 @@ def ordered_map(
                 pending.append((chunk, done))
             else:
                 pool = pool or _start_pool(config, workers)
+                for item in chunk:  # a view cannot be pickled
+                    if isinstance(item.image, memoryview):
+                        item.image = bytes(item.image)
                 pending.append((chunk, pool.submit(process_chunk, chunk)))
             if len(pending) >= window:
                 chunk, fut = pending.popleft()

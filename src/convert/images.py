@@ -88,8 +88,9 @@ class ImageOptions:
         object.__setattr__(self, "validate", validate_level(self.validate))
 
 
-def sniff(data: bytes) -> str | None:
+def sniff(data: bytes | memoryview) -> str | None:
     """The image format from the leading bytes, or None for anything else."""
+    data = bytes(data[:12])
     for magic, fmt in _SIGNATURES:
         if data.startswith(magic):
             return fmt
@@ -151,18 +152,19 @@ def _decode_check(data: bytes, level: str) -> None:
         raise ImageRejected(reason, f"JPEG does not decode in PIL ({level} check): {text}") from None
 
 
-def prepare_image(data: bytes, opts: ImageOptions) -> tuple[bytes, bool]:
-    """The bytes to store for this image and whether they were re-encoded.
+def prepare_image(data: bytes | memoryview, opts: ImageOptions) -> tuple[bytes | memoryview, bool]:
+    """The bytes to store for this image and whether they were re-encoded: `data` itself when it
+    passes as it is (a view stays a view: parquet images are views of the column, not copies).
 
     Raises ImageRejected with the skip reason when the image is unusable.
     """
-    if not data:
+    if not len(data):
         raise ImageRejected(EMPTY_IMAGE, "zero bytes")
     fmt = sniff(data)
     if fmt is None:
-        raise ImageRejected(NOT_AN_IMAGE, f"unknown signature {data[:8]!r}")
+        raise ImageRejected(NOT_AN_IMAGE, f"unknown signature {bytes(data[:8])!r}")
     if fmt == "JPEG":
-        if data.rfind(b"\xff\xd9", max(0, len(data) - _EOI_WINDOW)) < 0:
+        if bytes(data[-_EOI_WINDOW:]).rfind(b"\xff\xd9") < 0:
             raise ImageRejected(TRUNCATED, "JPEG has no end-of-image marker")
         info = jpeg_info(data)
         if info is None:
@@ -182,6 +184,7 @@ def prepare_image(data: bytes, opts: ImageOptions) -> tuple[bytes, bool]:
                 return data, False
             if fault.kind != NO_TABLES:  # NO_TABLES decodes (libjpeg's standard tables): re-encoded below
                 raise ImageRejected(TRUNCATED if fault.kind == JPEG_TRUNCATED else UNDECODABLE, f"JPEG: {fault.text}")
+    data = bytes(data)  # re-encoded from here on
     try:
         img = Image.open(io.BytesIO(data))
         w, h = img.size

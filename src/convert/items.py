@@ -57,7 +57,7 @@ class Item:
 
     pos: int  # position in the unit, counting every item, good or bad
     ref: str  # human-readable pointer for reports, e.g. "a.parquet:row 17"
-    image: bytes | None = None
+    image: bytes | memoryview | None = None  # a view of the parquet column's buffer, from parquet
     image_path: str | None = None
     captions: list[str] | None = None
     tokens: np.ndarray | None = None  # float32 [K*77] token ids, already tokenised

@@ -153,7 +153,7 @@ def is_light(items: list[Item], config: WorkerConfig) -> bool:
     if image.validate not in ("off", "structure") or image.resize_short or image.quality is not None:
         return False
     return all(item.error is not None or (item.tokens is not None and item.image is not None
-                                          and item.image.startswith(b"\xff\xd8\xff")) for item in items)
+                                          and item.image[:3] == b"\xff\xd8\xff") for item in items)
 
 
 def _check_chunk_tokens(items: list[Item]) -> list[np.ndarray | None]:

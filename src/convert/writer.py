@@ -27,7 +27,7 @@ class _IndexStreamer(MXIndexedRecordIO):
         self.write(buf)
         self.fidx.write(f"{int(idx)}\t{pos}\n")
 
-    def write_idx_parts(self, idx, head: bytes, payload: bytes) -> None:
+    def write_idx_parts(self, idx, head: bytes, payload: bytes | memoryview) -> None:
         pos = self.tell()
         self.write_parts(head, payload)
         self.fidx.write(f"{int(idx)}\t{pos}\n")
@@ -49,7 +49,7 @@ class ShardWriter:
         self.first_id: int | None = None
         self.last_id: int | None = None
 
-    def write(self, key: int, head: bytes, payload: bytes) -> None:
+    def write(self, key: int, head: bytes, payload: bytes | memoryview) -> None:
         """Append the record `head + payload` (see caption_record_head) under `key`."""
         self._io.write_idx_parts(key, head, payload)
         self.records += 1

@@ -70,13 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "ids are uint64, so offset + rows must stay below 2^64)")
     g.add_argument("--workers", type=int, default=0, metavar="N",
                    help=f"worker processes (default 0: all usable cores; 1: no subprocesses; "
-                        f"at most {MAX_WORKERS_PER_CORE} per usable core)")
+                        f"at most {MAX_WORKERS_PER_CORE} per usable core). Hub parquet of JPEGs at --validate "
+                        "off or structure needs none: it is converted in the main process")
     g = p.add_argument_group("images")
     g.add_argument("--validate", default=DEFAULT_VALIDATE, choices=VALIDATE_LEVELS, type=validate_level,
                    help="what a stored image is guaranteed to pass. off: byte checks and header only. "
                         "structure (default): + every JPEG's markers, tables and scans in order, EOI at the "
-                        "end, nothing cut off; near the speed of a copy, no decode (the loaders skip and "
-                        "count a record that still fails to decode). decode (old name: quick): + a decode by "
+                        "end, nothing cut off; near the speed of a copy, no decode, and a sequential JPEG's "
+                        "last scan is not read (the loaders skip and count a record that still fails to "
+                        "decode). decode (old name: quick): + a decode by "
                         "PIL at 1/8 scale (all of the compressed data is read), so PIL, the torch loader's "
                         "decoder, reads every stored JPEG; DALI's CPU decoder is more lenient than PIL on "
                         "every fault we know. full: + a full-size PIL decode and a decode by DALI's CPU "

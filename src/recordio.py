@@ -68,6 +68,11 @@ _PADDING = (b"", b"\0\0\0", b"\0\0", b"\0")  # indexed by length % 4
 # cflag values of a part: whole record, first, middle and last part of a split record.
 _WHOLE, _FIRST, _MIDDLE, _LAST = 0, 1, 2, 3
 
+# write_parts holds payloads at least this long (at most _GATHER_PARTS parts, _WRITE_BUFFER bytes)
+# and writes them with one writev, instead of copying each into the file's buffer first.
+_GATHER_MIN = 16384
+_GATHER_PARTS = 512  # under IOV_MAX (1024 on Linux)
+
 # Records at least this long are scanned for magic words with numpy, shorter ones with bytes.find.
 _NUMPY_SCAN_MIN = 8192
 
@@ -174,6 +179,15 @@ def _aligned_magic_offsets(buf: bytes | memoryview) -> list[int]:
     return hits
 
 
+def _rest(parts: list, sent: int) -> list:
+    """What is left of `parts` once their first `sent` bytes are written."""
+    for k, part in enumerate(parts):
+        if sent < len(part):
+            return [memoryview(part)[sent:], *parts[k + 1 :]]
+        sent -= len(part)
+    return []
+
+
 def _encode_record(buf: bytes) -> tuple[list[bytes | memoryview], int]:
     """The headers, parts and padding that store one record, in write order, and their size.
 
@@ -275,6 +289,8 @@ class MXRecordIO:
         else:
             raise ValueError(f"Invalid flag {self.flag}")
         self._pos = 0
+        self._gather: list[bytes | memoryview] = []  # parts write_parts holds for one writev
+        self._gathered = 0  # their bytes
         self.pid = os.getpid()
         self.is_open = True
 
@@ -282,10 +298,13 @@ class MXRecordIO:
         if not self.is_open:
             return
         assert self._file is not None
-        self._file.close()
-        self._file = None
-        self.is_open = False
-        self.pid = None
+        try:
+            self._write_gathered()
+        finally:  # closed even when that write fails (a full disk): no open file is left behind
+            self._file.close()
+            self._file = None
+            self.is_open = False
+            self.pid = None
 
     def reset(self) -> None:
         """Reopen: a reader starts over; a writer, as in MXNet, truncates the file."""
@@ -343,6 +362,7 @@ class MXRecordIO:
             except TypeError:
                 raise TypeError(f"MXRecordIO.write takes bytes, not {type(buf).__name__}") from None
         chunks, size = _encode_record(buf)
+        self._write_gathered()
         for chunk in chunks:
             f.write(chunk)
         self._pos += size
@@ -359,10 +379,33 @@ class MXRecordIO:
         f = self._require_open(writable=True)
         self._check_pid(allow_reset=False)
         pad = _PADDING[length & 3]
-        f.write(_PART_HEADER.pack(MAGIC, length) + head)
-        f.write(payload)
-        f.write(pad)
+        start = _PART_HEADER.pack(MAGIC, length) + head
+        if len(payload) < _GATHER_MIN:
+            self._write_gathered()
+            f.write(start)
+            f.write(payload)
+            f.write(pad)
+        else:  # held, and written with others in one writev: the payload is never copied here
+            self._gather += (start, payload, pad) if pad else (start, payload)
+            self._gathered += 8 + length + len(pad)
+            if self._gathered >= _WRITE_BUFFER or len(self._gather) > _GATHER_PARTS:
+                self._write_gathered()
         self._pos += 8 + length + len(pad)
+
+    def _write_gathered(self) -> None:
+        """Write the parts write_parts holds, after whatever the file's buffer holds."""
+        if not self._gather:
+            return
+        parts, todo = self._gather, self._gathered
+        self._gather, self._gathered = [], 0  # dropped even if the write fails: the file is lost then
+        f = self._file
+        assert f is not None
+        f.flush()
+        while todo:
+            done = os.writev(f.fileno(), parts)
+            todo -= done
+            if todo:  # rare on a regular file: drop what went out, send the rest
+                parts = _rest(parts, done)
 
     def read(self) -> bytes | None:
         """The next record, or None at the end of the file."""

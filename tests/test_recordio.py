@@ -409,6 +409,40 @@ def test_property_a_record_written_in_two_parts_is_the_record_written_whole(part
         recordio._NUMPY_SCAN_MIN = saved
 
 
+@pytest.mark.parametrize("gather_parts", [2, 512])
+def test_large_two_part_records_are_gathered_and_land_in_order_among_whole_ones(tmp_path, monkeypatch, gather_parts):
+    # Payloads of 16 KB and more are held and written together by one writev (at most
+    # _GATHER_PARTS parts at once); records written whole, or small, go through the file's buffer
+    # in between. The file must be the one written record by record.
+    monkeypatch.setattr(recordio, "_GATHER_PARTS", gather_parts)
+    rng = np.random.default_rng(5)
+    calls = []
+    for i in range(40):
+        size = int(rng.choice([100, 20_000, 70_001]))
+        payload = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        if i == 7:  # a magic word at an aligned place: written whole, split where it is
+            payload = payload[:4000] + MAGIC + payload[4004:]
+        head = rng.integers(0, 256, 4 * int(rng.integers(6, 60)), dtype=np.uint8).tobytes()
+        calls.append(("whole" if i % 5 == 4 else "parts", head, memoryview(payload)))
+    expected = [reference_encode(head + bytes(payload)) for _, head, payload in calls]
+    idx, rec = tmp_path / "g.idx", tmp_path / "g.rec"
+    with MXIndexedRecordIO(idx, rec, "w") as w:
+        for (how, head, payload), end in zip(calls, np.cumsum([len(e) for e in expected])):
+            if how == "whole":
+                w.write(head + bytes(payload))
+            else:
+                w.write_parts(head, payload)
+            assert w.tell() == end
+    assert rec.read_bytes() == b"".join(expected)
+
+
+def test_what_is_left_of_parts_after_a_short_write():
+    assert recordio._rest([b"abc", b"defg", b"h"], 0) == [b"abc", b"defg", b"h"]
+    assert [bytes(p) for p in recordio._rest([b"abc", b"defg", b"h"], 5)] == [b"fg", b"h"]
+    assert [bytes(p) for p in recordio._rest([b"abc", b"defg", b"h"], 7)] == [b"h"]
+    assert recordio._rest([b"abc"], 3) == []
+
+
 def test_a_two_part_record_needs_an_aligned_head(tmp_path):
     with MXRecordIO(tmp_path / "p.rec", "w") as w, pytest.raises(ValueError, match="multiple of 4"):
         w.write_parts(b"abc", b"payload")

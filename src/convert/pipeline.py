@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -343,7 +344,39 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
     sharded = opts.shard_size > 0
     writer: ShardWriter | None = None
     opening: tuple[Path, Path] | None = None  # a shard whose writer is being made
+    # A full shard is made durable (fsync), published and recorded in the state on a thread of its
+    # own while the next one is written; at most one at a time, so the state's order holds.
+    committing: threading.Thread | None = None
+    commit_errors: list[BaseException] = []
+    started_shards = len(state["shards"])
     bar = _progress(my_total, done_before, opts.progress)
+
+    def commit_in_background(full: ShardWriter, resume_at: list[int], reported: dict) -> threading.Thread:
+        def run() -> None:
+            try:
+                try:
+                    summary = full.commit()
+                except BaseException:
+                    full.abort()
+                    raise
+                state["shards"].append(summary)
+                state["next"], state["report"] = resume_at, reported
+                write_json_atomic(state_path, state)
+            except BaseException as exc:  # raised on the run's thread by wait_commit()
+                commit_errors.append(exc)
+
+        thread = threading.Thread(target=run, name="data2rec-commit", daemon=True)
+        thread.start()
+        return thread
+
+    def wait_commit() -> None:
+        nonlocal committing
+        if committing is not None:
+            committing.join()
+            committing = None
+        if commit_errors:
+            raise commit_errors.pop()
+
     try:
         for chunk, results in ordered_map(prefetch(chunked(items(), opts.chunk)), config, workers):
             for item, r in zip(chunk, results):
@@ -352,21 +385,25 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
                 if r.reason is not None:
                     continue
                 if writer is None:
-                    opening = shard_paths(prefix, len(state["shards"]) if sharded else None)
+                    opening = shard_paths(prefix, started_shards if sharded else None)
                     writer = ShardWriter(*opening)
+                    started_shards += 1
                 payload = r.payload if r.payload is not None else item.image
                 writer.write(r.sample_id, caption_record_head(r.tokens, r.sample_id, item.row), payload)
                 if sharded and writer.records == opts.shard_size:
-                    state["shards"].append(writer.commit())
+                    wait_commit()  # the shard before: it had this whole shard's time
+                    committing = commit_in_background(writer, [r.slot, r.pos + 1], report.to_dict())
                     writer = None
-                    state["next"] = [r.slot, r.pos + 1]
-                    state["report"] = report.to_dict()
-                    write_json_atomic(state_path, state)
             bar.set_postfix(written=report.written, skipped=report.seen - report.written, refresh=False)
+        wait_commit()
         if writer is not None:
             state["shards"].append(writer.commit())
             writer = None
     except BaseException:
+        try:
+            wait_commit()  # a full shard, already written, is kept
+        except BaseException:
+            pass  # that shard was discarded; the first error is the one to report
         if writer is not None:
             writer.abort()
         elif opening is not None:

@@ -112,10 +112,18 @@ def write_parquet(path: Path, images: list[bytes], first: int) -> None:
     pq.write_table(table, path, row_group_size=100)
 
 
+def settle_disk() -> None:
+    """Flush what the previous method left to the disk (its deleted and rewritten files' journal
+    work), so that no method pays for the one before: without this, whichever ran right after the
+    copy measured 10-20% slower here."""
+    os.sync()
+
+
 def seed_method(files: list[Path], out: Path) -> float:
     import cv2
 
     cv2.setNumThreads(1)  # "one process" in the seed guide: no hidden OpenCV threads either
+    settle_disk()
     start = time.perf_counter()
     rec = MXIndexedRecordIO(str(out / "seed.idx"), str(out / "seed.rec"), "w")
     for i, f in enumerate(files):
@@ -128,6 +136,7 @@ def seed_method(files: list[Path], out: Path) -> float:
 def copy_method(parquets: list[Path], out: Path, n: int) -> float:
     """A plain copy of the parquet files data2rec reads: what the disk (here the page cache)
     allows for the same bytes in and out, made durable as data2rec's shards are."""
+    settle_disk()
     start = time.perf_counter()
     for i, src in enumerate(parquets):
         with open(src, "rb") as f, open(out / f"copy-{i}.bin", "wb") as dst:
@@ -140,6 +149,7 @@ def copy_method(parquets: list[Path], out: Path, n: int) -> float:
 def data2rec_rate(parquets: list[Path], out: Path, validate: str, workers: int, n: int) -> float:
     shutil.rmtree(out, ignore_errors=True)
     opts = ConvertOptions(image=ImageOptions(validate=validate), workers=workers, shard_size=1000, progress=False)
+    settle_disk()
     start = time.perf_counter()
     report = convert(parquets, out / "bench", opts)
     elapsed = time.perf_counter() - start

@@ -24,6 +24,7 @@ from tests._data2rec_helpers import (
     odd_images,
     png16,
     png_alpha,
+    read_records,
     tokens_for,
     write_hub_parquet,
     write_tar,
@@ -263,6 +264,35 @@ def test_parquet_iteration_memory_stays_flat(tmp_path):
     tracemalloc.stop()
     assert n == sum(map(len, blob))
     assert python_peak + arrow_peak < os.path.getsize(tmp_path / "big.parquet") / 3
+
+
+def test_a_conversion_holds_few_batches_of_the_parquet_it_writes_from(tmp_path, monkeypatch):
+    # Images pass from parquet to the shards as views of Arrow's buffers: each pins its batch until
+    # it is written (and a shard's last megabyte until the shard is closed). The whole run must hold
+    # a few batches, not the file.
+    from src.convert import ConvertOptions, convert
+    from src.convert import writer as writer_module
+
+    rng = np.random.default_rng(1)
+    photos = []
+    for _ in range(400):  # noise compresses badly: ~38 KB each, ~15 MB in all
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (160, 200, 3), dtype=np.uint8)).save(buf, "JPEG", quality=95)
+        photos.append(buf.getvalue())
+    big = tmp_path / "big.parquet"
+    write_hub_parquet(big, [(p, tokens_for(1, i)) for i, p in enumerate(photos)], row_group_size=8)
+    held = []
+    real_write = writer_module.ShardWriter.write
+
+    def write(self, *args, **kwargs):
+        held.append(pa.total_allocated_bytes())
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(writer_module.ShardWriter, "write", write)
+    convert([big], tmp_path / "out", ConvertOptions(workers=1, shard_size=30, chunk=4, progress=False))
+    assert len(held) == 400 and max(held) < big.stat().st_size / 4
+    stored = [payload for _, _, _, payload in read_records(sorted(tmp_path.glob("out-*.rec")))]
+    assert stored == photos
 
 
 def test_parquet_broken_rows_and_files_become_bad_items(tmp_path):

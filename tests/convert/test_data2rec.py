@@ -280,11 +280,37 @@ def dali_decode_all(rec: Path, labels: list[np.ndarray]) -> None:
         np.testing.assert_array_equal(np.array(got[i]), label)
 
 
+def _large_photos(n: int) -> list[bytes]:
+    """Noise JPEGs of ~38 KB: the writer gathers images of 16 KB and more for one writev. The
+    first holds the RecordIO magic word at a 4-byte-aligned place of its record (in a comment
+    segment), so that its record is split into parts where the word is."""
+    import io
+
+    from PIL import Image
+
+    from src.recordio import MAGIC_BYTES
+
+    rng = np.random.default_rng(9)
+    out = []
+    for _ in range(n):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (160, 200, 3), dtype=np.uint8)).save(buf, "JPEG", quality=95)
+        out.append(buf.getvalue())
+    # SOI, then FF FE + length + 2 bytes: the word starts at byte 8 of the image, and a record's
+    # head (header + float32 label) is a multiple of 4 bytes long.
+    out[0] = out[0][:2] + b"\xff\xfe\x00\x08xx" + MAGIC_BYTES + out[0][2:]
+    return out
+
+
 def test_mxnet_reads_every_record(hub, tmp_path):
     d, _, good = hub
-    convert([d], tmp_path / "mx", quiet(shard_size=7))
+    large = tmp_path / "large.parquet"
+    photos = _large_photos(4)
+    write_hub_parquet(large, [(p, tokens_for(3, 500 + i)) for i, p in enumerate(photos)], row_group_size=4)
+    convert([d, large], tmp_path / "mx", quiet(shard_size=7))
     shards = find_shards(tmp_path / "mx")
     ours = read_records(shards)
+    assert [payload for *_, payload in ours[-4:]] == photos
     code = r"""
 import hashlib, json, sys
 from mxnet import recordio
@@ -297,7 +323,7 @@ for rec in sys.argv[1:]:
 print(json.dumps(out))
 """
     got = json.loads(run_oracle(mxnet_python(), code, *map(str, shards)).stdout)
-    assert len(got) == len(ours) == len(good)
+    assert len(got) == len(ours) == len(good) + len(photos)
     for (key, i, i2, label, digest), (oi, oi2, olabel, payload) in zip(got, ours):
         assert key == i == oi and i2 == oi2
         assert label == olabel.tolist()

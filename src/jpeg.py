@@ -5,8 +5,9 @@ with PIL parses every table too. data2rec uses it to sort JPEGs it may pass thro
 it must re-encode; the loaders use it to size crops before decoding.
 
 `jpeg_structure_fault` walks the whole file the same way, through every scan to the end-of-image
-marker: data2rec's default check that a JPEG is whole and well-formed, at close to the speed of
-reading it (no entropy decoding).
+marker: data2rec's default check that a JPEG is whole and well-formed, with no entropy decoding.
+data2rec asks it not to read a sequential JPEG's final scan (most of its bytes), which it then takes
+to run to the end-of-image marker; the evaluation's DALI path has every scan read.
 """
 
 from __future__ import annotations

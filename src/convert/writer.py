@@ -22,11 +22,6 @@ class _IndexStreamer(MXIndexedRecordIO):
     """MXIndexedRecordIO that streams index lines without also keeping them in memory:
     a single 15M-record output would otherwise hold a 15M-entry dict."""
 
-    def write_idx(self, idx, buf: bytes) -> None:
-        pos = self.tell()
-        self.write(buf)
-        self.fidx.write(f"{int(idx)}\t{pos}\n")
-
     def write_idx_parts(self, idx, head: bytes, payload: bytes | memoryview) -> None:
         pos = self.tell()
         self.write_parts(head, payload)

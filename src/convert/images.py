@@ -52,8 +52,9 @@ VALIDATE_ALIASES = {"quick": "decode"}
 CONVERT_QUALITY = 95  # JPEG quality for images we must re-encode when the user named none
 _EOI_WINDOW = 4096  # trailing bytes searched for the EOI marker (some writers append padding)
 
+JPEG_SIGNATURE = b"\xff\xd8\xff"
 _SIGNATURES = (
-    (b"\xff\xd8\xff", "JPEG"),
+    (JPEG_SIGNATURE, "JPEG"),
     (b"\x89PNG\r\n\x1a\n", "PNG"),
     (b"GIF87a", "GIF"),
     (b"GIF89a", "GIF"),

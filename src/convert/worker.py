@@ -11,7 +11,7 @@ from src.fsutil import DEFAULT_MAX_FILE_BYTES, FileTooLarge, NotARegularFile, re
 
 from ..caption_record import CONTEXT_LENGTH, SOT_TOKEN
 from .captions import CaptionRejected, check_tokens, decode_caption, non_empty, tokenize_captions
-from .images import ImageOptions, ImageRejected, prepare_image
+from .images import JPEG_SIGNATURE, ImageOptions, ImageRejected, prepare_image
 from .items import (
     EMPTY_CAPTION,
     FILE_TOO_LARGE,
@@ -153,7 +153,7 @@ def is_light(items: list[Item], config: WorkerConfig) -> bool:
     if image.validate not in ("off", "structure") or image.resize_short or image.quality is not None:
         return False
     return all(item.error is not None or (item.tokens is not None and item.image is not None
-                                          and item.image[:3] == b"\xff\xd8\xff") for item in items)
+                                          and item.image[: len(JPEG_SIGNATURE)] == JPEG_SIGNATURE) for item in items)
 
 
 def _check_chunk_tokens(items: list[Item]) -> list[np.ndarray | None]:

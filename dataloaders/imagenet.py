@@ -12,9 +12,10 @@ DALI does not install.
 How the DALI backend is fed. The loader reads the records itself, batches ahead in
 processes of its own, off the training thread's GIL (dataloaders/read_ahead.py), and hands
 DALI the encoded images through an external source, with each sample's crop box and flip
-(src/open_alip/crops.py: the PyTorch fallback's draws); DALI decodes, crops and resizes (the
-crop box is the resize's region of interest), flips and normalises. Nothing random runs inside DALI,
-which gives:
+(src/open_alip/crops.py: the PyTorch fallback's draws); DALI decodes and cuts out the crop box, which
+is then resized alone (the fallback's crop-then-resize), flipped and normalised: by DALI on the GPU,
+by torch on the CPU (dataloaders/resize.py: DALI's CPU resize cost twice PIL's). Nothing random runs
+inside DALI, which gives:
 
 - one pipeline for the whole run, kept across epochs (each epoch only resets it);
 - `set_epoch(e)` reproduces epoch `e` without replaying earlier ones;
@@ -28,8 +29,8 @@ The order of an epoch is a full permutation of the rank's records (not a shuffle
 over the file order), so batches mix the whole share of the data; records are read at
 random offsets, which wants storage that serves random reads (local disk, page cache).
 On the GPU (`mixed`) the full image is decoded, so that JPEGs can go to the hardware decoder,
-which does not decode regions; on the CPU only each crop's window is (`_crop_and_resize`), with
-the same pixels as a whole decode resized with that box.
+which does not decode regions, and the box is sliced out; on the CPU only each crop's window is
+decoded (`_crops`).
 
 DALI is imported only when a DALI pipeline is built, so the fallback backend and the
 helpers here work without it.
@@ -59,6 +60,7 @@ from dataloaders.base import (
 )
 from dataloaders.read_ahead import BatchReader, ReaderDiedError
 from dataloaders.records import probe_shards
+from dataloaders.resize import resize_flip_normalize
 from dataloaders.shards import load_shards
 from dataloaders.torch_loader import TorchLoader
 from src.devices import resolve_device
@@ -128,6 +130,7 @@ class _Batch:
     labels: np.ndarray  # float32 [n, K*77], padded with empty captions
     payloads: list[np.ndarray]  # kept to find an undecodable image after a failure
     read: Any = None  # the reader's handle: its buffer is free again once the batch is delivered
+    mirror: np.ndarray | None = None  # int32 [n]: flip left-right (training)
 
 
 class _Source:
@@ -191,41 +194,66 @@ class DaliLoader(BaseLoader):
             args["device"] = "cpu"
         return args
 
-    def _crop_and_resize(self, jpegs, roi_start, roi_end):
-        """The crop box of each image resized to input_size x input_size (bilinear, antialiased).
+    def _crops(self, jpegs, roi_start, roi_end):
+        """Each image's crop box (uint8 HWC), as crop-then-resize wants it: the resize sees the box's
+        pixels only, as torchvision's RandomResizedCrop and the original's cropping decoder do.
 
-        Full decode, then a resize whose region of interest is the box: the only way for `mixed`,
-        whose hardware decoder takes whole images. On the CPU (`roi_decode`) the decoder decodes a
-        window only (libjpeg-turbo skips the rows below it and the inverse DCT of the columns
-        beside it): the box in whole pixels, as the stored (y, x) corners round to, plus a margin
-        the resize filter reaches into (it samples around the box, as PIL's `resize(box=...)`
-        does), so the pixels equal a full decode's resized with that box.
+        The box in whole pixels is what the stored relative (y, x) corners round to (the box
+        crops.py drew). `mixed` decodes whole images (the hardware decoder takes nothing else) and
+        slices the box out; on the CPU (`roi_decode`) the decoder decodes the box only
+        (libjpeg-turbo skips the rows below it and the inverse DCT of the columns beside it).
         """
         from nvidia.dali import fn, types
         from nvidia.dali import math as dmath
 
-        size = self.input_size
-        if not self.roi_decode:
-            images = fn.decoders.image(jpegs, **self._decoder_args())
-            return fn.resize(images, resize_x=size, resize_y=size, roi_start=roi_start, roi_end=roi_end,
-                             roi_relative=True, interp_type=types.INTERP_LINEAR)
         shape = fn.peek_image_shape(jpegs, adjust_orientation=False)  # (H, W, C) as stored
         extent = fn.cast(shape[0:2], dtype=types.FLOAT)
-        top_left = dmath.floor(roi_start * extent + 0.5)
-        bottom_right = dmath.floor(roi_end * extent + 0.5)
-        # The resize filter reaches past the box: half a scale step downscaling (antialiased), one
-        # pixel upscaling; a scale step plus one covers both.
-        margin = dmath.ceil((bottom_right - top_left) / size) + 1
-        low = dmath.max(top_left - margin, 0.0)
-        high = dmath.min(bottom_right + margin, extent)
-        window = fn.decoders.image_slice(jpegs, start=fn.cast(low, dtype=types.INT32),
-                                         end=fn.cast(high, dtype=types.INT32), axis_names="HW",
-                                         **self._decoder_args())
-        return fn.resize(window, resize_x=size, resize_y=size, roi_start=top_left - low,
-                         roi_end=bottom_right - low, roi_relative=False, interp_type=types.INTERP_LINEAR)
+        start = fn.cast(dmath.floor(roi_start * extent + 0.5), dtype=types.INT32)
+        end = fn.cast(dmath.floor(roi_end * extent + 0.5), dtype=types.INT32)
+        if self.roi_decode:
+            return fn.decoders.image_slice(jpegs, start=start, end=end, axis_names="HW", **self._decoder_args())
+        return fn.slice(fn.decoders.image(jpegs, **self._decoder_args()), start=start, end=end, axis_names="HW")
+
+    @property
+    def resizes_in_torch(self) -> bool:
+        """Training on the CPU: DALI hands over the decoded crops, torch resizes them
+        (dataloaders/resize.py: several times faster than DALI's CPU resize)."""
+        return self.train and self.roi_decode
+
+    def _images(self, size: int):
+        """The pipeline's output: normalised CHW float images, or, where torch resizes
+        (`resizes_in_torch`), each image's decoded crop box."""
+        from nvidia.dali import fn, types
+
+        if not self.train:
+            (jpegs,) = fn.external_source(source=_Source(self), num_outputs=1, batch=True, dtype=[types.UINT8],
+                                          ndim=[1])
+            images = fn.decoders.image(jpegs, **self._decoder_args())
+            images, mirror = fn.resize(images, resize_shorter=size, interp_type=types.INTERP_LINEAR), 0
+        elif self.resizes_in_torch:  # the flips are applied with the resize, from the fed batch's record
+            jpegs, roi_start, roi_end = fn.external_source(
+                source=_Source(self), num_outputs=3, batch=True, dtype=[types.UINT8, types.FLOAT, types.FLOAT],
+                ndim=[1, 1, 1])
+            return self._crops(jpegs, roi_start, roi_end)
+        else:
+            jpegs, roi_start, roi_end, mirror = fn.external_source(
+                source=_Source(self), num_outputs=4, batch=True,
+                dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32], ndim=[1, 1, 1, 0],
+            )
+            images = fn.resize(self._crops(jpegs, roi_start, roi_end), resize_x=size, resize_y=size,
+                               interp_type=types.INTERP_LINEAR)
+        return fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            crop=(size, size),
+            mean=[m * 255 for m in CLIP_MEAN],
+            std=[s * 255 for s in CLIP_STD],
+            mirror=mirror,
+        )
 
     def _build_pipeline(self):
-        from nvidia.dali import Pipeline, fn, types
+        from nvidia.dali import Pipeline
 
         _guard_forks()
         size = self.input_size
@@ -237,28 +265,7 @@ class DaliLoader(BaseLoader):
             seed=derive_seed(self.seed, self.rank),  # nothing in the pipeline draws from it
         )
         with pipe:
-            if self.train:
-                jpegs, roi_start, roi_end, mirror = fn.external_source(
-                    source=_Source(self), num_outputs=4, batch=True,
-                    dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32], ndim=[1, 1, 1, 0],
-                )
-                images = self._crop_and_resize(jpegs, roi_start, roi_end)
-            else:
-                (jpegs,) = fn.external_source(source=_Source(self), num_outputs=1, batch=True,
-                                              dtype=[types.UINT8], ndim=[1])
-                images = fn.decoders.image(jpegs, **self._decoder_args())
-                images = fn.resize(images, resize_shorter=size, interp_type=types.INTERP_LINEAR)
-                mirror = 0
-            images = fn.crop_mirror_normalize(
-                images,
-                dtype=types.FLOAT,
-                output_layout="CHW",
-                crop=(size, size),
-                mean=[m * 255 for m in CLIP_MEAN],
-                std=[s * 255 for s in CLIP_STD],
-                mirror=mirror,
-            )
-            pipe.set_outputs(images)
+            pipe.set_outputs(self._images(size))
         pipe.build()
         self.pipelines_built += 1
         return pipe
@@ -292,10 +299,13 @@ class DaliLoader(BaseLoader):
                 self.skip(record, reason)
             if batch >= self.batches_in(epoch):
                 raise StopIteration
-        self._fed.append(_Batch(epoch, batch, self.batch_items(epoch, batch)[0], read.labels, read.payloads, handle))
+        self._fed.append(_Batch(epoch, batch, self.batch_items(epoch, batch)[0], read.labels, read.payloads, handle,
+                               read.mirror))
         self._feed_at = (epoch, batch + 1)
         for ahead in range(batch + 1, batch + 1 + READ_AHEAD):
             self._submit(epoch, ahead)
+        if self.resizes_in_torch:
+            return read.payloads, read.roi_start, read.roi_end
         if self.train:
             return read.payloads, read.roi_start, read.roi_end, read.mirror
         return (read.payloads,)
@@ -376,7 +386,12 @@ class DaliLoader(BaseLoader):
             if (entry.epoch, entry.index) != (self.epoch, self.batch):  # a bookkeeping bug, never data
                 raise RuntimeError(f"DALI delivered batch {entry.index} of epoch {entry.epoch}, "
                                    f"expected {self.batch} of {self.epoch}")
-            images = to_torch_tensor(out[0].as_tensor(), copy=True)
+            if self.resizes_in_torch:
+                crops = out[0]
+                images = resize_flip_normalize([np.asarray(crops[i]) for i in range(len(crops))], entry.mirror,
+                                               self.input_size)
+            else:
+                images = to_torch_tensor(out[0].as_tensor(), copy=True)
             return images, torch.from_numpy(entry.labels)
 
     # -- undecodable records ---------------------------------------------------------------

@@ -76,8 +76,11 @@ def preprocess_tensor(image: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def resize_box_pil(img: Image.Image, size: int, box: tuple[int, int, int, int], mirror: bool) -> Image.Image:
-    """`box` (left, top, right, bottom) of `img` resized to size x size (bilinear), then flipped if `mirror`."""
-    img = img.resize((size, size), Image.BILINEAR, box=box)
+    """`box` (left, top, right, bottom) of `img` cut out, resized to size x size (bilinear), then
+    flipped if `mirror`. Cut first: the resize sees the box's pixels only, as torchvision's
+    RandomResizedCrop and the DALI loader (dataloaders/imagenet.py) do; `resize(box=...)` would
+    also read pixels around the box."""
+    img = img.crop(box).resize((size, size), Image.BILINEAR)
     return img.transpose(Image.FLIP_LEFT_RIGHT) if mirror else img
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/loader.py --reader: the reader's figures, in a thread and in processes, come out and add up."""
+"""benchmarks/loader.py: the reader's figures (--reader), and the loaders' and their stages', come out and add up."""
 
 from __future__ import annotations
 
@@ -29,14 +29,14 @@ def test_reader_mode_prints_crop_costs_and_rates_alone_and_beside_a_busy_thread(
     assert "goal >= 12,000 beside it" in out
 
 
-def test_loader_mode_times_window_and_whole_decodes_against_the_fallback_and_each_stage(capsys):
+def test_loader_mode_times_the_cpu_and_mixed_ways_against_the_fallback_and_each_stage(capsys):
     assert bench.main(["--records", "48", "--batch-size", "16", "--input-size", "32", "--repeats", "1",
                        "--stages"]) == 0
     out = capsys.readouterr().out
     for unit, name in (("images/s", "wall"), ("images per CPU-second", "cpu")):
         found = re.search(rf"median {unit}: DALI CPU ([0-9.]+), PyTorch fallback ([0-9.]+); ratio DALI / fallback "
-                          rf"\({name}\): ([0-9.]+)x; with whole-image decodes ([0-9.]+), ([0-9.]+)x \(window decodes "
-                          r"gain ([0-9.]+)x\)", out)
+                          rf"\({name}\): ([0-9.]+)x; the mixed way on the CPU \(whole decodes, DALI's resize\) "
+                          r"([0-9.]+), ([0-9.]+)x \(the CPU pipeline gains ([0-9.]+)x\)", out)
         window, fallback, ratio, full, full_ratio, gain = (float(g) for g in found.groups())
         assert min(window, fallback, full) > 0
         assert abs(window / fallback - ratio) < 0.01 + 0.005 * ratio
@@ -44,8 +44,8 @@ def test_loader_mode_times_window_and_whole_decodes_against_the_fallback_and_eac
         assert abs(window / full - gain) < 0.01 + 0.005 * gain
     stages = re.findall(r"^  (\S.*?)\s+DALI\s+([0-9.]+)(?:\s+PIL\s+([0-9.]+))?$", out, re.M)
     assert [label for label, _, _ in stages] == [
-        "decode the whole image", "decode the crop's window only", "whole decode + crop-resize to 32",
-        "window decode + crop-resize (the CPU loader)", "whole decode + resize, antialias=False",
-        "+ normalise: whole decode (the mixed way)", "+ normalise: window decode (the CPU loader)"]
+        "decode the whole image", "decode the crop's window only", "whole decode + crop, DALI's resize to 32",
+        "window decode, torch's resize (the CPU loader)", "+ flip, normalise: the mixed way, on the CPU",
+        "+ flip, normalise: the CPU loader"]
     assert all(float(dali) > 0 for _, dali, _ in stages)
-    assert [bool(pil) for _, _, pil in stages] == [True, False, True, False, False, True, False]
+    assert [bool(pil) for _, _, pil in stages] == [True, False, True, False, True, False]

@@ -266,25 +266,27 @@ def _noise_shard(prefix: Path, sizes: list[tuple[int, int]], cut: dict[int, floa
     return Path(f"{prefix}.rec")
 
 
-def test_cpu_training_decodes_only_the_crop_window_with_the_full_decodes_pixels(tmp_path, cache):
-    # Crops scaled up (a 20-pixel side to 32) and down (up to 9x): the window's margin must hold
-    # every pixel the resize filter reads around the box, or the crop's border pixels change.
+def test_every_path_resizes_the_crop_box_alone_the_cpu_one_within_a_grey_level_of_the_fallback(tmp_path, cache):
+    # Noise crops scaled up (a 20-pixel side to 32) and down (up to 9x): a box one pixel off, or a
+    # resize that reads pixels around the box, would change every border pixel.
     sizes = [(20 + 37 * i % 290, 16 + 53 * i % 250) for i in range(24)]
     _noise_shard(tmp_path / "noise", sizes)
     window = make(tmp_path / "noise", cache, train=True, batch_size=8, seed=3)
     full = make(tmp_path / "noise", cache, train=True, batch_size=8, seed=3)
-    full.roi_decode = False  # the `mixed` pipeline's way: whole image, resize's region of interest
+    full.roi_decode = False  # the `mixed` pipeline's way: whole decode, the box sliced out, DALI's resize
     fallback = make(tmp_path / "noise", cache, train=True, batch_size=8, seed=3, backend="torch")
-    assert window.roi_decode
+    assert window.roi_decode and window.resizes_in_torch and not full.resizes_in_torch
     level = 1 / 255 / min(CLIP_STD)  # one grey level after normalisation
     for (a, ta), (b, tb), (c, tc) in zip(window, full, fallback):
         assert torch.equal(ta, tb) and torch.equal(ta, tc)
-        # PIL rounds between its two passes, DALI does not: 0.0024 apart on average (measured).
-        assert float((a - c).abs().mean()) < 0.005
-        diff = (a - b).abs()
-        # The window path takes the box in whole pixels, the full decode's region of interest is
-        # float32 relative corners: a pixel where those round apart is one level off, no more.
-        assert float(diff.max()) <= 1.001 * level and float((diff > 0).float().mean()) < 0.01
+        # The CPU loader (DALI's window decode, torch's resize) against PIL's crop and resize.
+        diff = (a - c).abs()
+        assert float(diff.max()) <= 1.001 * level and float((diff > level / 2).float().mean()) < 0.05
+        # The `mixed` way: the same box inside (DALI's resize only rounds once, PIL between its
+        # passes); at the crop's edge DALI repeats the edge pixels where PIL narrows its filter,
+        # which on noise is up to 11 levels in the outer two pixels (measured; 3 on photo-like images).
+        diff = (b - c).abs()
+        assert float(diff[..., 2:-2, 2:-2].max()) <= 1.001 * level and float(diff.mean()) < 0.5 * level
 
 
 def test_cpu_window_decode_stops_above_the_rows_it_does_not_need(tmp_path, cache, caplog):

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from src.open_alip.constants import CONTEXT_LENGTH, EOT_TOKEN, SOT_TOKEN, VOCAB_SIZE
-from src.recordio import IRHeader, pack_head, unpack
+from src.recordio import pack_label_head, unpack
 
 __all__ = [
     "CONTEXT_LENGTH",
@@ -103,7 +103,7 @@ def pack_caption_record(tokens: np.ndarray, sample_id: int, id2: int, payload: b
 def caption_record_head(tokens: np.ndarray, sample_id: int, id2: int) -> bytes:
     """What the record of caption `tokens` holds before its payload (header and label), for
     writers that write the payload after it without a join (MXRecordIO.write_parts)."""
-    return pack_head(IRHeader(0, tokens, sample_id, id2))
+    return pack_label_head(tokens, sample_id, id2)  # the tokens are an array: no IRHeader, no number check
 
 
 def unpack_caption_record(record: bytes) -> CaptionRecord:

@@ -60,7 +60,7 @@ from dataloaders.base import (
 )
 from dataloaders.read_ahead import BatchReader, ReaderDiedError
 from dataloaders.records import probe_shards
-from dataloaders.resize import resize_flip_normalize
+from dataloaders.resize import CropResizer
 from dataloaders.shards import load_shards
 from dataloaders.torch_loader import TorchLoader
 from src.devices import resolve_device
@@ -162,6 +162,8 @@ class DaliLoader(BaseLoader):
         self.reader = BatchReader(self.shardset, workers)
         # Stop the reader processes when the loader goes (the finalizer holds the reader, not the loader).
         weakref.finalize(self, self.reader.close)
+        self.resizer = CropResizer.beside(max(1, self.num_threads))  # the CPU pipeline's resize (resizes_in_torch)
+        weakref.finalize(self, self.resizer.close)
         self._pipe = None
         self._pipe_dirty = False  # scheduled since it was built or last reset
         self._fed: deque[_Batch] = deque()  # handed to DALI, not yet delivered
@@ -388,8 +390,7 @@ class DaliLoader(BaseLoader):
                                    f"expected {self.batch} of {self.epoch}")
             if self.resizes_in_torch:
                 crops = out[0]
-                images = resize_flip_normalize([np.asarray(crops[i]) for i in range(len(crops))], entry.mirror,
-                                               self.input_size)
+                images = self.resizer([np.asarray(crops[i]) for i in range(len(crops))], entry.mirror, self.input_size)
             else:
                 images = to_torch_tensor(out[0].as_tensor(), copy=True)
             return images, torch.from_numpy(entry.labels)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dataloaders.resize import resize_flip_normalize
+from dataloaders.resize import RESIZE_SHARE, CropResizer, resize_flip_normalize
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
 from src.open_alip.transform import resize_box_pil
 
@@ -38,8 +38,21 @@ def test_torch_resize_is_pils_within_one_grey_level_up_and_down(size):
     assert float((diff > LEVEL / 2).float().mean()) < 0.05
 
 
-def test_torch_resize_leaves_the_callers_thread_count_alone():
+def test_a_pool_of_resizing_threads_gives_the_calling_threads_pixels_and_leaves_its_thread_count():
+    rng = np.random.default_rng(1)
+    crops = [rng.integers(0, 256, (int(rng.integers(20, 90)), int(rng.integers(20, 90)), 3), dtype=np.uint8)
+             for _ in range(11)]
+    mirror = rng.integers(0, 2, 11).astype(np.int32)
     before = torch.get_num_threads()
-    crops = [np.zeros((40, 50, 3), np.uint8)]
-    resize_flip_normalize(crops, np.zeros(1, np.int32), 32)
+    alone = resize_flip_normalize(crops, mirror, 32)
     assert torch.get_num_threads() == before
+    pool = CropResizer(3)
+    try:
+        for _ in range(2):  # the pool is made once and kept
+            assert torch.equal(pool(crops, mirror, 32), alone)
+            assert torch.get_num_threads() == before
+        assert torch.equal(pool(crops[:1], mirror[:1], 32), alone[:1])
+    finally:
+        pool.close()
+    # One resizing thread for every RESIZE_SHARE decoding threads; the caller's own below that.
+    assert [CropResizer.beside(n).threads for n in (1, 2, RESIZE_SHARE, 4 * RESIZE_SHARE)] == [1, 1, 1, 4]

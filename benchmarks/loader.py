@@ -123,7 +123,7 @@ def stage_costs(data, input_size: int, batch_size: int, batches: int = 8, repeat
     from PIL import Image
 
     from dataloaders.resize import resize_crop, resize_flip_normalize
-    from dataloaders.torch_loader import RecordDataset
+    from dataloaders.torch_loader import RecordDataset, normalize_pixels
     from src.open_alip.constants import CLIP_MEAN, CLIP_STD
     from src.open_alip.crops import crops_and_flips
     from src.open_alip.transform import resize_box_pil
@@ -195,8 +195,6 @@ def stage_costs(data, input_size: int, batch_size: int, batches: int = 8, repeat
         return run
 
     def pil_step(step: str):
-        mean_px, std_px = np.asarray(mean, np.float32), np.asarray(std, np.float32)
-
         def run() -> float:
             t = time.process_time()
             for b, box, flip in zip(payloads, boxes.tolist(), mirror.tolist()):
@@ -205,7 +203,7 @@ def stage_costs(data, input_size: int, batch_size: int, batches: int = 8, repeat
                 if step != "decode":
                     img = resize_box_pil(img, input_size, tuple(box), flip)
                 if step.endswith("normalise"):  # as dataloaders/torch_loader.py does
-                    np.ascontiguousarray(((np.asarray(img, np.float32) - mean_px) / std_px).transpose(2, 0, 1))
+                    normalize_pixels(img)
             return n / (time.process_time() - t)
 
         return run

@@ -17,11 +17,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from src.open_alip.constants import CLIP_MEAN, CLIP_STD
+from dataloaders.torch_loader import PIXEL_MEAN, PIXEL_STD
 
-# As the fallback normalises: (pixel - mean * 255) / (std * 255), in float32.
-_MEAN = torch.tensor(CLIP_MEAN, dtype=torch.float32).mul_(255).view(1, 3, 1, 1)
-_STD = torch.tensor(CLIP_STD, dtype=torch.float32).mul_(255).view(1, 3, 1, 1)
+# As the fallback normalises (torch_loader.normalize_pixels), for a batch.
+_MEAN = torch.from_numpy(PIXEL_MEAN).view(1, 3, 1, 1)
+_STD = torch.from_numpy(PIXEL_STD).view(1, 3, 1, 1)
 
 
 def resize_crop(crop: np.ndarray, size: int) -> torch.Tensor:

@@ -32,8 +32,15 @@ from src.open_alip.transform import resize_box_pil
 
 __all__ = ["RecordDataset", "TorchLoader"]
 
-_MEAN = np.asarray(CLIP_MEAN, np.float32) * 255
-_STD = np.asarray(CLIP_STD, np.float32) * 255
+# The CLIP mean and std on the 0-255 pixel scale, float32: what both backends normalise with.
+PIXEL_MEAN = np.asarray(CLIP_MEAN, np.float32) * 255
+PIXEL_STD = np.asarray(CLIP_STD, np.float32) * 255
+
+
+def normalize_pixels(img: Image.Image) -> torch.Tensor:
+    """float32 [3, H, W]: an RGB image's pixels normalised with the CLIP mean and std."""
+    pixels = (np.asarray(img, dtype=np.float32) - PIXEL_MEAN) / PIXEL_STD
+    return torch.from_numpy(pixels.transpose(2, 0, 1).copy())
 
 
 class RecordDataset(Dataset):
@@ -64,8 +71,7 @@ class RecordDataset(Dataset):
             img = img.resize(new, Image.BILINEAR)
             left, top = (new[0] - size) // 2, (new[1] - size) // 2
             img = img.crop((left, top, left + size, top + size))
-        pixels = (np.asarray(img, dtype=np.float32) - _MEAN) / _STD
-        return torch.from_numpy(pixels.transpose(2, 0, 1).copy())
+        return normalize_pixels(img)
 
     def __getitem__(self, item: tuple[int, int]):
         record, aug_seed = item

@@ -50,6 +50,7 @@ __all__ = [
     "pack",
     "pack_head",
     "pack_img",
+    "pack_label_head",
     "read_index",
     "read_index_arrays",
     "read_record_at",

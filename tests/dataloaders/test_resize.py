@@ -6,7 +6,8 @@ import torch
 from PIL import Image
 
 from dataloaders.resize import RESIZE_SHARE, CropResizer, resize_flip_normalize
-from src.open_alip.constants import CLIP_MEAN, CLIP_STD
+from dataloaders.torch_loader import normalize_pixels
+from src.open_alip.constants import CLIP_STD
 from src.open_alip.transform import resize_box_pil
 
 LEVEL = 1 / 255 / min(CLIP_STD)  # one grey level after normalisation
@@ -17,8 +18,7 @@ def _pil_batch(crops: list[np.ndarray], mirror: np.ndarray, size: int) -> torch.
     out = []
     for crop, flip in zip(crops, mirror.tolist()):
         img = resize_box_pil(Image.fromarray(crop), size, (0, 0, crop.shape[1], crop.shape[0]), bool(flip))
-        px = (np.asarray(img, np.float32) - np.float32(CLIP_MEAN) * 255) / (np.float32(CLIP_STD) * 255)
-        out.append(torch.from_numpy(px.transpose(2, 0, 1).copy()))
+        out.append(normalize_pixels(img))
     return torch.stack(out)
 
 

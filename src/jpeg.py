@@ -95,6 +95,61 @@ def jpeg_structure_fault(data: bytes | memoryview, trailer: int = 4096, read_fin
     more kind of damage that decoders meet only then: a marker where none belongs inside that
     scan (libjpeg ends the scan early and warns, or fails the image).
     """
+    if not read_final_scan:
+        final = _known_final_scan(data)
+        if final is not None:
+            return _final_scan_fault(data, final, trailer)
+    walked = _walk(data, trailer, read_final_scan)
+    return _final_scan_fault(data, walked, trailer) if isinstance(walked, _FinalScan) else walked
+
+
+class _FinalScan(NamedTuple):
+    """Where the walk stopped: at the header (byte `at`) of a sequential frame's final scan, whose
+    entropy-coded data begins at byte `start`."""
+
+    at: int
+    start: int
+
+
+def _final_scan_fault(data: bytes | memoryview, final: _FinalScan, trailer: int) -> JpegFault | None:
+    """The final scan of a sequential frame, not read: sound when an end-of-image marker lies in
+    its last `trailer` (+ 2) bytes."""
+    tail = max(final.start, len(data) - trailer - 2)
+    if bytes(data[tail:]).rfind(b"\xff\xd9") < 0:
+        return JpegFault(TRUNCATED, f"the scan at byte {final.at} is cut off (no end-of-image marker after it)")
+    return None
+
+
+# Headers are looked up in this many leading bytes: a photo's tables and frame header take under
+# a kilobyte; one carrying large metadata is walked in full.
+_HEAD_WINDOW = 4096
+
+
+def _known_final_scan(data: bytes | memoryview) -> _FinalScan | None:
+    """Where a sequential JPEG's final scan starts, when everything before it is a header seen
+    before, else None. A corpus's images come from a few encoders, so most share their table
+    segments and their frame size: the walk runs once per distinct header, not once per image."""
+    head = bytes(data[:_HEAD_WINDOW])
+    sos = head.find(b"\xff\xda")  # the first scan header, or bytes that look like one
+    if sos < 0 or sos + 4 > len(head):
+        return None
+    end = sos + 4 + ((head[sos + 2] << 8) | head[sos + 3]) - 2
+    return _header_final_scan(head[:end]) if end <= len(head) else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _header_final_scan(header: bytes) -> _FinalScan | None:
+    """The walk of `header` alone, when it ends exactly where a sequential frame's final scan
+    begins; else None. The walk reads only the bytes before that point, and a cut that is not
+    there (the FF DA found was inside a segment, or begins an earlier scan) makes it fail on
+    `header` alone, so a walk of the whole image would reach the same place."""
+    walked = _walk(header, 0, read_final_scan=False)
+    return walked if isinstance(walked, _FinalScan) and walked.start == len(header) else None
+
+
+def _walk(data: bytes | memoryview, trailer: int, read_final_scan: bool) -> JpegFault | _FinalScan | None:
+    """jpeg_structure_fault's walk, stopping at a sequential frame's final scan when it is not
+    to be read."""
     n = len(data)
     if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
         return JpegFault(BROKEN, "no start-of-image marker")
@@ -167,12 +222,7 @@ def jpeg_structure_fault(data: bytes | memoryview, trailer: int = 4096, read_fin
             if fault:
                 return fault
             if not read_final_scan and not progressive and covered == set(frame):
-                tail = max(i, n - trailer - 2)
-                eoi = bytes(data[tail:]).rfind(b"\xff\xd9")
-                if eoi < 0:
-                    return JpegFault(TRUNCATED, f"the scan at byte {at} is cut off (no end-of-image marker after it)")
-                i = tail + eoi
-                continue
+                return _FinalScan(at, i)
             m = _SCAN_END.search(data, i)
             if m is None:
                 return JpegFault(TRUNCATED, f"the scan at byte {at} is cut off (no marker after it)")

@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import src.jpeg as jpeg_module
 from src.convert import OutputError, convert
 from src.convert.images import ImageOptions, ImageRejected, _decode_check, prepare_image
-from src.jpeg import BROKEN, NO_TABLES, TRUNCATED, jpeg_structure_fault
+from src.jpeg import BROKEN, NO_TABLES, TRUNCATED, JpegFault, jpeg_structure_fault
 from tests._data2rec_helpers import jpeg, picture
 from tests.convert.test_data2rec import quiet
 
@@ -230,3 +231,41 @@ def test_a_run_begun_under_the_old_name_or_default_resumes_or_says_which_level(t
     # The default changed from the decode to the structure walk: the same command names the level.
     with pytest.raises(OutputError, match=r"same arguments \(it was started with --validate decode\)"):
         convert([images], tmp_path / "o", quiet())
+
+
+def _walked_in_full(monkeypatch, data: bytes) -> JpegFault | None:
+    """The walk with data2rec's settings, without its cache of headers seen before."""
+    with monkeypatch.context() as m:
+        m.setattr(jpeg_module, "_known_final_scan", lambda data: None)
+        return jpeg_structure_fault(data, 4096, read_final_scan=False)
+
+
+def _with_segment(data: bytes, marker: int, content: bytes) -> bytes:
+    """`data` with a marker segment inserted right after its start-of-image marker."""
+    return data[:2] + bytes([0xFF, marker]) + (len(content) + 2).to_bytes(2, "big") + content + data[2:]
+
+
+def test_the_header_cache_answers_as_the_walk_does(monkeypatch):
+    # data2rec walks each distinct header once (src/jpeg.py's _header_final_scan): an image whose
+    # header was seen before is checked at its tail only. Every sound and damaged JPEG gets the
+    # answer of a full walk, also when a sound image with the same header came first, when bytes
+    # that look like a scan header sit inside an earlier segment, or the header outgrows the window.
+    sound = sound_jpegs()
+    base = sound["baseline"]
+    sos_look_alike = b"\xff\xda\x00\x0c\x03\x01\x00\x02\x11\x03\x11\x00\x3f\x00"
+    cases = list(sound.values()) + [
+        _with_segment(base, 0xFE, sos_look_alike),  # a comment holding a scan header's bytes
+        _with_segment(base, 0xE1, bytes(5000)),  # metadata longer than the window searched
+        _with_segment(base, 0xE1, bytes(4000)),  # the scan header just past the window
+        _with_segment(base, 0xE1, bytes(3990)),  # the scan header across the window's end
+    ]
+    for name in ("baseline", "progressive", "gray", "restart intervals", "opencv"):
+        for family in damaged(sound[name]).values():
+            cases += family
+    cases += NON_JPEG
+    for warm in (False, True):  # the cache empty, then holding every header met
+        if not warm:
+            jpeg_module._header_final_scan.cache_clear()
+        for i, data in enumerate(cases):
+            assert jpeg_structure_fault(data, 4096, read_final_scan=False) == _walked_in_full(monkeypatch, data), i
+    assert jpeg_module._header_final_scan.cache_info().hits > len(cases) // 2  # the cache was used

@@ -13,7 +13,9 @@ cores are:
   copy    a plain copy of the parquet files data2rec reads (the same bytes in, the same out, fsync)
   data2rec --validate off / structure (default) / decode / full, parquet in, shards out
 The goals (issue 27): the default >= 5x seed, off >= 20x seed, the default within 1.5x of the
-copy's time.
+copy's time. Rates are each method's best round; "x copy time" is the copy's best rate over the
+method's, and "same round" the median and range of each round's ratio (the copy and the method
+run in the same round, close in time).
 """
 
 from __future__ import annotations
@@ -170,7 +172,8 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=1,
                    help="data2rec workers (default 1: per-core ratios; 0: all cores, against one-process baselines)")
     p.add_argument("--levels", default=",".join(LEVELS), help=f"--validate levels to run (default {','.join(LEVELS)})")
-    p.add_argument("--rounds", type=int, default=3, help="best of N rounds per method (default 3)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds, each running every method once (default 3); rates are each method's best")
     p.add_argument("--workdir", help="scratch folder (default: a temp folder, removed after)")
     args = p.parse_args()
     levels = [lv.strip() for lv in args.levels.split(",") if lv.strip()]
@@ -213,19 +216,25 @@ def main() -> int:
         for level in levels:
             methods[f"data2rec --validate {level}"] = (
                 lambda level=level: data2rec_rate(parquets, out / level, level, args.workers, n))
-        rates: dict[str, float] = dict.fromkeys(methods, 0.0)
+        runs: dict[str, list[float]] = {name: [] for name in methods}
         # The order turns by one each round: a method run right after another measured up to 10%
         # slower than later in the round (allocators and caches the one before left cold), and a
         # fixed order gave that place to the same method in every round.
         names = list(methods)
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[: r % len(names)]:
-                rates[name] = max(rates[name], methods[name]())
-        print(f"{'method':30s} {'samples/s':>10s} {'MB/s':>8s} {'x seed':>8s} {'x copy time':>12s}")
+                runs[name].append(methods[name]())
+        rates = {name: max(rs) for name, rs in runs.items()}
+        print(f"{'method':30s} {'samples/s':>10s} {'MB/s':>8s} {'x seed':>8s} {'x copy time':>12s} "
+              f"{'same round: median (range)':>27s}")
         mean_mb = np.mean(sizes) / 1e6
         for key, rate in rates.items():
+            # Each round's copy against the same round's run: the copy's time is half its fsync,
+            # which varies here by more than a third from one run to the next, so the best of
+            # each (the first ratio) can pair a lucky copy with an unlucky run, or the reverse.
+            paired = sorted(c / m for c, m in zip(runs["copy"], runs[key]))
             print(f"{key:30s} {rate:10.0f} {rate * mean_mb:8.1f} {rate / rates['seed']:8.1f} "
-                  f"{rates['copy'] / rate:12.2f}")
+                  f"{rates['copy'] / rate:12.2f} {float(np.median(paired)):12.2f} ({paired[0]:.2f}-{paired[-1]:.2f})")
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)

@@ -506,3 +506,37 @@ def test_a_chunks_tokens_checked_at_once_give_what_each_row_checked_alone_gives(
                     check_tokens(t)
                 assert r.detail == exc.value.detail  # the row's own problem, named as a lone check names it
     init_worker(WorkerConfig())
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise here")
+def test_a_shard_handed_to_the_disk_while_written_is_the_same_shard(tmp_path, monkeypatch):
+    # ShardWriter starts the disk's write-out every WRITEBACK_BYTES (posix_fadvise, on a thread): the files
+    # are those written without it, byte for byte. The advice itself is the kernel's real call,
+    # watched on its way.
+    from src.convert import writer as writer_module
+
+    advised = []
+    real_advise = os.posix_fadvise
+
+    def advise(fd, offset, length, advice):
+        advised.append((offset, length))
+        return real_advise(fd, offset, length, advice)
+
+    rng = np.random.default_rng(0)
+    records = [(i, bytes(24), rng.integers(0, 256, int(rng.integers(100, 9000)), dtype=np.uint8).tobytes())
+               for i in range(300)]
+    shards = {}
+    for every in (0, 64 << 10):
+        monkeypatch.setattr(writer_module, "WRITEBACK_BYTES", every)
+        monkeypatch.setattr(writer_module.os, "posix_fadvise", advise)
+        rec, idx = tmp_path / f"s{every}.rec", tmp_path / f"s{every}.idx"
+        writer = writer_module.ShardWriter(rec, idx)
+        for key, head, payload in records:
+            writer.write(key, head, payload)
+        writer.commit()
+        shards[every] = (rec.read_bytes(), idx.read_text())
+    assert shards[0] == shards[64 << 10]
+    # Every range once, in order, each reaching the bytes written when it was given.
+    assert advised and advised[0][0] == 0
+    assert all(a[0] + a[1] == b[0] for a, b in zip(advised, advised[1:]))
+    assert all(length >= 64 << 10 for _, length in advised)

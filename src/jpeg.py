@@ -133,7 +133,7 @@ def _known_final_scan(data: bytes | memoryview) -> _FinalScan | None:
     sos = head.find(b"\xff\xda")  # the first scan header, or bytes that look like one
     if sos < 0 or sos + 4 > len(head):
         return None
-    end = sos + 4 + ((head[sos + 2] << 8) | head[sos + 3]) - 2
+    end = sos + 2 + ((head[sos + 2] << 8) | head[sos + 3])  # the scan header's end: its length counts itself
     return _header_final_scan(head[:end]) if end <= len(head) else None
 
 

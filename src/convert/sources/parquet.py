@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from ..items import BROKEN_INPUT, BROKEN_ROW, Item, Unit
 from .base import InputError, Source, expand
+from .parquet_pages import binary_leaf, read_binary_chunk
 
 IMAGE_COLUMNS = ("images", "image", "jpg", "img")
 TEXT_COLUMNS = ("texts", "text", "tokens", "caption", "captions")
@@ -86,25 +87,36 @@ class ParquetSource(Source):
             if start == 0:
                 yield Item(0, str(path), error=BROKEN_INPUT, detail=str(exc))
             return
-        first_row = 0
-        for rg in range(pf.metadata.num_row_groups):
-            n = pf.metadata.row_group(rg).num_rows
-            if first_row + n <= start:
+        leaf = binary_leaf(pf.metadata, image_col)
+        with open(path, "rb") as raw:
+            first_row = 0
+            for rg in range(pf.metadata.num_row_groups):
+                n = pf.metadata.row_group(rg).num_rows
+                if first_row + n <= start:
+                    first_row += n
+                    continue
+                images = None
+                if leaf is not None:  # the page reader, else Arrow (see parquet_pages)
+                    images = read_binary_chunk(raw.fileno(), pf.metadata.row_group(rg).column(leaf[0]), leaf[1], n)
+                yield from self._row_group(pf, rg, first_row, n, image_col, text_col, start, path, images)
                 first_row += n
-                continue
-            yield from self._row_group(pf, rg, first_row, n, image_col, text_col, start, path)
-            first_row += n
 
     def _row_group(
         self, pf: pq.ParquetFile, rg: int, first_row: int, n: int, image_col: str, text_col: str,
-        start: int, path: Path,
+        start: int, path: Path, images: list[memoryview | None] | None,
     ) -> Iterator[Item]:
+        """The row group's items; `images`: its images already read (parquet_pages), else None
+        and Arrow reads them with the captions."""
         row = first_row
+        columns = [text_col] if images is not None else [image_col, text_col]
         try:
-            for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=[image_col, text_col]):
-                images = _image_views(batch.column(0))
-                texts = _Texts(batch.column(1))
-                for i, image in enumerate(images):
+            for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=columns):
+                if images is None:
+                    batch_images = _image_views(batch.column(0))
+                else:
+                    batch_images = images[row - first_row : row - first_row + batch.num_rows]
+                texts = _Texts(batch.column(batch.num_columns - 1))
+                for i, image in enumerate(batch_images):
                     if row >= start:
                         yield texts.item(row, f"{path}:row {row}", image, i)
                     row += 1

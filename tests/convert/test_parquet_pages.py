@@ -1,0 +1,151 @@
+"""The page reader of the hub's image column (src/convert/sources/parquet_pages.py) against Arrow.
+
+For every layout pyarrow writes (codecs, dictionary or not, dictionary fallback part-way, page
+versions, many small pages, nulls at both levels, empty values, binary and large_binary, struct or
+not), each row group's values are Arrow's, byte for byte, or the reader declines (None) and Arrow
+reads the row group. The hub's own layout must be read by pages, not declined.
+"""
+
+import itertools
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from src.convert import ConvertOptions, ImageOptions, convert
+from src.convert.sources import parquet_pages
+from src.convert.sources.parquet_pages import binary_leaf, read_binary_chunk
+from src.recordio import MAGIC_BYTES
+from tests._data2rec_helpers import jpeg
+
+
+def _values(rng: np.random.Generator, n: int) -> list[bytes | None]:
+    out: list[bytes | None] = []
+    for i in range(n):
+        pick = rng.random()
+        if pick < 0.1:
+            out.append(None)
+        elif pick < 0.15:
+            out.append(b"")
+        else:
+            data = bytearray(rng.integers(0, 256, int(rng.integers(1, 3000)), dtype=np.uint8).tobytes())
+            if i % 7 == 0:  # RecordIO's magic word, for the converter test
+                at = int(rng.integers(0, len(data))) & ~3
+                data[at : at + 4] = MAGIC_BYTES[: len(data) - at]
+            out.append(bytes(data))
+    return out
+
+
+def _table(values: list[bytes | None], kind: str, struct_nulls: bool) -> pa.Table:
+    if kind == "struct":
+        image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+        rows = [None if (struct_nulls and i % 11 == 3) else {"bytes": v, "path": None} for i, v in enumerate(values)]
+        images = pa.array(rows, image_type)
+    else:
+        images = pa.array(values, pa.large_binary() if kind == "large_binary" else pa.binary())
+    texts = pa.array([[49406.0, 1.0, 49407.0] + [0.0] * 74] * len(values), pa.list_(pa.float32()))
+    return pa.table({"images": images, "texts": texts})
+
+
+def _arrow_values(pf: pq.ParquetFile, rg: int) -> list[bytes | None]:
+    col = pf.read_row_group(rg, columns=["images"]).column(0).combine_chunks()
+    if pa.types.is_struct(col.type):
+        children = col.field("bytes").to_pylist()
+        return [None if s is None else c for s, c in zip(col.to_pylist(), children)]
+    return col.to_pylist()
+
+
+WRITES = {
+    "codec": ["snappy", "zstd", "gzip", "brotli", "lz4", "none"],
+    "use_dictionary": [True, False],
+    "data_page_version": ["1.0", "2.0"],
+    "pages": ["default", "small"],  # small: many data pages per chunk, the dictionary abandoned part-way
+}
+
+
+@pytest.mark.parametrize("kind", ["struct", "binary", "large_binary"])
+def test_each_layout_is_read_as_arrow_reads_it_or_left_to_arrow(tmp_path, kind):
+    rng = np.random.default_rng(1)
+    values = _values(rng, 230)
+    read_by_pages = []
+    for codec, dictionary, version, pages in itertools.product(*WRITES.values()):
+        path = tmp_path / f"{kind}-{codec}-{dictionary}-{version}-{pages}.parquet"
+        small = {"data_page_size": 2000, "dictionary_pagesize_limit": 6000, "write_batch_size": 10} if pages == "small" else {}
+        pq.write_table(_table(values, kind, struct_nulls=True), path, compression=codec, use_dictionary=dictionary,
+                       data_page_version=version, row_group_size=100, **small)
+        pf = pq.ParquetFile(path)
+        leaf = binary_leaf(pf.metadata, "images")
+        assert leaf is not None
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            # Every row group read before any is compared: a value that were a view of a buffer
+            # used again would have changed by then.
+            got = [read_binary_chunk(fd, pf.metadata.row_group(rg).column(leaf[0]), leaf[1],
+                                     pf.metadata.row_group(rg).num_rows)
+                   for rg in range(pf.metadata.num_row_groups)]
+        finally:
+            os.close(fd)
+        for rg, read in enumerate(got):
+            if read is not None:
+                assert [None if v is None else bytes(v) for v in read] == _arrow_values(pf, rg), (path.name, rg)
+                read_by_pages.append((codec, dictionary, version, pages))
+    # The hub's layout (pyarrow's defaults, what `datasets` writes) and plain pages are read here.
+    assert ("snappy", True, "1.0", "default") in read_by_pages
+    assert ("snappy", False, "1.0", "small") in read_by_pages
+    assert ("none", True, "1.0", "small") in read_by_pages
+
+
+def test_a_damaged_chunk_is_left_to_arrow_or_read_as_arrow_reads_it(tmp_path):
+    rng = np.random.default_rng(2)
+    path = tmp_path / "hub.parquet"
+    pq.write_table(_table(_values(rng, 100), "struct", struct_nulls=False), path, row_group_size=100,
+                   compression="none")
+    pf = pq.ParquetFile(path)
+    leaf = binary_leaf(pf.metadata, "images")
+    chunk = pf.metadata.row_group(0).column(leaf[0])
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    data = path.read_bytes()
+    for at in rng.integers(start, start + chunk.total_compressed_size, 60).tolist():
+        damaged = tmp_path / "damaged.parquet"
+        damaged.write_bytes(data[:at] + bytes([data[at] ^ 0xA5]) + data[at + 1 :])
+        fd = os.open(damaged, os.O_RDONLY)
+        try:
+            got = read_binary_chunk(fd, chunk, leaf[1], 100)
+        finally:
+            os.close(fd)
+        if got is None:
+            continue
+        try:
+            expected = _arrow_values(pq.ParquetFile(damaged), 0)
+        except Exception:  # Arrow refuses what the page reader took: only where no page structure changed
+            expected = None
+        if expected is not None:
+            assert [None if v is None else bytes(v) for v in got] == expected, at
+
+
+def test_other_columns_are_left_to_arrow(tmp_path):
+    path = tmp_path / "other.parquet"
+    table = pa.table({"images": pa.array([[b"a"], [b"b"]], pa.list_(pa.binary())), "texts": pa.array(["x", "y"])})
+    pq.write_table(table, path)
+    assert binary_leaf(pq.ParquetFile(path).metadata, "images") is None  # a list of images
+    assert binary_leaf(pq.ParquetFile(path).metadata, "texts") is not None  # strings are byte arrays too
+
+
+def test_the_converter_writes_the_same_shards_with_arrow_alone(tmp_path, monkeypatch):
+    rng = np.random.default_rng(3)
+    images = [jpeg(32, 24, seed=i) for i in range(40)] + [b"not a jpeg", None]
+    table = _table(images, "struct", struct_nulls=False)
+    for i in range(3):
+        pq.write_table(table, tmp_path / f"train-{i}.parquet", row_group_size=int(rng.integers(5, 20)))
+    inputs = sorted(tmp_path.glob("*.parquet"))
+    opts = ConvertOptions(image=ImageOptions(), workers=1, shard_size=50, progress=False, max_skip_fraction=None)
+    by_pages = convert(inputs, tmp_path / "pages" / "out", opts)
+    monkeypatch.setattr(parquet_pages, "read_binary_chunk", lambda *a: None)
+    monkeypatch.setattr("src.convert.sources.parquet.read_binary_chunk", lambda *a: None)
+    by_arrow = convert(inputs, tmp_path / "arrow" / "out", opts)
+    assert by_pages["written"] == by_arrow["written"] == 120
+    assert by_pages["skipped_by_reason"] == by_arrow["skipped_by_reason"]
+    for name in sorted(p.name for p in (tmp_path / "pages").glob("out-*")):
+        assert (tmp_path / "pages" / name).read_bytes() == (tmp_path / "arrow" / name).read_bytes(), name

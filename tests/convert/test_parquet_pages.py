@@ -76,7 +76,7 @@ def test_each_layout_is_read_as_arrow_reads_it_or_left_to_arrow(tmp_path, kind):
         pq.write_table(_table(values, kind, struct_nulls=True), path, compression=codec, use_dictionary=dictionary,
                        data_page_version=version, row_group_size=100, **small)
         pf = pq.ParquetFile(path)
-        leaf = binary_leaf(pf.metadata, "images")
+        leaf = binary_leaf(pf.metadata, pf.schema_arrow, "images")
         assert leaf is not None
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -103,7 +103,7 @@ def test_a_damaged_chunk_is_left_to_arrow_or_read_as_arrow_reads_it(tmp_path):
     pq.write_table(_table(_values(rng, 100), "struct", struct_nulls=False), path, row_group_size=100,
                    compression="none")
     pf = pq.ParquetFile(path)
-    leaf = binary_leaf(pf.metadata, "images")
+    leaf = binary_leaf(pf.metadata, pf.schema_arrow, "images")
     chunk = pf.metadata.row_group(0).column(leaf[0])
     start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
     data = path.read_bytes()
@@ -129,8 +129,9 @@ def test_other_columns_are_left_to_arrow(tmp_path):
     path = tmp_path / "other.parquet"
     table = pa.table({"images": pa.array([[b"a"], [b"b"]], pa.list_(pa.binary())), "texts": pa.array(["x", "y"])})
     pq.write_table(table, path)
-    assert binary_leaf(pq.ParquetFile(path).metadata, "images") is None  # a list of images
-    assert binary_leaf(pq.ParquetFile(path).metadata, "texts") is not None  # strings are byte arrays too
+    pf = pq.ParquetFile(path)
+    assert binary_leaf(pf.metadata, pf.schema_arrow, "images") is None  # a list of images
+    assert binary_leaf(pf.metadata, pf.schema_arrow, "texts") is None  # strings: Arrow's path names the type
 
 
 def test_the_converter_writes_the_same_shards_with_arrow_alone(tmp_path, monkeypatch):

@@ -87,7 +87,7 @@ class ParquetSource(Source):
             if start == 0:
                 yield Item(0, str(path), error=BROKEN_INPUT, detail=str(exc))
             return
-        leaf = binary_leaf(pf.metadata, image_col)
+        leaf = binary_leaf(pf.metadata, schema, image_col)
         with open(path, "rb") as raw:
             first_row = 0
             for rg in range(pf.metadata.num_row_groups):

@@ -32,10 +32,15 @@ class _Unread(Exception):
     """The column chunk is not one this reader takes: Arrow reads it."""
 
 
-def binary_leaf(md: pq.FileMetaData, column: str) -> tuple[int, int] | None:
+def binary_leaf(md: pq.FileMetaData, schema: pa.Schema, column: str) -> tuple[int, int] | None:
     """(leaf index, max definition level) of the bytes of image column `column`: the column itself
-    when it is binary, its `bytes` field when it is a struct; None when neither is a plain byte
-    array leaf outside any list."""
+    when it is binary, its `bytes` field when it is a struct; None when neither is a binary leaf
+    outside any list (a string column, say, which Arrow's path refuses with its own reason)."""
+    t = schema.field(column).type
+    if pa.types.is_struct(t):
+        t = t.field("bytes").type if t.get_field_index("bytes") >= 0 else None
+    if t is None or not (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+        return None
     for path in (f"{column}.bytes", column):
         for j in range(md.num_columns):
             leaf = md.schema.column(j)

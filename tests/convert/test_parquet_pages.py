@@ -115,14 +115,8 @@ def test_a_damaged_chunk_is_left_to_arrow_or_read_as_arrow_reads_it(tmp_path):
             got = read_binary_chunk(fd, chunk, leaf[1], 100)
         finally:
             os.close(fd)
-        if got is None:
-            continue
-        try:
-            expected = _arrow_values(pq.ParquetFile(damaged), 0)
-        except Exception:  # Arrow refuses what the page reader took: only where no page structure changed
-            expected = None
-        if expected is not None:
-            assert [None if v is None else bytes(v) for v in got] == expected, at
+        if got is not None:  # what the page reader takes, Arrow reads the same
+            assert [None if v is None else bytes(v) for v in got] == _arrow_values(pq.ParquetFile(damaged), 0), at
 
 
 def test_other_columns_are_left_to_arrow(tmp_path):

@@ -6,8 +6,8 @@ the decompressed page. It reads only the layout that pyarrow, and so the hub's `
 for such a column, and checks it as it goes: data pages v1 whose values are PLAIN, or indices into
 a PLAIN dictionary page; definition levels RLE-encoded; no repetition. Anything else (another page
 kind or encoding, a codec Arrow's `decompress` lacks, a count that does not add up) gives None, and
-the caller reads the row group with Arrow instead. The format: the parquet specification
-(parquet-format's `parquet.thrift` and `Encodings.md`); page headers are Thrift compact protocol.
+the caller reads the row group with Arrow instead. Page headers are Thrift compact protocol
+structs; tests/convert/test_parquet_pages.py checks every layout pyarrow writes against Arrow.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-# Page types and encodings, as numbered in parquet.thrift.
+# Page types and encodings, as the parquet format numbers them.
 _DATA_PAGE, _DICTIONARY_PAGE = 0, 2
 _PLAIN, _PLAIN_DICTIONARY, _RLE, _RLE_DICTIONARY = 0, 2, 3, 8
 # Codecs by the name pyarrow's metadata gives, as pyarrow.decompress names them. LZ4 (Hadoop's
@@ -121,7 +121,7 @@ def _data_page(page: memoryview, info: object, dictionary: list[memoryview] | No
         pos += length
     n = int(present.sum())
     if encoding == _PLAIN:
-        found, end = _plain(page, pos, n)
+        found, _ = _plain(page, pos, n)
     elif encoding in (_RLE_DICTIONARY, _PLAIN_DICTIONARY) and dictionary is not None:
         width = page[pos]
         if width > 32:

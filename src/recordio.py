@@ -166,8 +166,9 @@ def pack_img(header: Any, img: np.ndarray, quality: int = 95, img_fmt: str = ".j
     return pack(header, buf.tobytes())
 
 
-def _aligned_magic_offsets(buf: bytes | memoryview) -> list[int]:
-    """Offsets of the magic word at 4-byte-aligned positions of `buf`, in order."""
+def aligned_magic_offsets(buf: bytes | memoryview) -> list[int]:
+    """Offsets of the magic word at 4-byte-aligned positions of `buf`, in order: where a record
+    holding `buf` is cut into parts."""
     if len(buf) >= _NUMPY_SCAN_MIN:
         # One vectorised compare of every aligned word beats bytes.find on large,
         # random-looking data, where the magic's first byte turns up every 256 bytes.
@@ -205,7 +206,7 @@ def _encode_record(buf: bytes) -> tuple[list[bytes | memoryview], int]:
     if length >= _MAX_RECORD:
         raise ValueError(f"RecordIO records must be shorter than 2**29 bytes, got {length}")
     pad = _PADDING[length & 3]
-    hits = _aligned_magic_offsets(buf)
+    hits = aligned_magic_offsets(buf)
     if not hits:
         return [_PART_HEADER.pack(MAGIC, length), buf, pad], 8 + length + len(pad)
     chunks: list[bytes | memoryview] = []
@@ -393,13 +394,17 @@ class MXRecordIO:
             f.write(chunk)
         self._pos += size
 
-    def write_parts(self, head: bytes, payload: bytes | memoryview) -> None:
+    def write_parts(self, head: bytes, payload: bytes | memoryview, payload_magic: list[int] | None = None) -> None:
         """Append the record `head + payload` without joining them (for a large payload the
-        join is a copy of it). `head`'s length must be a multiple of 4, as pack_head's is."""
+        join is a copy of it). `head`'s length must be a multiple of 4, as pack_head's is.
+        `payload_magic`: aligned_magic_offsets(payload), when the caller found them already (while
+        the bytes were in its cache: here they are read from memory again); None: found here."""
         if len(head) & 3:
             raise ValueError(f"the head of a record must be a multiple of 4 bytes long, not {len(head)}")
         length = len(head) + len(payload)
-        if length >= _MAX_RECORD or _aligned_magic_offsets(head) or _aligned_magic_offsets(payload):
+        if payload_magic is None:
+            payload_magic = aligned_magic_offsets(payload)
+        if length >= _MAX_RECORD or aligned_magic_offsets(head) or payload_magic:
             self.write(head + payload)  # too long (write says so), or split where the magic words are
             return
         f = self._require_open(writable=True)

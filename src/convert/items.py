@@ -58,6 +58,9 @@ class Item:
     pos: int  # position in the unit, counting every item, good or bad
     ref: str  # human-readable pointer for reports, e.g. "a.parquet:row 17"
     image: bytes | memoryview | None = None  # a view of the parquet column's buffer, from parquet
+    # recordio.aligned_magic_offsets(image), where the source found them while the bytes were in
+    # its cache (the parquet page reader); None: the writer finds them.
+    image_magic: list[int] | None = None
     image_path: str | None = None
     captions: list[str] | None = None
     tokens: np.ndarray | None = None  # float32 [K*77] token ids, already tokenised

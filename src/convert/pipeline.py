@@ -388,8 +388,11 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
                     opening = shard_paths(prefix, started_shards if sharded else None)
                     writer = ShardWriter(*opening)
                     started_shards += 1
-                payload = r.payload if r.payload is not None else item.image
-                writer.write(r.sample_id, caption_record_head(r.tokens, r.sample_id, item.row), payload)
+                head = caption_record_head(r.tokens, r.sample_id, item.row)
+                if r.payload is None:  # the item's own image, passed through
+                    writer.write(r.sample_id, head, item.image, item.image_magic)
+                else:
+                    writer.write(r.sample_id, head, r.payload)
                 if sharded and writer.records == opts.shard_size:
                     wait_commit()  # the shard before: it had this whole shard's time
                     committing = commit_in_background(writer, [r.slot, r.pos + 1], report.to_dict())

@@ -29,9 +29,9 @@ class _IndexStreamer(MXIndexedRecordIO):
     """MXIndexedRecordIO that streams index lines without also keeping them in memory:
     a single 15M-record output would otherwise hold a 15M-entry dict."""
 
-    def write_idx_parts(self, idx, head: bytes, payload: bytes | memoryview) -> None:
+    def write_idx_parts(self, idx, head: bytes, payload: bytes | memoryview, payload_magic: list[int] | None = None) -> None:
         pos = self.tell()
-        self.write_parts(head, payload)
+        self.write_parts(head, payload, payload_magic)
         self.fidx.write(f"{int(idx)}\t{pos}\n")
 
     def flush_to_os(self) -> int:
@@ -71,9 +71,10 @@ class ShardWriter:
         self.first_id: int | None = None
         self.last_id: int | None = None
 
-    def write(self, key: int, head: bytes, payload: bytes | memoryview) -> None:
-        """Append the record `head + payload` (see caption_record_head) under `key`."""
-        self._io.write_idx_parts(key, head, payload)
+    def write(self, key: int, head: bytes, payload: bytes | memoryview, payload_magic: list[int] | None = None) -> None:
+        """Append the record `head + payload` (see caption_record_head) under `key`; `payload_magic`
+        as MXRecordIO.write_parts takes it."""
+        self._io.write_idx_parts(key, head, payload, payload_magic)
         if WRITEBACK_BYTES and self._io.tell() - self._written_back >= WRITEBACK_BYTES:
             self._start_write_out()
         self.records += 1

@@ -17,7 +17,7 @@ import pytest
 from src.convert import ConvertOptions, ImageOptions, convert
 from src.convert.sources import parquet_pages
 from src.convert.sources.parquet_pages import binary_leaf, read_binary_chunk
-from src.recordio import MAGIC_BYTES
+from src.recordio import MAGIC_BYTES, aligned_magic_offsets
 from tests._data2rec_helpers import jpeg
 
 
@@ -89,7 +89,10 @@ def test_each_layout_is_read_as_arrow_reads_it_or_left_to_arrow(tmp_path, kind):
             os.close(fd)
         for rg, read in enumerate(got):
             if read is not None:
-                assert [None if v is None else bytes(v) for v in read] == _arrow_values(pf, rg), (path.name, rg)
+                assert [None if v is None else bytes(v.data) for v in read] == _arrow_values(pf, rg), (path.name, rg)
+                # Each value's magic words, found in its page, are where a record holding it is cut.
+                assert [v.magic for v in read if v is not None] == [
+                    aligned_magic_offsets(bytes(v.data)) for v in read if v is not None], (path.name, rg)
                 read_by_pages.append((codec, dictionary, version, pages))
     # The hub's layout (pyarrow's defaults, what `datasets` writes) and plain pages are read here.
     assert ("snappy", True, "1.0", "default") in read_by_pages
@@ -116,7 +119,7 @@ def test_a_damaged_chunk_is_left_to_arrow_or_read_as_arrow_reads_it(tmp_path):
         finally:
             os.close(fd)
         if got is not None:  # what the page reader takes, Arrow reads the same
-            assert [None if v is None else bytes(v) for v in got] == _arrow_values(pq.ParquetFile(damaged), 0), at
+            assert [None if v is None else bytes(v.data) for v in got] == _arrow_values(pq.ParquetFile(damaged), 0), at
 
 
 def test_other_columns_are_left_to_arrow(tmp_path):
@@ -128,9 +131,21 @@ def test_other_columns_are_left_to_arrow(tmp_path):
     assert binary_leaf(pf.metadata, pf.schema_arrow, "texts") is None  # strings: Arrow's path names the type
 
 
+def _with_magic(image: bytes, at: int) -> bytes:
+    """`image` with RecordIO's magic word at byte `at` (8 or more), in a comment segment after SOI."""
+    filler = b"x" * (at - 6)
+    return image[:2] + b"\xff\xfe" + (2 + len(filler) + 4).to_bytes(2, "big") + filler + MAGIC_BYTES + image[2:]
+
+
 def test_the_converter_writes_the_same_shards_with_arrow_alone(tmp_path, monkeypatch):
     rng = np.random.default_rng(3)
-    images = [jpeg(32, 24, seed=i) for i in range(40)] + [b"not a jpeg", None]
+    # With the magic word where the record is cut (aligned) and where it is not, in small images
+    # and in ones large enough for the numpy scan: the page reader finds the words, Arrow's path
+    # leaves them to the writer.
+    magic = [_with_magic(jpeg(w, h, seed=50 + w, quality=100), at)
+             for w, h in ((32, 24), (160, 120)) for at in (8, 9, 12)]
+    assert max(map(len, magic)) >= 8192 and all(aligned_magic_offsets(m) in ([], [8], [12]) for m in magic)
+    images = [jpeg(32, 24, seed=i) for i in range(40)] + magic + [b"not a jpeg", None]
     table = _table(images, "struct", struct_nulls=False)
     for i in range(3):
         pq.write_table(table, tmp_path / f"train-{i}.parquet", row_group_size=int(rng.integers(5, 20)))
@@ -140,7 +155,7 @@ def test_the_converter_writes_the_same_shards_with_arrow_alone(tmp_path, monkeyp
     monkeypatch.setattr(parquet_pages, "read_binary_chunk", lambda *a: None)
     monkeypatch.setattr("src.convert.sources.parquet.read_binary_chunk", lambda *a: None)
     by_arrow = convert(inputs, tmp_path / "arrow" / "out", opts)
-    assert by_pages["written"] == by_arrow["written"] == 120
+    assert by_pages["written"] == by_arrow["written"] == 138
     assert by_pages["skipped_by_reason"] == by_arrow["skipped_by_reason"]
     for name in sorted(p.name for p in (tmp_path / "pages").glob("out-*")):
         assert (tmp_path / "pages" / name).read_bytes() == (tmp_path / "arrow" / name).read_bytes(), name

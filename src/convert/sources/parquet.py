@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from ..items import BROKEN_INPUT, BROKEN_ROW, Item, Unit
 from .base import InputError, Source, expand
-from .parquet_pages import binary_leaf, read_binary_chunk
+from .parquet_pages import PageValue, binary_leaf, read_binary_chunk
 
 IMAGE_COLUMNS = ("images", "image", "jpg", "img")
 TEXT_COLUMNS = ("texts", "text", "tokens", "caption", "captions")
@@ -103,7 +103,7 @@ class ParquetSource(Source):
 
     def _row_group(
         self, pf: pq.ParquetFile, rg: int, first_row: int, n: int, image_col: str, text_col: str,
-        start: int, path: Path, images: list[memoryview | None] | None,
+        start: int, path: Path, images: list[PageValue | None] | None,
     ) -> Iterator[Item]:
         """The row group's items; `images`: its images already read (parquet_pages), else None
         and Arrow reads them with the captions."""
@@ -112,13 +112,16 @@ class ParquetSource(Source):
         try:
             for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=columns):
                 if images is None:
-                    batch_images = _image_views(batch.column(0))
+                    batch_images: list = _image_views(batch.column(0))
                 else:
                     batch_images = images[row - first_row : row - first_row + batch.num_rows]
                 texts = _Texts(batch.column(batch.num_columns - 1))
                 for i, image in enumerate(batch_images):
                     if row >= start:
-                        yield texts.item(row, f"{path}:row {row}", image, i)
+                        image, magic = image if isinstance(image, PageValue) else (image, None)
+                        item = texts.item(row, f"{path}:row {row}", image, i)
+                        item.image_magic = magic
+                        yield item
                     row += 1
         except Exception as exc:  # a corrupt page: the rest of this row group is lost, the file is not
             for r in range(max(row, start), first_row + n):

@@ -8,16 +8,23 @@ a PLAIN dictionary page; definition levels RLE-encoded; no repetition. Anything 
 kind or encoding, a codec Arrow's `decompress` lacks, a count that does not add up) gives None, and
 the caller reads the row group with Arrow instead. Page headers are Thrift compact protocol
 structs; tests/convert/test_parquet_pages.py checks every layout pyarrow writes against Arrow.
+
+Each value comes with its RecordIO magic words (where a record holding it is cut into parts),
+found right after its page is decompressed: the page is then in this core's cache, where the
+writer, later and on another thread, would read every byte from memory once more for them.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from src.recordio import aligned_magic_offsets
 
 # Page types and encodings, as the parquet format numbers them.
 _DATA_PAGE, _DICTIONARY_PAGE = 0, 2
@@ -26,6 +33,13 @@ _PLAIN, _PLAIN_DICTIONARY, _RLE, _RLE_DICTIONARY = 0, 2, 3, 8
 # framing) is left to Arrow.
 _CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd", "BROTLI": "brotli", "LZ4_RAW": "lz4_raw"}
 _U32 = struct.Struct("<I")
+
+
+class PageValue(NamedTuple):
+    """One value: a view of its decompressed page, and aligned_magic_offsets of it."""
+
+    data: memoryview
+    magic: list[int]
 
 
 class _Unread(Exception):
@@ -51,7 +65,7 @@ def binary_leaf(md: pq.FileMetaData, schema: pa.Schema, column: str) -> tuple[in
     return None
 
 
-def read_binary_chunk(fd: int, chunk: pq.ColumnChunkMetaData, max_def: int, rows: int) -> list[memoryview | None] | None:
+def read_binary_chunk(fd: int, chunk: pq.ColumnChunkMetaData, max_def: int, rows: int) -> list[PageValue | None] | None:
     """Each row's value of a binary column chunk (None where null), or None when the chunk is not
     in the layout read here."""
     codec = _CODECS.get(chunk.compression)
@@ -73,9 +87,9 @@ def read_binary_chunk(fd: int, chunk: pq.ColumnChunkMetaData, max_def: int, rows
     return values if len(values) == rows else None
 
 
-def _pages(raw: memoryview, codec: str | None, max_def: int) -> list[memoryview | None]:
-    dictionary: list[memoryview] | None = None
-    values: list[memoryview | None] = []
+def _pages(raw: memoryview, codec: str | None, max_def: int) -> list[PageValue | None]:
+    dictionary: list[PageValue] | None = None
+    values: list[PageValue | None] = []
     pos = 0
     while pos < len(raw):
         header, pos = _struct(raw, pos)
@@ -102,8 +116,8 @@ def _pages(raw: memoryview, codec: str | None, max_def: int) -> list[memoryview 
     return values
 
 
-def _data_page(page: memoryview, info: object, dictionary: list[memoryview] | None,
-               max_def: int) -> list[memoryview | None]:
+def _data_page(page: memoryview, info: object, dictionary: list[PageValue] | None,
+               max_def: int) -> list[PageValue | None]:
     if not isinstance(info, dict) or not isinstance(info.get(1), int) or info[1] < 0:
         raise _Unread("data page header")
     count, encoding = info[1], info.get(2)
@@ -134,13 +148,13 @@ def _data_page(page: memoryview, info: object, dictionary: list[memoryview] | No
         raise _Unread(f"encoding {encoding}")
     if n == count:
         return found
-    out: list[memoryview | None] = [None] * count
+    out: list[PageValue | None] = [None] * count
     for i, value in zip(np.flatnonzero(present).tolist(), found):
         out[i] = value
     return out
 
 
-def _plain(page: memoryview, pos: int, count: object) -> tuple[list[memoryview], int]:
+def _plain(page: memoryview, pos: int, count: object) -> tuple[list[PageValue], int]:
     """`count` PLAIN byte arrays (a 4-byte length, then the bytes) from `pos`; and where they end."""
     if not isinstance(count, int) or count < 0:
         raise _Unread("value count")
@@ -150,7 +164,8 @@ def _plain(page: memoryview, pos: int, count: object) -> tuple[list[memoryview],
         pos += 4
         if pos + length > len(page):
             raise _Unread("byte array past the page")
-        out.append(page[pos : pos + length])
+        value = page[pos : pos + length]
+        out.append(PageValue(value, aligned_magic_offsets(value)))
         pos += length
     return out, pos
 

@@ -64,6 +64,7 @@ class Item:
     image_path: str | None = None
     captions: list[str] | None = None
     tokens: np.ndarray | None = None  # float32 [K*77] token ids, already tokenised
+    tokens_checked: bool = False  # the tokens passed check_tokens already (worker.check_chunk_tokens)
     error: str | None = None  # the source already knows this item is bad
     detail: str = ""
     row: int = 0  # row in the source file, stored as the record's id2

@@ -30,7 +30,7 @@ from .items import MAX_CAPTIONS, Item, Unit
 from .report import Report, percent
 from .sources import InputError, Source, SourceOptions, make_source
 from .state import load_state, new_state, write_json_atomic, write_report
-from .worker import WorkerConfig
+from .worker import WorkerConfig, check_chunk_tokens
 from .writer import TMP_SUFFIX, ShardWriter, discard_temps
 
 MAX_ID = 2**64 - 1  # record ids are uint64 (docs/formats.md, section 1)
@@ -378,7 +378,9 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
             raise commit_errors.pop()
 
     try:
-        for chunk, results in ordered_map(prefetch(chunked(items(), opts.chunk)), config, workers):
+        # The tokens are checked on the reading thread (see check_chunk_tokens).
+        chunks = prefetch(map(check_chunk_tokens, chunked(items(), opts.chunk)))
+        for chunk, results in ordered_map(chunks, config, workers):
             for item, r in zip(chunk, results):
                 bar.update(1)
                 report.add(r)

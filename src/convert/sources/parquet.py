@@ -145,7 +145,7 @@ class _Texts:
                 self.kind = "tokens"
                 col = col.cast(pa.list_(pa.float32())) if not pa.types.is_large_list(t) else col
                 flat = col.values
-                self.offsets = np.asarray(col.offsets.to_numpy(zero_copy_only=False))
+                self.offsets = np.asarray(col.offsets.to_numpy(zero_copy_only=False)).tolist()
                 self.flat = np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float32)
                 self.null_ids = np.asarray(flat.is_null().to_numpy(zero_copy_only=False)) if flat.null_count else None
         elif pa.types.is_string(t) or pa.types.is_large_string(t):
@@ -157,10 +157,12 @@ class _Texts:
         if not self.valid[i]:
             return Item(row, ref, row=row, image=image, error=BROKEN_ROW, detail="caption is null")
         if self.kind == "tokens":
-            a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+            a, b = self.offsets[i], self.offsets[i + 1]
             if self.null_ids is not None and self.null_ids[a:b].any():
                 return Item(row, ref, row=row, image=image, error=BROKEN_ROW, detail="null token id")
-            return Item(row, ref, row=row, image=image, tokens=self.flat[a:b].copy())
+            # A view of the batch's values (the checks copy them: check_chunk_tokens joins a chunk's
+            # rows, check_tokens copies one row).
+            return Item(row, ref, row=row, image=image, tokens=self.flat[a:b])
         if self.kind == "strings":
             return Item(row, ref, row=row, image=image, captions=[c or "" for c in self.values[i]])
         if self.kind == "string":

@@ -41,7 +41,7 @@ class _IndexStreamer(MXIndexedRecordIO):
         return self._file.fileno()
 
 
-def _start_write_out(fd: int, start: int, length: int) -> None:
+def _advise_write_out(fd: int, start: int, length: int) -> None:
     """Start writing a range of a file to the disk, without waiting for it. Linux starts the
     write-out of a range's dirty pages on this advice and drops only its clean ones (here none):
     what sync_file_range does, from the standard library. It does the disk's work for the range
@@ -88,7 +88,7 @@ class ShardWriter:
         if self._write_out is not None and self._write_out.is_alive():
             return
         fd, end = self._io.flush_to_os(), self._io.tell()
-        self._write_out = threading.Thread(target=_start_write_out, args=(fd, self._written_back, end - self._written_back),
+        self._write_out = threading.Thread(target=_advise_write_out, args=(fd, self._written_back, end - self._written_back),
                                            name="data2rec-write-out", daemon=True)
         self._write_out.start()
         self._written_back = end

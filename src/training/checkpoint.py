@@ -15,6 +15,7 @@ import random
 import re
 import resource
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -110,20 +111,66 @@ def _step_of(path: Path) -> int:
         return -1
 
 
-def prune_before_save(output: str | os.PathLike, keep: int) -> None:
+def prune_before_save(output: str | os.PathLike, keep: int, protect: Iterable[str | os.PathLike] = ()) -> list[Path]:
     """Make room for one more step checkpoint, so that a disk holding exactly `keep` of them
-    can still save: only while at least one complete checkpoint stays (keep >= 2)."""
+    can still save: only while at least one complete checkpoint stays (keep >= 2).
+
+    `protect`: the checkpoint the run resumed from or saved last, the one a resume needs if
+    this save fails; never deleted (see prune_step_checkpoints)."""
     if keep >= 2:
-        prune_step_checkpoints(output, keep - 1)
+        return prune_step_checkpoints(output, keep - 1, protect)
+    return []
 
 
-def prune_step_checkpoints(output: str | os.PathLike, keep: int) -> None:
-    """Delete all but the newest `keep` step checkpoints (epoch checkpoints are kept)."""
+def prune_step_checkpoints(output: str | os.PathLike, keep: int, protect: Iterable[str | os.PathLike] = ()) -> list[Path]:
+    """Delete step checkpoints until at most `keep` remain (epoch checkpoints are kept); what was
+    deleted.
+
+    Unreadable ones go first (a copy cut short, a disk error), then the oldest readable ones.
+    Never deleted: a checkpoint in `protect`, and the newest readable one, so that a resume
+    always finds a complete checkpoint, whatever happens to the save this makes room for.
+    """
     if keep <= 0:
-        return
+        return []
     steps = sorted(p for p in checkpoint_dir(output).glob("step_*.pt") if _STEP_NAME.match(p.name))
-    for p in steps[:-keep]:
-        p.unlink(missing_ok=True)
+    if len(steps) <= keep:
+        return []
+    kept = {_real(p) for p in protect}
+    readable = [p for p in steps if _readable(p)]
+    if readable:
+        kept.add(_real(readable[-1]))
+    unreadable = [p for p in steps if p not in readable]
+    removed = []
+    for p in unreadable + readable:  # unreadable first, then oldest first
+        if len(steps) - len(removed) <= keep:
+            break
+        if _real(p) not in kept:
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def _real(path: str | os.PathLike) -> str:
+    return os.path.realpath(path)
+
+
+# Readability by (path, size, mtime): a run checks each file once, not at every save.
+_READABLE: dict[tuple[str, int, int], bool] = {}
+
+
+def _readable(path: Path) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    key = (_real(path), st.st_size, st.st_mtime_ns)
+    if key not in _READABLE:
+        try:
+            load_checkpoint_file(path)
+            _READABLE[key] = True
+        except TrainingError:
+            _READABLE[key] = False
+    return _READABLE[key]
 
 
 # What a file must hold to continue a run (the first format had "args" and "epoch_complete"

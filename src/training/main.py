@@ -459,12 +459,14 @@ class _Saver:
         if ckpt is not None:
             try:
                 if path.name.startswith("step_"):
-                    ckpt_io.prune_before_save(self.cfg.output, self.cfg.keep_checkpoints)
+                    # The last good checkpoint stays until this one is complete: the save may fail.
+                    ckpt_io.prune_before_save(self.cfg.output, self.cfg.keep_checkpoints,
+                                              protect=[self.last] if self.last else [])
                 ckpt_io.atomic_save(ckpt, path)
             except TrainingError as exc:  # a full disk: every rank stops, none waits in the barrier
                 error = str(exc)
             else:
-                ckpt_io.prune_step_checkpoints(self.cfg.output, self.cfg.keep_checkpoints)
+                ckpt_io.prune_step_checkpoints(self.cfg.output, self.cfg.keep_checkpoints, protect=[path])
                 LOG.info("saved %s", path)
         error = broadcast_object(error, self.env)
         if error:

@@ -217,6 +217,33 @@ def test_resume_takes_a_new_lr_and_passes_over_an_unreadable_checkpoint(data, fu
         assert lr == pytest.approx(before[step] / 10, rel=1e-9)
 
 
+def test_a_failed_save_after_resuming_past_an_unreadable_checkpoint_keeps_the_one_resumed_from(data, full_run,
+                                                                                               tmp_path):
+    # The newest step checkpoint is unreadable, an older one good, no epoch file, --keep-checkpoints 2;
+    # the save the run makes fails (a file-size limit: the kernel refuses the write as a full disk does).
+    output = tmp_path / "resumed"
+    (output / "checkpoints").mkdir(parents=True)
+    shutil.copy(full_run / "checkpoints" / "step_000000030.pt", output / "checkpoints")
+    (output / "checkpoints" / "step_000000035.pt").write_bytes(b"PK\x03\x04")
+    limit = (output / "checkpoints" / "step_000000030.pt").stat().st_size // 2
+
+    def small_files() -> None:
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    args = _args(data, output, "--resume", "latest", "--max-steps", "31", "--keep-checkpoints", "2")
+    proc = subprocess.run([PY, "train.py", *args], cwd=REPO, env=_env(), capture_output=True, text=True,
+                          timeout=240, preexec_fn=small_files)
+    assert proc.returncode == 2 and "no space left on device" in proc.stderr, proc.stderr[-3000:]
+    names = sorted(p.name for p in (output / "checkpoints").iterdir())
+    assert names == ["step_000000030.pt"], names  # the unreadable one went first; the good one stayed
+    from src.training.checkpoint import find_resume_checkpoint
+
+    assert find_resume_checkpoint("latest", output)[0] == output / "checkpoints" / "step_000000030.pt"
+
+
 def test_nan_loss_stops_with_the_last_good_checkpoint_intact(data, tmp_path, capsys, one_thread):
     import train
 

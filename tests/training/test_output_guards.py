@@ -133,3 +133,38 @@ def test_demo_on_a_read_only_output_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == f"demo.py: error: --output {ro / 'out'}: cannot write there (Read-only file system); " \
                   "pass a folder you can write\n"
+
+
+def _checkpoint(step: int) -> dict:
+    return {"state_dict": {"w": torch.zeros(4)}, "optimizer": {}, "step": step, "epoch": 0, "epoch_step": step,
+            "data": [], "rng": []}
+
+
+def test_pruning_never_deletes_the_checkpoint_resumed_from_for_an_unreadable_newer_one(tmp_path):
+    # The newest step checkpoint is unreadable (a copy cut short), an older one is good, no epoch file.
+    ckpt_io.atomic_save(_checkpoint(10), ckpt_io.step_checkpoint_path(tmp_path, 10))
+    ckpt_io.step_checkpoint_path(tmp_path, 20).write_bytes(b"PK\x03\x04 cut short")
+    resumed, _ = ckpt_io.find_resume_checkpoint("latest", tmp_path)
+    assert resumed == ckpt_io.step_checkpoint_path(tmp_path, 10)
+    # --keep-checkpoints 2: room for the next save. The unreadable file goes, the good one stays...
+    removed = ckpt_io.prune_before_save(tmp_path, keep=2, protect=[resumed])
+    assert removed == [ckpt_io.step_checkpoint_path(tmp_path, 20)]
+    # ...so that if the save then fails (a full disk, a kill), the next --resume latest still finds it.
+    assert ckpt_io.find_resume_checkpoint("latest", tmp_path) == (resumed, [])
+    # Once a newer one is complete, the older one may go, never the newer.
+    ckpt_io.atomic_save(_checkpoint(11), ckpt_io.step_checkpoint_path(tmp_path, 11))
+    ckpt_io.prune_step_checkpoints(tmp_path, keep=2, protect=[ckpt_io.step_checkpoint_path(tmp_path, 11)])
+    ckpt_io.prune_before_save(tmp_path, keep=2, protect=[ckpt_io.step_checkpoint_path(tmp_path, 11)])
+    assert [s for s, _ in ckpt_io.list_checkpoints(tmp_path)] == [11]
+
+
+def test_pruning_keeps_the_newest_readable_checkpoint_and_drops_unreadable_ones_first(tmp_path):
+    for step in (2, 4):
+        ckpt_io.atomic_save(_checkpoint(step), ckpt_io.step_checkpoint_path(tmp_path, step))
+    for step in (3, 6, 8):  # unreadable, older and newer than the good ones
+        ckpt_io.step_checkpoint_path(tmp_path, step).write_bytes(b"not a checkpoint")
+    ckpt_io.prune_step_checkpoints(tmp_path, keep=2)  # nothing protected: the newest readable stays all the same
+    assert [p.name for p in sorted(ckpt_io.checkpoint_dir(tmp_path).iterdir())] == [
+        "step_000000002.pt", "step_000000004.pt"]
+    ckpt_io.prune_step_checkpoints(tmp_path, keep=1)
+    assert [s for s, _ in ckpt_io.list_checkpoints(tmp_path)] == [4]

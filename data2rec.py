@@ -14,9 +14,11 @@ Exit status:
   0    done (or, with --verify, everything checked out)
   1    --verify found a problem or an unfinished conversion; or no record could be written
   2    bad arguments or input, or the output is busy: one line says what to fix
-  3    --from-hub: the hub could not be listed, or a shard not downloaded after its retries
-  4    more than --max-skip-fraction of the rows were skipped; every valid row and the
-       report are written all the same (rerun with a higher fraction to accept them)
+  3    --from-hub: the hub could not be listed, a shard not downloaded after its retries, or
+       a shard that cannot be read (kept for the rerun)
+  4    more than --max-skip-fraction of the rows were skipped, or an input file could not be
+       read at all; every valid row and the report are written all the same (rerun with a
+       higher fraction to accept skips; replace an unreadable file and rerun with --overwrite)
   130  interrupted by Ctrl-C, 143 by SIGTERM: finished shards are kept, rerun the same
        command to resume
 """

@@ -15,7 +15,7 @@ from src.errors import UserError
 from src.fsutil import printable
 
 from .images import ImageOptions
-from .pipeline import ConvertOptions, TooManySkipped, convert, output_prefix
+from .pipeline import ConvertOptions, TooManySkipped, UnreadableInputs, convert, output_prefix
 from .processes import Terminated, sigterm_as_interrupt
 from .sources import SourceOptions
 from .verify import verify
@@ -172,6 +172,9 @@ def report_or_status(args: argparse.Namespace, start: Callable[[], dict], kept: 
     except TooManySkipped as exc:
         _summary(exc.report, args)
         return _mass_skip(exc)
+    except UnreadableInputs as exc:
+        _summary(exc.report, args)
+        return _fail(str(exc), exc.exit_code)
     except UserError as exc:
         return _fail(str(exc), exc.exit_code)
     except OSError as exc:  # disk full, permissions changed mid-run, ...

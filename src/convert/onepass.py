@@ -32,6 +32,7 @@ from .items import Unit
 from .pipeline import ConvertOptions, OutputError, check_options, check_skips, convert, output_prefix
 from .processes import die_with_parent
 from .sources import InputError
+from .sources.base import UnreadableUnit
 from .sources.parquet import ParquetSource
 from .state import write_report
 
@@ -356,7 +357,14 @@ class _Run:
     def _convert_one(self, i: int, file: HubFile, download: _Download, state: dict) -> dict:
         base = self.opts.id_offset + sum(s["rows"] for s in state["shards"])
         source = ParquetSource([download.path], self.opts.source)
-        rows = source.count(Unit(0, str(download.path)))  # as the two-step run counts it for its ids
+        try:
+            rows = source.count(Unit(0, str(download.path)))  # as the two-step run counts it for its ids
+        except UnreadableUnit as exc:
+            # Not recorded as done and not deleted: the rows of a shard are never lost in silence.
+            raise HubError(
+                f"{file.name} cannot be read ({exc.detail}); the {i} shard(s) before it are converted and its "
+                f"download is kept at {download.path}. Rerun the same command to try it again (delete that file "
+                "to download it anew)") from None
         began = time.monotonic()
         part_opts = replace(self.opts, id_offset=base, shard_size=0, num_machines=1, machine_id=0,
                             max_skip_fraction=None, resume=True, overwrite=False)

@@ -29,6 +29,7 @@ from .images import ImageOptions, validate_level
 from .items import MAX_CAPTIONS, Item, Unit
 from .report import Report, percent
 from .sources import InputError, Source, SourceOptions, make_source
+from .sources.base import UnreadableUnit
 from .state import load_state, new_state, write_json_atomic, write_report
 from .worker import WorkerConfig, check_chunk_tokens
 from .writer import TMP_SUFFIX, ShardWriter, discard_temps
@@ -59,8 +60,30 @@ class TooManySkipped(UserError):
         self.limit = limit
 
 
+class UnreadableInputs(UserError):
+    """Input files that could not be read at all, so that how many rows they hold is unknown
+    (UnreadableUnit): their rows are lost whatever --max-skip-fraction says. Raised after every
+    other row and the report were written; `report` is the final report."""
+
+    exit_code = 4
+
+    def __init__(self, report: dict) -> None:
+        failed = report["unreadable_inputs"]
+        first = failed[0]
+        more = f" and {len(failed) - 1} more (see the report)" if len(failed) > 1 else ""
+        super().__init__(
+            f"{len(failed)} input file(s) could not be read at all, so none of their rows is converted: "
+            f"{first['input']} ({first['detail']}){more}; every other row is written. Replace the file(s) "
+            "(download them again) and rerun with --overwrite"
+        )
+        self.report = report
+
+
 def check_skips(report: dict, limit: float | None) -> None:
-    """Raise TooManySkipped if `report` skipped more than `limit` (a fraction) of its rows."""
+    """Raise UnreadableInputs if an input file could not be read at all, else TooManySkipped if
+    `report` skipped more than `limit` (a fraction) of its rows."""
+    if report.get("unreadable_inputs"):
+        raise UnreadableInputs(report)
     if limit is not None and report["seen"] and report["skipped"] > limit * report["seen"]:
         raise TooManySkipped(report, limit)
 
@@ -296,8 +319,14 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
         from tqdm import tqdm
 
         slow = source.kind in ("manifest", "webdataset")  # counting reads them; parquet has metadata
-        counts = [source.count(u) for u in tqdm(
-            units, desc="counting items", unit="file", disable=not (opts.progress and slow), file=sys.stderr)]
+        counts, unreadable = [], {}
+        for u in tqdm(units, desc="counting items", unit="file", disable=not (opts.progress and slow),
+                      file=sys.stderr):
+            try:
+                counts.append(source.count(u))
+            except UnreadableUnit as exc:  # no rows of it get ids; the run fails at its end, naming it
+                counts.append(0)
+                unreadable[str(u.index)] = exc.detail
         if counts and opts.id_offset + sum(counts) - 1 > MAX_ID:
             raise InputError(
                 f"--id-offset {opts.id_offset} plus the {sum(counts)} input rows passes the largest record id "
@@ -305,6 +334,7 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
             )
         _remove_outputs(prefix)
         state = new_state(fingerprint, counts)
+        state["unreadable"] = unreadable
         write_json_atomic(state_path, state)
     else:
         for shard in state["shards"]:
@@ -314,7 +344,7 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
                     "pass --overwrite to convert everything again"
                 )
         if state["complete"]:
-            final = _final(state, state["report"], prefix, started, source.notes)
+            final = _final(state, state["report"], prefix, started, source.notes, units)
             write_report(report_path, final)
             return {**final, "resumed": "already complete"}
     _clean_temps(prefix)
@@ -329,13 +359,21 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
     report = Report(opts.max_examples) if state["report"] is None else Report.from_dict(state["report"], opts.max_examples)
     next_slot, next_pos = state["next"]
 
+    # Units that cannot be read at all (by index, as text: the state is JSON): counted as none.
+    unreadable: dict[str, str] = state.setdefault("unreadable", {})
+
     def items() -> Iterator[Item]:
         for slot in range(next_slot, len(mine)):
             unit = mine[slot]
-            for item in source.items(unit, next_pos if slot == next_slot else 0):
-                item.sample_id = bases[unit.index] + item.pos
-                item.slot = slot
-                yield item
+            if str(unit.index) in unreadable:
+                continue
+            try:
+                for item in source.items(unit, next_pos if slot == next_slot else 0):
+                    item.sample_id = bases[unit.index] + item.pos
+                    item.slot = slot
+                    yield item
+            except UnreadableUnit as exc:  # counted, then changed: what is left of it is lost
+                unreadable[str(unit.index)] = exc.detail
 
     done_before = sum(counts[u.index] for u in mine[:next_slot]) + next_pos
     my_total = sum(counts[u.index] for u in mine)
@@ -420,20 +458,25 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
     state["report"] = report.to_dict()
     state["complete"] = True
     write_json_atomic(state_path, state)
-    final = _final(state, state["report"], prefix, started, source.notes)
+    final = _final(state, state["report"], prefix, started, source.notes, units)
     write_report(report_path, final)
     return final
 
 
-def _final(state: dict, report: dict, prefix: Path, started: float, notes: list[str]) -> dict:
+def _final(state: dict, report: dict, prefix: Path, started: float, notes: list[str], units: list[Unit]) -> dict:
     """The report as written and returned: json_safe, so that names that are not UTF-8 can be
-    written and printed."""
+    written and printed. `unreadable_inputs`: this machine's input files that could not be read."""
     elapsed = time.monotonic() - started
+    num_machines, machine_id = state["fingerprint"]["num_machines"], state["fingerprint"]["machine_id"]
+    unreadable = [{"input": units[int(i)].path, "detail": detail}
+                  for i, detail in sorted(state.get("unreadable", {}).items(), key=lambda kv: int(kv[0]))
+                  if int(i) % num_machines == machine_id]
     return json_safe({
         "output": str(prefix),
         "complete": state["complete"],
         "units": state.get("units"),
         **report,
+        "unreadable_inputs": unreadable,
         "shards": state["shards"],
         "notes": notes,
         "elapsed_s": round(elapsed, 3),

@@ -564,6 +564,40 @@ def test_mass_skips_exit_4_after_writing_every_valid_row(tmp_path):
     assert ok.returncode == 0 and "already complete" in ok.stdout, ok.stderr
 
 
+def test_a_parquet_shard_cut_in_half_fails_the_run_instead_of_counting_as_one_row(tmp_path):
+    # 5 shards of 60 rows, one cut in half (its footer, and so its row count, gone): not "1 skipped of 241".
+    (tmp_path / "in").mkdir()
+    for i in range(5):
+        write_hub_parquet(tmp_path / "in" / f"train-{i:05d}.parquet",
+                          [(jpeg(8, 8, seed=60 * i + r), tokens_for(1, 60 * i + r)) for r in range(60)],
+                          row_group_size=20)
+    cut = tmp_path / "in" / "train-00002.parquet"
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    for _attempt in range(2):  # a rerun must not report the run complete either
+        proc = run_cli(str(tmp_path / "in"), "--output", str(tmp_path / "o"), "--no-progress", "--workers", "1")
+        assert proc.returncode == 4, proc.stderr
+        error = proc.stderr.strip().splitlines()
+        assert len(error) == 1 and "Traceback" not in proc.stderr
+        assert error[0].startswith("data2rec: error: 1 input file(s) could not be read at all") and str(cut) in error[0]
+        assert "240 written (0 re-encoded), 0 skipped of 240" in proc.stdout
+    report = json.loads((tmp_path / "o.report.json").read_text())
+    assert [u["input"] for u in report["unreadable_inputs"]] == [str(cut)]
+    assert "cannot open parquet" in report["unreadable_inputs"][0]["detail"]
+    assert sorted(i for i, *_ in read_records([tmp_path / "o.rec"])) == list(range(240))  # the cut one has none
+
+
+def test_a_readable_parquet_file_without_the_columns_counts_as_all_of_its_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    write_hub_parquet(tmp_path / "a.parquet", [(jpeg(8, 8, seed=r), tokens_for(1, r)) for r in range(20)])
+    pq.write_table(pa.table({"other": list(range(20))}), tmp_path / "b.parquet")
+    with pytest.raises(TooManySkipped, match="20 of 40 rows \\(50%\\) skipped") as info:
+        convert([tmp_path / "a.parquet", tmp_path / "b.parquet"], tmp_path / "o", ConvertOptions(workers=1,
+                                                                                                progress=False))
+    assert info.value.report["skipped_by_reason"] == {"broken_input": 20}
+
+
 def test_mass_skips_are_judged_per_machine_part(tmp_path):
     _mass_skip_parquet(tmp_path / "0.parquet", good=20, bad=0)
     _mass_skip_parquet(tmp_path / "1.parquet", good=18, bad=2)  # 10% of this part; 5% of the whole

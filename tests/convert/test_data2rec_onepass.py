@@ -196,6 +196,30 @@ def test_a_shard_that_cannot_be_downloaded_stops_the_run_naming_it(hub_dir: Path
     assert_clean(out)
 
 
+def test_a_hub_shard_that_cannot_be_read_stops_the_run_and_is_kept(tmp_path: Path):
+    # The hub serves a shard cut in half (its sha256 is the cut file's): no parquet footer, rows unknown.
+    hub = tmp_path / "hub"
+    (hub / "data").mkdir(parents=True)
+    for i in range(3):
+        write_hub_parquet(hub / shard_name(i), [(jpeg(32, 24, seed=10 * i + r), tokens_for(1, 10 * i + r))
+                                                for r in range(ROWS)])
+    cut = hub / shard_name(1)
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    out = tmp_path / "out" / "rec"
+    with serve_in_background(hub, REPO) as server:
+        env = make_env(tmp_path, server.endpoint)
+        for _attempt in range(2):  # the rerun neither reports the run complete nor loses the shard
+            r = subprocess.run(onepass_cmd(out), cwd=REPO_ROOT, capture_output=True, text=True, env=env,
+                               timeout=300)
+            assert r.returncode == 3, r.stdout + r.stderr
+            assert f"{shard_name(1)} cannot be read (cannot open parquet" in r.stderr and "Traceback" not in r.stderr
+            assert "the 1 shard(s) before it are converted" in r.stderr
+            assert [p.name for p in outputs(out)] == ["rec-00000.rec"]
+            kept = out.parent / ".rec.onepass" / "00001" / shard_name(1)
+            assert kept.read_bytes() == cut.read_bytes()
+    assert not json.loads(out.with_name("rec.onepass.json").read_text())["complete"]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["some/folder"], "--from-hub downloads its own input"),
     (["--shard-size", "10"], "leave out --shard-size"),

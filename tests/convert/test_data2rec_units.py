@@ -16,6 +16,7 @@ from src.caption_record import InvalidCaptions, check_captions
 from src.convert.captions import CaptionRejected, check_tokens, tokenize_captions
 from src.convert.images import VALIDATE_LEVELS, ImageOptions, ImageRejected, prepare_image, sniff
 from src.convert.sources import InputError, SourceOptions, detect_kind, make_source
+from src.convert.sources.base import UnreadableUnit
 from src.convert.sources.folder import caption_candidates
 from src.open_alip import tokenize_np
 from tests._data2rec_helpers import (
@@ -300,8 +301,12 @@ def test_parquet_broken_rows_and_files_become_bad_items(tmp_path):
     rows = [(jpeg(), tokens_for(1, 0)), (None, tokens_for(1, 1)), (jpeg(), None)]
     write_hub_parquet(tmp_path / "a.parquet", rows)
     (tmp_path / "b.parquet").write_bytes(b"PAR1 not really parquet")
-    items = _items(make_source([tmp_path / "a.parquet", tmp_path / "b.parquet"], "parquet"))
-    assert [i.error for i in items] == [None, "broken_row", "broken_row", "broken_input"]
+    source = make_source([tmp_path / "a.parquet", tmp_path / "b.parquet"], "parquet")
+    a, b = source.units()
+    assert [i.error for i in source.items(a)] == [None, "broken_row", "broken_row"]
+    # A file that cannot be opened holds an unknown number of rows: no count, so not one bad row.
+    with pytest.raises(UnreadableUnit, match="cannot open parquet"):
+        source.count(b)
 
 
 def test_folder_finds_captions_beside_or_in_a_parallel_tree(tmp_path):

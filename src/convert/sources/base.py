@@ -20,6 +20,16 @@ class InputError(UserError):
     """The inputs cannot be converted at all (wrong kind, missing, unreadable): a fatal, user-facing error."""
 
 
+class UnreadableUnit(Exception):
+    """`Source.count` of a unit that cannot be read at all, so that how many rows it holds is
+    unknown (a parquet file whose footer is gone): counting it as one skipped row would let a lost
+    file pass as a small loss. The run converts the other units and then fails, naming it."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """How to find images and captions in inputs whose layout is not fixed."""
@@ -62,7 +72,8 @@ class Source(ABC):
 
     @abstractmethod
     def count(self, unit: Unit) -> int:
-        """How many items `items(unit)` yields, bad ones included; must be cheap where possible."""
+        """How many items `items(unit)` yields, bad ones included; must be cheap where possible.
+        Raises UnreadableUnit when the unit cannot be read and its item count is unknown."""
 
     @abstractmethod
     def items(self, unit: Unit, start: int = 0) -> Iterator[Item]:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..items import BROKEN_INPUT, BROKEN_ROW, Item, Unit
-from .base import InputError, Source, expand
+from .base import InputError, Source, UnreadableUnit, expand
 from .parquet_pages import PageValue, binary_leaf, read_binary_chunk
 
 IMAGE_COLUMNS = ("images", "image", "jpg", "img")
@@ -57,6 +57,10 @@ def _image_views(col: pa.Array) -> list[memoryview | None]:
     return [None if null else view[ends[i] : ends[i + 1]] for i, null in enumerate(nulls)]
 
 
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
 class ParquetSource(Source):
     kind = "parquet"
     uses = ("image_column", "caption_columns")
@@ -67,25 +71,23 @@ class ParquetSource(Source):
     def count(self, unit: Unit) -> int:
         try:
             return pq.ParquetFile(unit.path).metadata.num_rows
-        except Exception:
-            return 1  # an unreadable file is one bad item, see items()
+        except Exception as exc:  # not parquet, truncated footer, unreadable: how many rows is unknown
+            raise UnreadableUnit(f"cannot open parquet: {_one_line(exc)}") from None
 
     def items(self, unit: Unit, start: int = 0) -> Iterator[Item]:
         path = Path(unit.path)
         try:
             pf = pq.ParquetFile(path)
-        except Exception as exc:  # not parquet, truncated footer, unreadable
-            if start == 0:
-                yield Item(0, str(path), error=BROKEN_INPUT, detail=f"cannot open parquet: {exc}")
-            return
+        except Exception as exc:  # count() said so first, unless the file changed since
+            raise UnreadableUnit(f"cannot open parquet: {_one_line(exc)}") from None
         schema = pf.schema_arrow
         wanted_text = self.options.caption_columns[0] if self.options.caption_columns else None
         try:
             image_col = _pick(schema, self.options.image_column, IMAGE_COLUMNS, "image", path)
             text_col = _pick(schema, wanted_text, TEXT_COLUMNS, "caption", path)
-        except InputError as exc:  # one odd file among many must not end the run
-            if start == 0:
-                yield Item(0, str(path), error=BROKEN_INPUT, detail=str(exc))
+        except InputError as exc:  # one odd file among many must not end the run; each of its rows counts
+            for row in range(start, pf.metadata.num_rows):
+                yield Item(row, f"{path}:row {row}", row=row, error=BROKEN_INPUT, detail=str(exc))
             return
         leaf = binary_leaf(pf.metadata, schema, image_col)
         with open(path, "rb") as raw:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..captions import CaptionRejected, decode_caption
 from ..items import BROKEN_INPUT, MISSING_CAPTION, MISSING_IMAGE, Item, Unit
-from .base import IMAGE_EXTS, Source, expand
+from .base import IMAGE_EXTS, Source, UnreadableUnit, expand
 
 TAR_EXTS = (".tar", ".tar.gz", ".tgz")
 
@@ -73,8 +73,10 @@ class WebDatasetSource(Source):
             with tarfile.open(unit.path, "r:*") as tar:
                 for _ in _groups(tar, _plain_size(unit.path)):
                     n += 1
-        except (tarfile.TarError, OSError, EOFError):
-            n += 1  # the broken_input item
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            if n == 0:  # not one sample could be read: how many it holds is unknown
+                raise UnreadableUnit(f"tar read failed: {exc}") from None
+            n += 1  # the broken_input item: the samples before the cut are whole
         return n
 
     def items(self, unit: Unit, start: int = 0) -> Iterator[Item]:

@@ -10,11 +10,14 @@ Reading: `read_regular_file` reads a regular file only (a FIFO named `x.jpg` wou
 reader forever, `/dev/zero` never ends), up to a size cap. `walk_files` lists a tree
 following its symbolic links, each real folder once, so a link cycle ends and a folder
 linked twice is not read twice. `printable` / `json_safe` keep file names that are not
-UTF-8 (Python holds their bytes as lone surrogates) writable to text and JSON files.
+UTF-8 (Python holds their bytes as lone surrogates) writable to text and JSON files; every text
+file written here (`atomic_open`, `atomic_write_text`, `atomic_write_json`) follows that rule, so
+no writer of file names can fail on one.
 """
 
 from __future__ import annotations
 
+import codecs
 import errno
 import json
 import os
@@ -72,6 +75,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", *, durable: bool 
         raise ValueError(f"atomic_open writes whole files; mode {mode!r} must start with 'w'")
     if "b" not in mode:
         kwargs.setdefault("encoding", "utf-8")
+        kwargs.setdefault("errors", PRINTABLE)  # a file name that is not UTF-8: its odd bytes as \xNN
     with atomic_path(path, durable=durable) as tmp, open(tmp, mode, **kwargs) as f:
         yield f
 
@@ -83,8 +87,12 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, *, durable: bool 
 
 
 def atomic_write_json(path: str | os.PathLike[str], data: Any, *, durable: bool = False, **dumps: Any) -> Path:
-    """JSON with a trailing newline; `dumps` go to json.dumps (default indent=2)."""
+    """JSON with a trailing newline; `dumps` go to json.dumps (default indent=2). With
+    ensure_ascii=False the strings go through `json_safe` (a lone surrogate is no JSON text); with
+    ASCII escapes they stay exact (\\udcff), for files only this toolkit reads back."""
     dumps.setdefault("indent", 2)
+    if dumps.get("ensure_ascii") is False:
+        data = json_safe(data)
     return atomic_write_text(path, json.dumps(data, **dumps) + "\n", durable=durable)
 
 
@@ -239,6 +247,21 @@ def _printable_char(ch: str) -> str:
     if "\udc80" <= ch <= "\udcff":  # os.fsdecode's stand-in for the byte ord(ch) - 0xDC00
         return f"\\x{ord(ch) - 0xDC00:02x}"
     return f"\\u{ord(ch):04x}"  # any other lone surrogate (a JSON "\\udXXX" escape, say)
+
+
+def _encode_printable(exc: UnicodeError) -> tuple[str, int]:
+    """The codec error handler PRINTABLE: what `printable` writes for a lone surrogate, the
+    backslashreplace form for any other character the encoding lacks."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    bad = exc.object[exc.start:exc.end]
+    return "".join(_printable_char(c) if "\ud800" <= c <= "\udfff" else c.encode("ascii", "backslashreplace").decode()
+                   for c in bad), exc.end
+
+
+# `open(..., errors=PRINTABLE)`: a text stream that writes strings as `printable` shows them.
+PRINTABLE = "rwkv_clip.printable"
+codecs.register_error(PRINTABLE, _encode_printable)
 
 
 def json_safe(value: Any) -> Any:

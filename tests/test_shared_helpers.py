@@ -120,6 +120,21 @@ def test_names_that_are_not_utf8_become_printable_json():
         "caf\\xe9.jpg": ["caf\\xe9.jpg", 1, None], "n": {"k": ["caf\\xe9.jpg"]}}
 
 
+
+def test_every_text_file_written_takes_names_that_are_not_utf8(tmp_path):
+    # One rule for every writer of file names (labels.tsv once died on one after all the work).
+    name = os.fsdecode(b"caf\xe9.jpg")
+    atomic_write_text(tmp_path / "a.tsv", f"{name}\tcat\n")
+    assert (tmp_path / "a.tsv").read_text(encoding="utf-8") == "caf\\xe9.jpg\tcat\n"
+    with atomic_open(tmp_path / "b.txt") as f:
+        f.write(name)
+    assert (tmp_path / "b.txt").read_text(encoding="utf-8") == "caf\\xe9.jpg"
+    atomic_write_json(tmp_path / "c.json", {"items": [name]}, ensure_ascii=False)
+    assert json.loads((tmp_path / "c.json").read_text(encoding="utf-8")) == {"items": ["caf\\xe9.jpg"]}
+    atomic_write_json(tmp_path / "d.json", {"items": [name]})  # ASCII escapes: read back exactly
+    assert json.loads((tmp_path / "d.json").read_text(encoding="utf-8")) == {"items": [name]}
+
+
 # --- devices ---------------------------------------------------------------------------------
 
 

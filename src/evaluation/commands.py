@@ -116,7 +116,7 @@ def classify_labels(args: argparse.Namespace) -> int:
     from src.evaluation.images import list_images, skip_notice
     from src.evaluation.run import classify_images
     from src.evaluation.templates import read_templates
-    from src.fsutil import atomic_write_text
+    from src.fsutil import atomic_write_text, printable
 
     try:
         if args.datasets:
@@ -136,9 +136,10 @@ def classify_labels(args: argparse.Namespace) -> int:
         path = atomic_write_text(args.output / "labels.tsv", table)
     except UserError as exc:
         return report("zero_shot.py", exc)
-    print(table.partition("\n")[2], end="")
+    # File names that are not UTF-8 as labels.tsv shows them (src/fsutil.py printable).
+    print(printable(table.partition("\n")[2]), end="")
     if skipped:
         print(skip_notice("[zero_shot]", skipped), file=sys.stderr)
-    print(f"[zero_shot] {len(rows)} images -> {path}" + (f" ({len(skipped)} skipped)" if skipped else ""),
+    print(printable(f"[zero_shot] {len(rows)} images -> {path}" + (f" ({len(skipped)} skipped)" if skipped else "")),
           file=sys.stderr)
     return 0

@@ -20,7 +20,7 @@ import torch
 
 from src.errors import UserError
 from src.evaluation.datasets import IMAGE_EXTENSIONS, EvalDataError, ImageDataset, ImageSource
-from src.fsutil import walk_files
+from src.fsutil import printable, walk_files
 
 
 def find_images(folder: Path, option: str = "--images") -> list[tuple[str, Path]]:
@@ -122,4 +122,4 @@ def skip_notice(prefix: str, skipped: Sequence[dict[str, str]], limit: int = 5) 
     lines += [f"{prefix}   {s['image']}: {s['error']}" for s in skipped[:limit]]
     if len(skipped) > limit:
         lines.append(f"{prefix}   ... and {len(skipped) - limit} more")
-    return "\n".join(lines)
+    return printable("\n".join(lines))  # a file name that is not UTF-8, as the result files show it

@@ -110,6 +110,24 @@ def test_labels_classify_a_folder(micro, tmp_path, capsys):
     assert rc == 2 and "distinct" in stderr
 
 
+def test_labels_with_a_file_name_that_is_not_utf8(micro, tmp_path, capsys):
+    # Once: every image classified, then a UnicodeEncodeError traceback writing labels.tsv, nothing written.
+    import os
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    Image.new("RGB", (20, 12), (250, 0, 0)).save(photos / "a.png")
+    Image.new("RGB", (20, 12), (0, 250, 0)).save(os.fsdecode(bytes(photos) + b"/b\xff.png"))
+    args = _common(micro, "--model-weight", str(micro["weights"]), "--images", str(photos), "--labels", "red,green",
+                   "--output-dir", str(tmp_path / "o"))
+    rc, stdout, stderr = _main(zero_shot_cli, args, capsys)
+    assert rc == 0, stderr
+    # The odd byte is written as \xNN, the rule every report and index follows (src/fsutil.py printable).
+    rows = list(csv.reader(io.StringIO((tmp_path / "o" / "labels.tsv").read_text(encoding="utf-8")), delimiter="\t"))
+    assert sorted(Path(r[0]).name for r in rows[1:]) == ["a.png", "b\\xff.png"]
+    assert sorted(Path(line.split("\t")[0]).name for line in stdout.splitlines()) == ["a.png", "b\\xff.png"]
+
+
 @pytest.mark.parametrize(
     "extra,needle",
     [

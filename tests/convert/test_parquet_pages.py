@@ -122,6 +122,77 @@ def test_a_damaged_chunk_is_left_to_arrow_or_read_as_arrow_reads_it(tmp_path):
             assert [None if v is None else bytes(v.data) for v in got] == _arrow_values(pq.ParquetFile(damaged), 0), at
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+# Thrift compact headers whose lengths claim far more than the bytes that follow (a boolean in a map
+# or list takes one byte, a double eight, and a double's bytes are never read), and lists nested past
+# any depth a page header has.
+CRAFTED_HEADERS = {
+    "list of doubles": b"\x19\xf7" + _varint(2**35),
+    "list of binaries": b"\x19\xf8" + _varint(2**35) + b"\x00",
+    "map of booleans": b"\x1b" + _varint(2**35) + b"\x11",
+    "binary": b"\x18" + _varint(2**35),
+    "lists nested 16 deep": b"\x19" * 16,
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", sorted(CRAFTED_HEADERS))
+def test_a_length_in_a_page_header_is_bounded_by_the_bytes_left(tmp_path, what):
+    # Once: minutes at 100% CPU and growing memory, where Arrow refuses the file at once. Now the
+    # page reader refuses the header, Arrow refuses the row group, and its rows are skipped with the reason.
+    path = tmp_path / "hub.parquet"
+    pq.write_table(_table(_values(np.random.default_rng(3), 20), "struct", struct_nulls=False), path,
+                   row_group_size=20, compression="none")
+    pf = pq.ParquetFile(path)
+    leaf = binary_leaf(pf.metadata, pf.schema_arrow, "images")
+    chunk = pf.metadata.row_group(0).column(leaf[0])
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    data = path.read_bytes()
+    _, end = parquet_pages._struct(memoryview(data), start)  # the page header as written
+    crafted = CRAFTED_HEADERS[what]
+    assert len(crafted) <= end - start
+    path.write_bytes(data[:start] + crafted + bytes(end - start - len(crafted)) + data[end:])  # same length
+    with pytest.raises(parquet_pages._Unread):
+        parquet_pages._struct(memoryview(crafted + bytes(8)), 0)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_binary_chunk(fd, chunk, leaf[1], 20) is None  # left to Arrow
+    finally:
+        os.close(fd)
+    from src.convert.sources import make_source
+
+    source = make_source([path], "parquet")
+    items = list(source.items(source.units()[0]))
+    assert len(items) == 20 and {i.error for i in items} == {"broken_row"}
+    assert items[0].detail.startswith("row group 0: ")
+
+
+def test_containers_nested_past_any_page_header_are_refused_not_recursed():
+    with pytest.raises(parquet_pages._Unread, match="nested too deep"):  # once a RecursionError
+        parquet_pages._struct(memoryview(b"\x19" * 5001 + bytes(8)), 0)
+
+
+def test_a_value_count_past_the_row_groups_rows_is_refused_before_anything_is_allocated():
+    # A data page header claiming 2^40 values (once a MemoryError, where a smaller claim took the
+    # machine's memory): a page holds at most the rows of its row group not yet read.
+    def i32(field_delta: int, value: int) -> bytes:
+        return bytes([field_delta << 4 | 6]) + _varint(value << 1)  # zigzag of a non-negative number
+
+    body = bytes(8)
+    data_page = i32(1, 2**40) + i32(1, 0) + i32(1, 3) + b"\x00"  # num_values, PLAIN, RLE levels
+    header = i32(1, 0) + i32(1, len(body)) + i32(1, len(body)) + b"\x2c" + data_page + b"\x00"
+    with pytest.raises(parquet_pages._Unread, match="data page header"):
+        parquet_pages._pages(memoryview(header + body), None, 1, 20)
+
+
 def test_other_columns_are_left_to_arrow(tmp_path):
     path = tmp_path / "other.parquet"
     table = pa.table({"images": pa.array([[b"a"], [b"b"]], pa.list_(pa.binary())), "texts": pa.array(["x", "y"])})

@@ -81,13 +81,13 @@ def read_binary_chunk(fd: int, chunk: pq.ColumnChunkMetaData, max_def: int, rows
         raw = memoryview(os.pread(fd, size, start))
         if len(raw) != size:
             return None
-        values = _pages(raw, codec, max_def)
+        values = _pages(raw, codec, max_def, rows)
     except (_Unread, ValueError, IndexError, OverflowError, struct.error, pa.ArrowException, OSError):
         return None  # Arrow reads it, and reports the row group if it cannot either
     return values if len(values) == rows else None
 
 
-def _pages(raw: memoryview, codec: str | None, max_def: int) -> list[PageValue | None]:
+def _pages(raw: memoryview, codec: str | None, max_def: int, rows: int) -> list[PageValue | None]:
     dictionary: list[PageValue] | None = None
     values: list[PageValue | None] = []
     pos = 0
@@ -110,15 +110,17 @@ def _pages(raw: memoryview, codec: str | None, max_def: int) -> list[PageValue |
             if end != len(page):
                 raise _Unread("dictionary page length")
         elif kind == _DATA_PAGE:
-            values += _data_page(page, header.get(5), dictionary, max_def)
+            values += _data_page(page, header.get(5), dictionary, max_def, rows - len(values))
         else:
             raise _Unread(f"page type {kind}")
     return values
 
 
 def _data_page(page: memoryview, info: object, dictionary: list[PageValue] | None,
-               max_def: int) -> list[PageValue | None]:
-    if not isinstance(info, dict) or not isinstance(info.get(1), int) or info[1] < 0:
+               max_def: int, left: int) -> list[PageValue | None]:
+    """The page's values; `left`: the rows of the chunk not yet read, the most a page may hold (a
+    count is allocated for before it is read)."""
+    if not isinstance(info, dict) or not isinstance(info.get(1), int) or not 0 <= info[1] <= left:
         raise _Unread("data page header")
     count, encoding = info[1], info.get(2)
     pos = 0
@@ -246,6 +248,9 @@ def _struct(buf: memoryview, pos: int, depth: int = 0) -> tuple[dict, int]:
 
 
 def _value(buf: memoryview, pos: int, kind: int, depth: int) -> tuple[object, int]:
+    # Every length read here is checked against the bytes left before anything loops over it: a
+    # crafted header claiming 2^35 elements must be refused at once, not walked (each element of a
+    # list or map takes at least one byte, a double eight).
     if kind in (1, 2):  # booleans carry their value in the type
         return kind == 1, pos
     if kind == 3:  # byte
@@ -254,34 +259,52 @@ def _value(buf: memoryview, pos: int, kind: int, depth: int) -> tuple[object, in
         raw, pos = _varint(buf, pos)
         return _zigzag(raw), pos
     if kind == 7:  # double
-        return None, pos + 8
+        return None, _skip(buf, pos, 8)
     if kind == 8:  # binary
         length, pos = _varint(buf, pos)
-        return None, pos + length
+        return None, _skip(buf, pos, length)
+    if kind in (9, 10, 11) and depth > 8:
+        raise _Unread("containers nested too deep")
     if kind in (9, 10):  # list, set
         head = buf[pos]
         pos += 1
         size, item = head >> 4, head & 0x0F
         if size == 15:
             size, pos = _varint(buf, pos)
+        _bound(buf, pos, size * (8 if item == 7 else 1))
         items = []
         for _ in range(size):
-            if item in (1, 2):  # booleans in a list take a byte each
-                items.append(buf[pos] == 1)
-                pos += 1
-            else:
-                value, pos = _value(buf, pos, item, depth + 1)
-                items.append(value)
+            value, pos = _element(buf, pos, item, depth + 1)
+            items.append(value)
         return items, pos
     if kind == 11:  # map
         size, pos = _varint(buf, pos)
         if size:
             key_kind, value_kind = buf[pos] >> 4, buf[pos] & 0x0F
             pos += 1
+            _bound(buf, pos, size * 2)
             for _ in range(size):
-                _, pos = _value(buf, pos, key_kind, depth + 1)
-                _, pos = _value(buf, pos, value_kind, depth + 1)
+                _, pos = _element(buf, pos, key_kind, depth + 1)
+                _, pos = _element(buf, pos, value_kind, depth + 1)
         return None, pos
     if kind == 12:
         return _struct(buf, pos, depth + 1)
     raise _Unread(f"thrift type {kind}")
+
+
+def _element(buf: memoryview, pos: int, kind: int, depth: int) -> tuple[object, int]:
+    """One element of a list or map: as a field's value, except that a boolean takes a byte."""
+    if kind in (1, 2):
+        _bound(buf, pos, 1)
+        return buf[pos] == 1, pos + 1
+    return _value(buf, pos, kind, depth)
+
+
+def _bound(buf: memoryview, pos: int, length: int) -> None:
+    if length < 0 or pos + length > len(buf):
+        raise _Unread(f"a length of {length} bytes past the {len(buf) - pos} left")
+
+
+def _skip(buf: memoryview, pos: int, length: int) -> int:
+    _bound(buf, pos, length)
+    return pos + length

@@ -68,8 +68,30 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
 
 
 def parse_cursor(value: str) -> int | None:
-    """A tree page's cursor (the offset our Link headers carry); None if it is not one."""
-    return int(value) if value.isascii() and value.isdigit() else None
+    """A tree page's cursor (the offset our Link headers carry); None if it is not one (not a
+    number, or one of more digits than any listing has entries: int() refuses 4300 of them)."""
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else None
+
+
+class BadRequest(ValueError):
+    """A request no hub could answer (a name that is not UTF-8, a control character): 400."""
+
+
+def path_part(text: str, what: str) -> str:
+    """A percent-decoded part of a request path; BadRequest if it is not UTF-8 text without
+    control characters (a line break would also end up in the error header)."""
+    try:
+        value = unquote(text, errors="strict")
+    except UnicodeDecodeError:
+        raise BadRequest(f"{what} is not UTF-8 text") from None
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise BadRequest(f"{what} holds a control character")
+    return value
+
+
+def header_text(text: str) -> str:
+    """`text` as one header line: whitespace runs as one space, what latin-1 lacks as escapes."""
+    return " ".join(text.split()).encode("ascii", "backslashreplace").decode("ascii")
 
 
 @dataclass
@@ -140,7 +162,7 @@ class HubHandler(BaseHTTPRequestHandler):
             self.send_header(k, str(v))
         if error_code:
             self.send_header("X-Error-Code", error_code)
-            self.send_header("X-Error-Message", body.decode(errors="replace").strip())
+            self.send_header("X-Error-Message", header_text(body.decode(errors="replace")))
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
@@ -173,6 +195,24 @@ class HubHandler(BaseHTTPRequestHandler):
                 self._resolve(rec, path)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        except BadRequest as exc:
+            self._refuse(rec, 400, f"Bad request: {exc}", "BadRequest")
+        except Exception as exc:  # a fault of ours: one line in the log and the answer, no traceback
+            BaseHTTPRequestHandler.log_message(self, "error answering %s %s: %s: %s", self.command,
+                                               header_text(self.path)[:200], type(exc).__name__,
+                                               header_text(str(exc))[:200])
+            self._refuse(rec, 500, f"Internal error ({type(exc).__name__})", "InternalError")
+
+    def _refuse(self, rec: RequestRecord, status: int, message: str, code: str) -> None:
+        """Answer with one line, or, where an answer has begun, end the connection: a client must
+        never wait for bytes that will not come."""
+        if rec.status:
+            self.close_connection = True
+            return
+        try:
+            self._send(rec, status, f"{message}\n".encode(), error_code=code)
+        except OSError:
+            self.close_connection = True
 
     def _authorized(self, rec: RequestRecord) -> bool:
         token = self.server.repo.token
@@ -198,9 +238,10 @@ class HubHandler(BaseHTTPRequestHandler):
         return None
 
     def _revision_ok(self, rec: RequestRecord, rev: str) -> bool:
-        if unquote(rev) in ("main", self.server.repo.sha):
+        rev = path_part(rev, "the revision")
+        if rev in ("main", self.server.repo.sha):
             return True
-        self._send(rec, 404, f"Invalid rev id: {unquote(rev)}\n".encode(), error_code="RevisionNotFound")
+        self._send(rec, 404, f"Invalid rev id: {rev}\n".encode(), error_code="RevisionNotFound")
         return False
 
     # -- API ---------------------------------------------------------------------------------
@@ -233,7 +274,7 @@ class HubHandler(BaseHTTPRequestHandler):
                        .encode(), error_code="BadRequest")
             return
         recursive = _flag(query, "recursive")
-        entries = self.server.repo.tree_entries(unquote(sub), recursive)
+        entries = self.server.repo.tree_entries(path_part(sub, "the folder"), recursive)
         page = self.server.tree_page_size
         headers = {}
         if start + page < len(entries):
@@ -258,7 +299,7 @@ class HubHandler(BaseHTTPRequestHandler):
         rev, _, name = rest[len("/resolve/"):].partition("/")
         if not self._authorized(rec) or not self._revision_ok(rec, rev):
             return
-        f = repo.files.get(unquote(name))
+        f = repo.files.get(path_part(name, "the file name"))
         if f is None:
             self._send(rec, 404, b"Entry not found\n", error_code="EntryNotFound")
             return

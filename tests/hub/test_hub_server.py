@@ -338,6 +338,25 @@ def test_tree_listing_refuses_a_bad_cursor(hub_files_dir: Path, cursor: str):
         assert resp.status == 200 and len(json.loads(body)) == 2
 
 
+@pytest.mark.parametrize("path", [
+    f"/datasets/{REPO}/resolve/%ff/README.md",  # a revision that is not UTF-8
+    f"/datasets/{REPO}/resolve/main%0d%0aX-Injected:%201/README.md",  # a line break into the error header
+    f"/datasets/{REPO}/resolve/main/%ff.md",
+    f"/api/datasets/{REPO}/tree/%ff",
+    f"/api/datasets/{REPO}/tree/main?recursive=true&cursor={'9' * 5000}",  # past int()'s digit limit
+])
+def test_malformed_requests_get_400_with_one_line(hub_files_dir: Path, path: str, capfd):
+    # Once: a traceback on the server and a dropped connection.
+    with serve_in_background(hub_files_dir, REPO) as server:
+        resp, body = request(server.endpoint, "GET", path)
+        assert resp.status == 400, (resp.status, body)
+        assert body.count(b"\n") == 1 and resp.getheader("X-Injected") is None
+        assert "\n" not in resp.getheader("X-Error-Message")
+        resp, body = request(server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/README.md")  # still serving
+        assert resp.status == 200 and body == b"# tiny\n"
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_request_log_is_bounded(hub_files_dir: Path):
     with serve_in_background(hub_files_dir, REPO, log_size=3) as server:
         for i in range(5):

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
@@ -323,19 +325,32 @@ class HubHandler(BaseHTTPRequestHandler):
         self._body(rec, f, {"ETag": f'"{sha}"', "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"})
 
     def _body(self, rec: RequestRecord, f: RepoFile, headers: dict) -> None:
+        # The size on disk now, not at start: a file changed since must never be promised at its old
+        # length (the client would wait for bytes that never come), a deleted one not at all.
+        size = f.size
+        if f.path is not None:
+            try:
+                st = os.stat(f.path)
+            except OSError:
+                st = None
+            if st is None or not stat.S_ISREG(st.st_mode):
+                self._send(rec, 404, f"Entry not found: {f.rfilename} is no longer on the server's disk\n".encode(),
+                           error_code="EntryNotFound")
+                return
+            size = st.st_size
         span = None
         if not self.supports_ranges:
             headers = {k: v for k, v in headers.items() if k != "Accept-Ranges"}
         else:
             try:
-                span = parse_range(self.headers.get("Range"), f.size)
+                span = parse_range(self.headers.get("Range"), size)
             except RangeNotSatisfiable:
-                self._send(rec, 416, b"Range not satisfiable\n", {"Content-Range": f"bytes */{f.size}"})
+                self._send(rec, 416, b"Range not satisfiable\n", {"Content-Range": f"bytes */{size}"})
                 return
-        start, end = span or (0, f.size)
+        start, end = span or (0, size)
         status = 206 if span else 200
         if span:
-            headers = {**headers, "Content-Range": f"bytes {start}-{end - 1}/{f.size}"}
+            headers = {**headers, "Content-Range": f"bytes {start}-{end - 1}/{size}"}
         rec.status = status
         self.send_response(status)
         for k, v in headers.items():
@@ -344,6 +359,8 @@ class HubHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.send_body(rec, f, start, end)
+            if rec.sent < end - start:  # the file shrank while sent: end it, so the client sees it short
+                self.close_connection = True
 
 
 def _flag(query: dict, name: str) -> bool:

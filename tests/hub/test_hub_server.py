@@ -357,6 +357,31 @@ def test_malformed_requests_get_400_with_one_line(hub_files_dir: Path, path: str
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_a_file_changed_or_deleted_after_start_is_served_as_it_is_now(tmp_path: Path):
+    # Once: the old Content-Length, fewer bytes, and the connection kept open (clients stalled); a
+    # deleted file was a 200 line and then a broken body.
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "README.md").write_text("# a readme of some length\n")
+    (root / "gone.md").write_text("soon gone\n")
+    (root / "data.parquet").write_bytes(bytes(range(256)) * 400)  # an LFS file, through the "CDN"
+    with serve_in_background(root, REPO) as server:
+        (root / "README.md").write_text("# short\n")
+        (root / "data.parquet").write_bytes(b"cut")
+        (root / "gone.md").unlink()
+        resp, body = request(server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/README.md")
+        assert resp.status == 200 and body == b"# short\n"
+        resp, _ = request(server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/data.parquet")
+        assert resp.status == 302
+        resp, body = request(server.endpoint, "GET", resp.getheader("Location"))
+        assert resp.status == 200 and body == b"cut"
+        resp, body = request(server.endpoint, "GET", resp.getheader("Location") or
+                             server.requests[-1].path, {"Range": "bytes=1000-"})
+        assert resp.status == 416 and resp.getheader("Content-Range") == "bytes */3"
+        resp, body = request(server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/gone.md")
+        assert resp.status == 404 and b"no longer" in body
+
+
 def test_request_log_is_bounded(hub_files_dir: Path):
     with serve_in_background(hub_files_dir, REPO, log_size=3) as server:
         for i in range(5):

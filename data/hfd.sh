@@ -117,7 +117,10 @@ done
 
 ENDPOINT=${HF_ENDPOINT:-https://huggingface.co}
 ENDPOINT=${ENDPOINT%/}
-[[ $ENDPOINT =~ ^https?://[^/[:space:]]+(/[^[:space:]]*)?$ ]] || die "HF_ENDPOINT '$ENDPOINT' is not an http(s) URL; unset it to use https://huggingface.co"
+# What messages and files name: the endpoint without the user info (user:password@) a mirror behind
+# basic auth takes, which, like the token, is never shown or stored.
+SHOWN_ENDPOINT=$(sed -E 's|^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#[:space:]]*@|\1|' <<<"$ENDPOINT")
+[[ $ENDPOINT =~ ^https?://[^/[:space:]]+(/[^[:space:]]*)?$ ]] || die "HF_ENDPOINT '$SHOWN_ENDPOINT' is not an http(s) URL; unset it to use https://huggingface.co"
 MAX_ROUNDS=${HFD_MAX_ROUNDS:-3}
 BATCH=${HFD_BATCH:-64}
 # Seconds the downloader waits before retrying a failed request (wget backs off up to it).
@@ -209,6 +212,17 @@ run_child() {
   return "$rc"
 }
 
+# The downloaders' own lines name the URLs they fetch: where the endpoint carries user info, they are
+# shown without it (sed -u: a line as soon as it is written).
+redact_urls() { sed -u -E 's|([A-Za-z][A-Za-z0-9+.-]*://)[^/?#[:space:]]*@|\1|g'; }
+run_downloader() {
+  if [[ $ENDPOINT == "$SHOWN_ENDPOINT" ]]; then
+    run_child "$@"
+  else
+    run_child "$@" > >(redact_urls) 2> >(redact_urls >&2)
+  fi
+}
+
 # Called once the listing worked (so a typo in REPO_ID leaves no empty folder behind).
 setup_local_dir() {
   if ((VERIFY_ONLY)); then
@@ -255,6 +269,7 @@ KIND_WORD=$([[ $REPO_TYPE == dataset ]] && echo dataset || echo model)
 API=$ENDPOINT/api/${REPO_TYPE}s/$REPO_ID
 if [[ $REPO_TYPE == dataset ]]; then RESOLVE_BASE=$ENDPOINT/datasets/$REPO_ID/resolve; else RESOLVE_BASE=$ENDPOINT/$REPO_ID/resolve; fi
 ENDPOINT_ORIGIN=$(sed -E 's#^(https?://[^/]+).*#\1#' <<<"$ENDPOINT")
+SHOWN_ORIGIN=$(sed -E 's#^(https?://[^/]+).*#\1#' <<<"$SHOWN_ENDPOINT") # as the hub's own links name it
 uri_encode() { jq -rn --arg s "$1" '$s|@uri'; }
 
 curl_auth_args() { if [[ -n $TOKEN ]]; then printf '%s\n' -H "@$PRIV/curl_auth"; fi; }
@@ -265,7 +280,7 @@ api_get() {
   mapfile -t auth < <(curl_auth_args)
   curl -sS --retry 6 --retry-delay 1 --retry-connrefused --connect-timeout 30 --max-time 300 \
     "${auth[@]}" -o "$2" -D "$3" -w '%{http_code}' -- "$1" \
-    || die "cannot reach $ENDPOINT (curl failed on $1); check your network or HF_ENDPOINT"
+    || die "cannot reach $SHOWN_ENDPOINT (curl failed on $1); check your network or HF_ENDPOINT"
 }
 
 # explain_status CODE HEADERS WHAT: dies with a message a user can act on
@@ -275,14 +290,14 @@ explain_status() {
   case $code in
     401 | 403)
       if [[ -n $TOKEN ]]; then
-        die "the hub refused the token ($code) for $KIND_WORD '$REPO_ID': check that it is valid and that you accepted the repo's terms on $ENDPOINT/$([[ $REPO_TYPE == dataset ]] && echo datasets/)$REPO_ID"
+        die "the hub refused the token ($code) for $KIND_WORD '$REPO_ID': check that it is valid and that you accepted the repo's terms on $SHOWN_ENDPOINT/$([[ $REPO_TYPE == dataset ]] && echo datasets/)$REPO_ID"
       fi
-      die "the hub answered $code for $KIND_WORD '$REPO_ID': it is gated or private (or does not exist). Accept its terms on the hub, create a token at $ENDPOINT/settings/tokens and run: export HF_TOKEN=hf_... (or pass --hf_token)"
+      die "the hub answered $code for $KIND_WORD '$REPO_ID': it is gated or private (or does not exist). Accept its terms on the hub, create a token at $SHOWN_ENDPOINT/settings/tokens and run: export HF_TOKEN=hf_... (or pass --hf_token)"
       ;;
     404)
-      if [[ $err == RevisionNotFound ]]; then die "revision '$REVISION' not found in $KIND_WORD '$REPO_ID' at $ENDPOINT; check --revision"; fi
+      if [[ $err == RevisionNotFound ]]; then die "revision '$REVISION' not found in $KIND_WORD '$REPO_ID' at $SHOWN_ENDPOINT; check --revision"; fi
       if [[ $err == EntryNotFound ]]; then die "$what not found in $KIND_WORD '$REPO_ID' at revision '$REVISION'"; fi
-      die "$KIND_WORD '$REPO_ID' (revision '$REVISION') not found at $ENDPOINT; check the name$([[ $REPO_TYPE == model ]] && echo ', add --dataset for a dataset repo')"
+      die "$KIND_WORD '$REPO_ID' (revision '$REVISION') not found at $SHOWN_ENDPOINT; check the name$([[ $REPO_TYPE == model ]] && echo ', add --dataset for a dataset repo')"
       ;;
     429) die "the hub is rate-limiting requests (429) for $what; wait a few minutes and run again (a token raises the limit)" ;;
     5??) die "the hub answered $code for $what after several retries; try again later" ;;
@@ -318,7 +333,7 @@ list_repo() {
   local code url next page=0
   code=$(api_get "$API/revision/$(uri_encode "$REVISION")?blobs=true" "$PRIV/info.json" "$PRIV/info.h")
   [[ $code == 200 ]] || explain_status "$code" "$PRIV/info.h" "the repo listing"
-  COMMIT=$(jq -r '.sha // empty' "$PRIV/info.json" 2>/dev/null) || die "the hub's answer for $REPO_ID is not JSON; is HF_ENDPOINT ($ENDPOINT) a hub?"
+  COMMIT=$(jq -r '.sha // empty' "$PRIV/info.json" 2>/dev/null) || die "the hub's answer for $REPO_ID is not JSON; is HF_ENDPOINT ($SHOWN_ENDPOINT) a hub?"
   # the paginated tree at the pinned commit: consistent even if the branch moves meanwhile
   # a mirror that names no commit is read (and downloaded from) at the revision itself
   [[ $COMMIT =~ ^[0-9a-f]{40}$ ]] || COMMIT=$(uri_encode "$REVISION")
@@ -329,18 +344,19 @@ list_repo() {
     code=$(api_get "$url" "$PRIV/page.json" "$PRIV/page.h")
     if [[ $page == 1 && $code =~ ^(400|404|405|501)$ ]] && jq -e '.siblings | length > 0' "$PRIV/info.json" >/dev/null 2>&1; then
       # no tree API here: the siblings of the info answer carry the same names, sizes and hashes
-      warn "the hub at $ENDPOINT has no tree listing ($code); using the repo info's file list"
+      warn "the hub at $SHOWN_ENDPOINT has no tree listing ($code); using the repo info's file list"
       jq "$JQ_SIBLINGS_AS_TREE" "$PRIV/info.json" >"$PRIV/page.json" \
         && jq -r "$JQ_ENTRIES" "$PRIV/page.json" >>"$PRIV/entries.tsv" 2>/dev/null \
-        || die "the hub's repo info for $REPO_ID lists files in an unknown form; is HF_ENDPOINT ($ENDPOINT) a hub?"
+        || die "the hub's repo info for $REPO_ID lists files in an unknown form; is HF_ENDPOINT ($SHOWN_ENDPOINT) a hub?"
       return 0
     fi
     [[ $code == 200 ]] || explain_status "$code" "$PRIV/page.h" "the file listing"
     jq -r "$JQ_ENTRIES" "$PRIV/page.json" >>"$PRIV/entries.tsv" 2>/dev/null \
-      || die "the hub's file listing (page $page) is not what a hub sends; is HF_ENDPOINT ($ENDPOINT) a hub?"
+      || die "the hub's file listing (page $page) is not what a hub sends; is HF_ENDPOINT ($SHOWN_ENDPOINT) a hub?"
     next=$(grep -i '^link:' "$PRIV/page.h" | tr -d '\r' | grep -o '<[^>]*>[^,]*rel="next"' | sed -E 's/^<([^>]*)>.*/\1/' | head -n1 || true)
     # never follow (and send the token to) a next-page link that leaves the hub
-    if [[ -n $next && $next != "$ENDPOINT_ORIGIN"/* ]]; then die "the listing's next-page link leaves $ENDPOINT; refusing it"; fi
+    if [[ -n $next && $next != "$SHOWN_ORIGIN"/* ]]; then die "the listing's next-page link leaves $SHOWN_ENDPOINT; refusing it"; fi
+    [[ -z $next ]] || next=$ENDPOINT_ORIGIN${next#"$SHOWN_ORIGIN"} # with the endpoint's user info, if any
     url=$next
   done
 }
@@ -493,7 +509,7 @@ fi
 if ((LIST_ONLY)); then
   # For a caller that downloads file by file (data2rec.py --from-hub): the listing only, at
   # a pinned commit, with no folder created.
-  say "Listing $KIND_WORD $REPO_ID@$REVISION at $ENDPOINT ..." >&2
+  say "Listing $KIND_WORD $REPO_ID@$REVISION at $SHOWN_ENDPOINT ..." >&2
   list_repo
   select_entries <"$PRIV/entries.tsv"
   ((${#NAMES[@]})) || die "no file of $REPO_ID matches --include/--exclude"
@@ -501,11 +517,11 @@ if ((LIST_ONLY)); then
   for i in "${!NAMES[@]}"; do printf '%s\t%s\t%s\t%s\n' "${SIZES[$i]}" "${KINDS[$i]}" "${HASHES[$i]}" "${NAMES[$i]}"; done
   exit 0
 fi
-say "Listing $KIND_WORD $REPO_ID@$REVISION at $ENDPOINT ..."
+say "Listing $KIND_WORD $REPO_ID@$REVISION at $SHOWN_ENDPOINT ..."
 list_repo
 setup_local_dir
 awk -F'\t' '$1 == "ok"' "$PRIV/entries.tsv" >"$MANIFEST.tmp" && mv -f -- "$MANIFEST.tmp" "$MANIFEST"
-printf '%s %s@%s (commit %s) from %s\n' "$KIND_WORD" "$REPO_ID" "$REVISION" "$COMMIT" "$ENDPOINT" >"$STATE_DIR/source"
+printf '%s %s@%s (commit %s) from %s\n' "$KIND_WORD" "$REPO_ID" "$REVISION" "$COMMIT" "$SHOWN_ENDPOINT" >"$STATE_DIR/source"
 select_entries <"$PRIV/entries.tsv"
 load_state
 if ((${#NAMES[@]} == 0)); then
@@ -564,7 +580,7 @@ resolve() {
   case $code in
     200) printf '%s\tauth\n' "$url" ;;
     30[1278])
-      if [[ $target == "$ENDPOINT_ORIGIN"/* ]]; then printf '%s\tauth\n' "$url"; else printf '%s\tnoauth\n' "$target"; fi
+      if [[ $target == "$SHOWN_ORIGIN"/* ]]; then printf '%s\tauth\n' "$url"; else printf '%s\tnoauth\n' "$target"; fi
       ;;
     401 | 403) explain_status "$code" /dev/null "${NAMES[$i]}" ;;
     *) warn "the hub answered $code for ${NAMES[$i]}"; return 1 ;;
@@ -584,7 +600,7 @@ download_batch() { # I...: fetch into STAGING
     done
     [[ -s $PRIV/aria2.in ]] || return 0
     say "Fetching $# files with aria2c ($THREADS connections per file, $JOBS files at once) ..."
-    run_child aria2c --no-conf=true --input-file="$PRIV/aria2.in" \
+    run_downloader aria2c --no-conf=true --input-file="$PRIV/aria2.in" \
       --max-connection-per-server="$THREADS" --split="$THREADS" --min-split-size=1M \
       --max-concurrent-downloads="$JOBS" --continue=true --auto-file-renaming=false \
       --max-tries=10 --retry-wait="$RETRY_WAIT" --connect-timeout=30 --timeout=60 \
@@ -600,7 +616,7 @@ download_batch() { # I...: fetch into STAGING
       k=$((k + 1))
       say "[$k/$#] ${NAMES[$i]}"
       mkdir -p -- "$(dirname -- "$STAGING/${NAMES[$i]}")"
-      run_child wget "${conf[@]}" "${progress[@]}" -c -O "$STAGING/${NAMES[$i]}" --tries=10 --waitretry="$RETRY_WAIT" \
+      run_downloader wget "${conf[@]}" "${progress[@]}" -c -O "$STAGING/${NAMES[$i]}" --tries=10 --waitretry="$RETRY_WAIT" \
         --retry-connrefused --retry-on-http-error=429,500,502,503,504 --read-timeout=60 -- "$url" || true
     done
   fi

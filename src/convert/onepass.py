@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from src.errors import UserError
 from src.fsutil import atomic_write_json, fsync_dir
 from src.lock import OutputLock
+from src.open_alip.urls import redact_urls
 
 from .items import Unit
 from .pipeline import ConvertOptions, OutputError, check_options, check_skips, convert, output_prefix
@@ -76,7 +77,7 @@ def human(n: float) -> str:
 def _hfd_error(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "error" in ln or "failed" in ln]
-    return (errors or lines or ["no output"])[-1]
+    return redact_urls((errors or lines or ["no output"])[-1])  # a downloader's line may name a URL
 
 
 def list_hub(hub: HubOptions, revision: str) -> tuple[str, list[HubFile]]:
@@ -403,7 +404,7 @@ class _Run:
         return {
             "output": str(self.prefix), "complete": state["complete"],
             "from_hub": {"repo_id": self.hub.repo_id, "commit": state["commit"],
-                         "endpoint": os.environ.get("HF_ENDPOINT", "https://huggingface.co")},
+                         "endpoint": redact_urls(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))},
             **total, "shards": shards, "notes": [],
             "rates": _rates(state["shards"], self.waited, elapsed, self.hub.max_inflight),
             "elapsed_s": round(elapsed, 3),

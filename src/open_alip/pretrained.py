@@ -39,6 +39,7 @@ from .model import (
     shipped_configs_that_fit,
 )
 from .released import ReleasedWeights
+from .urls import redact_urls
 
 HF_HUB_PREFIX = "hf-hub:"
 # The config file of a hub model repo, named as open_clip names it (its "model_cfg" holds the config).
@@ -50,8 +51,9 @@ _HEX40 = re.compile(r"[0-9a-f]{40}")
 
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:
-    """An exception's text on one line (torch and httpx messages span several)."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """An exception's text on one line (torch and httpx messages span several), without the
+    credentials of any URL in it (HF_ENDPOINT may carry them)."""
+    text = redact_urls(" ".join(str(exc).split())) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -184,7 +186,7 @@ def download_from_hub(spec: str, cache_dir: str | os.PathLike | None = None) -> 
 
     # Read at call time (huggingface_hub reads HF_ENDPOINT once, at import).
     endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or None
-    where = endpoint or hub_constants.ENDPOINT
+    where = redact_urls(endpoint or hub_constants.ENDPOINT)  # what messages name
     cache = _hub_cache(cache_dir)
     try:
         if _offline():

@@ -220,6 +220,25 @@ def test_a_hub_shard_that_cannot_be_read_stops_the_run_and_is_kept(tmp_path: Pat
     assert not json.loads(out.with_name("rec.onepass.json").read_text())["complete"]
 
 
+def test_credentials_in_hf_endpoint_are_never_stored_or_shown(hub_dir: Path, tmp_path: Path):
+    # HF_ENDPOINT=http://user:pw@host once appeared verbatim in OUT.report.json (from_hub.endpoint).
+    secret = "pw-9f3kq7"
+    out = tmp_path / "out" / "rec"
+    with serve_in_background(hub_dir, REPO) as server:
+        endpoint = server.endpoint.replace("http://", f"http://someone:{secret}@")
+        env = make_env(tmp_path, endpoint)
+        r = subprocess.run(onepass_cmd(out, "--hub-include", shard_name(0)), cwd=REPO_ROOT, capture_output=True,
+                           text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(out.with_name("rec.report.json").read_text())["from_hub"]["endpoint"] == server.endpoint
+        missing = [a.replace(REPO, "testorg/missing") for a in onepass_cmd(tmp_path / "other" / "rec")]
+        failed = subprocess.run(missing, cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert failed.returncode == 3 and server.endpoint in failed.stderr, failed.stderr
+    shown = r.stdout + r.stderr + failed.stdout + failed.stderr
+    stored = [p for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert secret not in shown and stored == [], (shown, stored)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["some/folder"], "--from-hub downloads its own input"),
     (["--shard-size", "10"], "leave out --shard-size"),

@@ -380,6 +380,27 @@ def test_gated_repo_and_token_hygiene(shard_repo_dir: Path, tmp_path: Path, tool
     assert all(x.authorization for x in records if "/resolve/" in x.path and x.status in (200, 302))
 
 
+@pytest.mark.parametrize("tool", TOOLS)
+def test_credentials_in_hf_endpoint_are_never_shown_or_stored(shard_repo_dir: Path, tmp_path: Path, tool: str):
+    # A mirror behind basic auth: HF_ENDPOINT=http://user:password@host. The user info reaches the server,
+    # never a message, a log or a file of the download (as HF_TOKEN never does).
+    secret = "pw-" + secrets.token_hex(6)
+    out_dir = tmp_path / "out"
+    with serve_in_background(shard_repo_dir, REPO) as server:
+        endpoint = server.endpoint.replace("http://", f"http://someone:{secret}@")
+        env = make_env(tmp_path, endpoint)
+        runs = [run_hfd([REPO, "--dataset", "--tool", tool, "--local-dir", str(out_dir)], env),
+                run_hfd(["testorg/nope", "--dataset", "--tool", tool, "--local-dir", str(tmp_path / "x")], env),
+                run_hfd([REPO, "--dataset", "--list-only"], env)]
+    assert runs[0].returncode == 0 and runs[1].returncode == 1 and runs[2].returncode == 0, runs[1].stderr
+    assert repo_files(out_dir) == repo_files(shard_repo_dir)
+    assert f"not found at {server.endpoint}" in runs[1].stderr
+    for r in runs:
+        assert secret not in r.stdout + r.stderr
+    stored = [p for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert stored == []
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

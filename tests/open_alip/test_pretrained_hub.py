@@ -146,3 +146,34 @@ def test_unreachable_hub_fails_fast_and_in_one_line(hub_env, monkeypatch):
     with pytest.raises(HubError) as e:
         download_from_hub(f"hf-hub:{REPO}")
     assert f"cannot reach http://127.0.0.1:{port}" in _one_line(e) and "HF_HUB_OFFLINE=1" in str(e.value)
+
+
+def test_credentials_in_hf_endpoint_never_reach_a_message(tmp_path, hub_env, monkeypatch):
+    # A mirror behind basic auth: HF_ENDPOINT=http://user:password@host. The errors name the endpoint
+    # without its user info, also where huggingface_hub's own message quotes the URL.
+    secret = "pw-3kd9q"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://someone:{secret}@127.0.0.1:{port}")
+    with pytest.raises(HubError) as e:
+        download_from_hub(f"hf-hub:{REPO}")
+    assert f"cannot reach http://127.0.0.1:{port}" in _one_line(e) and secret not in str(e.value)
+    (tmp_path / "empty").mkdir()
+    with serve_in_background(tmp_path / "empty", REPO, "model") as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint.replace("http://", f"http://someone:{secret}@"))
+        with pytest.raises(PretrainedError) as e:
+            download_from_hub("hf-hub:testorg/missing")
+    assert server.endpoint in _one_line(e) and secret not in str(e.value)
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("http://u:pw@host:8080/x", "http://host:8080/x"),
+    ("see https://user:p@ss@mirror.example/api?a=b@c and http://plain/x", "see https://mirror.example/api?a=b@c and http://plain/x"),
+    ("https://huggingface.co", "https://huggingface.co"),
+    ("no url: a@b", "no url: a@b"),
+])
+def test_urls_lose_their_user_info(text, shown):
+    from src.open_alip.urls import redact_urls
+
+    assert redact_urls(text) == shown

@@ -40,6 +40,7 @@ from src.convert import (
 from src.convert.cli import DEFAULT_INPUT, DEFAULT_NAME, run
 from src.convert.hub_cli import add_arguments as add_hub_arguments
 from src.convert.hub_cli import run_from_hub
+from src.errors import finite_float
 from src.fsutil import DEFAULT_MAX_FILE_BYTES
 
 
@@ -109,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"records keep every caption of their row, 1 to K of them (default {MAX_CAPTIONS}); "
                         "a row with more is skipped as too_many_captions")
     g = p.add_argument_group("runs")
-    g.add_argument("--max-skip-fraction", type=float, default=DEFAULT_MAX_SKIP_FRACTION, metavar="F",
+    g.add_argument("--max-skip-fraction", type=finite_float, default=DEFAULT_MAX_SKIP_FRACTION, metavar="F",
                    help=f"if more than this share of the rows is skipped (default {DEFAULT_MAX_SKIP_FRACTION:g}), "
                         "exit with status 4 after writing every valid row and the report; counted over this "
                         "output (this machine's part of a split, rows converted before a resume included)")

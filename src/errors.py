@@ -8,6 +8,9 @@ other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import argparse
+import math
+
 
 class UserError(Exception):
     """Something the user can fix; the message names the input and the fix."""
@@ -21,3 +24,16 @@ def report(prog: str, error: UserError) -> int:
 
     print(f"{prog}: error: {error}", file=sys.stderr)
     return error.exit_code
+
+
+def finite_float(text: str) -> float:
+    """The argparse type of every float flag: `inf` and `nan` are numbers to float() but no
+    setting's value (an lr of inf trains weights to non-finite values, and `nan` passes every
+    range check as false), so they are refused with the flag's name when the command line is parsed."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -263,9 +264,12 @@ def settings() -> list[dataclasses.Field]:
 
 
 def _check_ranges(values: Mapping[str, Any]) -> None:
-    """Impossible values, one clear sentence each."""
+    """Impossible values, one clear sentence each. A float must be finite (train.py's parser refuses
+    inf and nan already, src/errors.py finite_float; a recipe or a caller's value is checked here)."""
     for f in settings():
         rule, value = f.metadata["check"], values[f.name]
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TrainingError(f"{flag_of(f.name)} {value}: must be a finite number")
         if rule is not None and value is not None and not rule[0](value):
             raise TrainingError(f"{flag_of(f.name)} {value}: {rule[1]}")
 

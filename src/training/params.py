@@ -18,6 +18,7 @@ import types
 import typing
 from typing import Any
 
+from src.errors import finite_float
 from src.training.config import BATCH, GROUPS, MODEL, TrainConfig, build_config, flag_of, settings
 
 # (flag, type, help). Every one of these is a key of the model JSON (docs/model.md).
@@ -97,13 +98,16 @@ def _add_setting(group: argparse._ArgumentGroup, f: dataclasses.Field, hint: Any
         # --no-X too: a recipe may switch a setting on (--compile) that a flag turns off.
         kwargs["action"] = argparse.BooleanOptionalAction
     else:
+        if kind is float:
+            kind = finite_float
         kwargs.update(type=meta["parse"] or kind, nargs=nargs, choices=meta["choices"], metavar=meta["metavar"])
     group.add_argument(flag_of(f.name), *meta["aliases"], required=required, **kwargs)
 
 
 def _add_model_flags(g: argparse._ArgumentGroup) -> None:
     for flag, typ, help_ in _MODEL_FLAGS:
-        g.add_argument(flag, type=typ, default=None, help=help_ + " (default: config's)")
+        g.add_argument(flag, type=finite_float if typ is float else typ, default=None,
+                       help=help_ + " (default: config's)")
     for flag, dest, help_ in _MODEL_BOOL_FLAGS:
         g.add_argument(flag, dest=dest, type=str2bool, default=None, metavar="BOOL", help=help_)
     for flag, dest in _ALIASES.items():

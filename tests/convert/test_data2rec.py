@@ -747,3 +747,11 @@ def test_disk_full_is_one_clean_line_and_resumes(tmp_path):
         quietly = subprocess.run(args, stdout=devfull, stderr=subprocess.PIPE, text=True, timeout=300)
     assert quietly.returncode == 0 and "Traceback" not in quietly.stderr
     assert "Exception ignored" not in quietly.stderr and "cannot write to standard output" in quietly.stderr
+
+
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_a_float_flag_that_is_not_finite_is_refused_when_parsed(tmp_path, value):
+    proc = run_cli(str(tmp_path), "--output", str(tmp_path / "o"), f"--max-skip-fraction={value}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == \
+        f"data2rec.py: error: argument --max-skip-fraction: expected a finite number, got '{value}'"

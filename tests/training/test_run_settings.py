@@ -110,6 +110,34 @@ def test_flags_given_beside_the_recipe_win_and_are_announced(tmp_path):
         "RWKV_CLIP_tiny"
 
 
+def _float_flags() -> list[str]:
+    return sorted(opt for a in build_parser()._actions for opt in a.option_strings[:1]
+                  if a.type is not None and getattr(a.type, "__name__", "") in ("finite_float", "float"))
+
+
+def test_every_float_flag_refuses_inf_and_nan_when_parsed(tmp_path, capsys):
+    # Once: --lr inf trained one step and saved a checkpoint of non-finite weights, exit 0.
+    flags = _float_flags()
+    assert {"--lr", "--warmup", "--beta1", "--beta2", "--eps", "--weight-decay", "--grad-clip-norm", "--dropout",
+            "--drop-path-rate"} <= set(flags)
+    for flag in flags:
+        for bad in ("inf", "-inf", "nan", "-Infinity"):
+            with pytest.raises(SystemExit) as exit_info:
+                _parse(tmp_path, f"{flag}={bad}")
+            assert exit_info.value.code == 2
+            err = capsys.readouterr().err.strip().splitlines()[-1]
+            assert err == f"train.py: error: argument {flag}: expected a finite number, got '{bad}'", err
+    assert _parse(tmp_path, "--lr", "1e-4", "--dropout", "0.1").lr == 1e-4
+
+
+def test_a_non_finite_value_given_in_code_is_refused_too(tmp_path):
+    from src.training.config import build_config
+    from src.training.errors import TrainingError
+
+    with pytest.raises(TrainingError, match="--lr inf: must be a finite number"):
+        build_config({"train_data": ["d"], "output": str(tmp_path / "o"), "lr": float("inf")}, {})
+
+
 def test_a_recipe_value_is_checked_like_a_flag(tmp_path):
     from src.training.errors import TrainingError
 

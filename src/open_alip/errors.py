@@ -13,8 +13,13 @@ class OpenAlipError(Exception):
     is one line naming the input and what to do."""
 
 
-class ModelConfigError(OpenAlipError):
-    """The model name or config JSON is unknown or malformed."""
+class ModelConfigError(OpenAlipError, ValueError):
+    """The model name or config JSON is unknown or malformed. `key`: the config key whose value is
+    wrong, where one is (a caller can then name its own flag for it)."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class PretrainedError(OpenAlipError):

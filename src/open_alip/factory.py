@@ -124,6 +124,8 @@ def resolve_config(name_or_json: str | os.PathLike | Mapping[str, Any], **overri
     """get_model_config with its errors as ModelConfigError (one line)."""
     try:
         return get_model_config(name_or_json, **overrides)
+    except ModelConfigError:
+        raise
     except (FileNotFoundError, ValueError) as exc:
         raise ModelConfigError(" ".join(str(exc).split())) from None
 

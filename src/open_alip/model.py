@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .errors import ModelConfigError
 from .mix import check_mix_impl
 from .rwkv6 import TimeMix
 from .text_rwkv import TextRWKV
@@ -125,6 +126,7 @@ def get_model_config(config: str | os.PathLike | Mapping[str, Any], **overrides:
         raise ValueError(f"model config lacks required key(s) {missing}")
     for key, value in DEFAULTS.items():
         cfg.setdefault(key, value)
+    _check_values(cfg)
     if not cfg["dim_att"]:
         cfg["dim_att"] = cfg["n_embd"]
     if not cfg["dim_ffn"]:
@@ -140,6 +142,47 @@ def get_model_config(config: str | os.PathLike | Mapping[str, Any], **overrides:
         )
     cfg["image_with_cls_token"] = False
     return cfg
+
+
+# What each value must be, checked when a config is resolved, so that a wrong one is a
+# ModelConfigError naming its key instead of a TypeError or a kernel-size error deep in a tower.
+_AT_LEAST_1 = ("input_size", "image_depth", "image_embed_dims", "image_patch_size", "image_hidden_rate",
+               "image_num_heads", "ctx_len", "vocab_size", "head_size", "head_size_divisor", "n_layer", "n_embd")
+_AT_LEAST_0 = ("dim_att", "dim_ffn", "text_num_head", "pos_emb", "head_qk", "tiny_att_dim")  # 0: derived or off
+_WHOLE = ("tiny_att_layer",)
+_FRACTIONS = ("drop_path_rate", "dropout")  # probabilities, in [0, 1)
+
+
+def _check_values(cfg: Mapping[str, Any]) -> None:
+    def bad(key: str, why: str) -> ModelConfigError:
+        return ModelConfigError(f"model config key {key} {cfg[key]!r}: {why}", key=key)
+
+    for key in _AT_LEAST_1 + _AT_LEAST_0 + _WHOLE:
+        if isinstance(cfg[key], bool) or not isinstance(cfg[key], int):
+            raise bad(key, "must be a whole number")
+    for key in _AT_LEAST_1:
+        if cfg[key] < 1:
+            raise bad(key, "must be at least 1")
+    for key in _AT_LEAST_0:
+        if cfg[key] < 0:
+            raise bad(key, "must not be negative")
+    for key in _FRACTIONS:
+        value = cfg[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad(key, "must be a number")
+        if not (math.isfinite(value) and 0 <= value < 1):
+            raise bad(key, "must be in [0, 1)")
+    if cfg["input_size"] % cfg["image_patch_size"]:
+        raise bad("input_size", f"must be a multiple of image_patch_size {cfg['image_patch_size']}")
+    heads, width = cfg["image_num_heads"], cfg["image_embed_dims"]
+    if width % heads or (width // heads) % 4:
+        raise bad("image_embed_dims", f"must split into image_num_heads {heads} heads whose size is a multiple of 4")
+    head = cfg["head_size"]
+    if head % 2:
+        raise bad("head_size", "must be even")
+    for key in ("n_embd", "dim_att"):
+        if cfg[key] % head:
+            raise bad(key, f"must be a multiple of head_size {head}")
 
 
 def _lock(groups: list[list[nn.Module | nn.Parameter]], unlocked: int) -> None:

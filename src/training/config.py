@@ -286,7 +286,11 @@ def resolve_model(config: str, overrides: dict[str, Any]) -> dict[str, Any]:
     try:
         cfg = get_model_config(config, **overrides)
     except (FileNotFoundError, ValueError) as exc:
-        raise TrainingError(f"--config {config}: {exc}") from exc
+        key = getattr(exc, "key", None)
+        if key in overrides:  # a model flag's value: name the flag, not the config
+            reason = str(exc).split(": ", 1)[-1]
+            raise TrainingError(f"{flag_of(key)} {overrides[key]}: {reason}") from None
+        raise TrainingError(f"--config {config}: {exc}") from None
     if cfg["image_embed_dims"] != cfg["n_embd"]:
         raise TrainingError(
             f"--image-embed-dims {cfg['image_embed_dims']} differs from --n-embd {cfg['n_embd']}: "

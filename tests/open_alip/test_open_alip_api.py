@@ -18,7 +18,15 @@ from safetensors.torch import save_file
 from dataloaders.shards import load_shards
 from dataloaders.torch_loader import RecordDataset
 from src.evaluation.datasets import ImageDataset
-from src.open_alip import create_model_and_transforms, get_tokenizer, list_models, load_pretrained, tokenize
+from src.open_alip import (
+    create_model,
+    create_model_and_transforms,
+    get_model_config,
+    get_tokenizer,
+    list_models,
+    load_pretrained,
+    tokenize,
+)
 from src.open_alip.errors import (
     ModelConfigError,
     OpenAlipError,
@@ -193,6 +201,21 @@ def test_weight_and_config_errors_are_one_line(tmp_path, tiny_weights):
         get_tokenizer("no_such_model")
     with pytest.raises(PretrainedError, match="expected hf-hub:ORG/REPO"):
         create_model_and_transforms(TINY, pretrained="hf-hub:justone")
+
+
+@pytest.mark.parametrize(("key", "value", "why"), [
+    ("input_size", "abc", "must be a whole number"),  # once a raw TypeError from inside a tower
+    ("input_size", 30, "must be a multiple of image_patch_size 8"),
+    ("head_size", 0, "must be at least 1"),
+    ("dropout", 1.5, "must be in [0, 1)"),
+    ("drop_path_rate", float("nan"), "must be in [0, 1)"),
+])
+def test_a_config_value_of_the_wrong_kind_is_a_model_config_error_naming_it(key, value, why):
+    config = {**get_model_config(TINY), key: value}
+    for make in (lambda: create_model_and_transforms(config), lambda: create_model(config)):
+        with pytest.raises(ModelConfigError) as e:
+            make()
+        assert _one_line_error(e) == f"model config key {key} {value!r}: {why}" and e.value.key == key
 
 
 def test_model_library_stays_light_and_self_contained():

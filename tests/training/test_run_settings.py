@@ -138,6 +138,22 @@ def test_a_non_finite_value_given_in_code_is_refused_too(tmp_path):
         build_config({"train_data": ["d"], "output": str(tmp_path / "o"), "lr": float("inf")}, {})
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--input-size", "0"], "--input-size 0: must be at least 1"),
+    (["--input-size", "7"], "--input-size 7: must be a multiple of image_patch_size 8"),
+    (["--dropout", "2"], "--dropout 2.0: must be in [0, 1)"),
+    (["--drop-path-rate", "1"], "--drop-path-rate 1.0: must be in [0, 1)"),
+    (["--image-patch-size", "0"], "--image-patch-size 0: must be at least 1"),
+    (["--head-size", "24"], "--config RWKV_CLIP_tiny: model config key n_embd 64: must be a multiple of head_size 24"),
+])
+def test_model_flags_are_checked_when_the_config_is_built(tmp_path, capsys, flags, message):
+    # Once each a traceback from the model or the loader (a kernel larger than the image, a division by zero).
+    import train
+
+    assert train.main(["--train-data", "d", "--output", str(tmp_path / "o"), "--config", "RWKV_CLIP_tiny", *flags]) == 2
+    assert capsys.readouterr().err == f"train.py: error: {message}\n"
+
+
 def test_a_recipe_value_is_checked_like_a_flag(tmp_path):
     from src.training.errors import TrainingError
 

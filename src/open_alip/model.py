@@ -24,6 +24,7 @@ from torch import nn
 
 from .errors import ModelConfigError
 from .mix import check_mix_impl
+from .paths import not_a_file
 from .rwkv6 import TimeMix
 from .text_rwkv import TextRWKV
 from .vision_rwkv import VisionRWKV
@@ -552,8 +553,9 @@ def load_checkpoint(
     else:
         path = Path(path_or_state_dict)
         where = f"checkpoint {path}"
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {path} does not exist")
+        what = not_a_file(path, "a checkpoint file")
+        if what is not None:
+            raise FileNotFoundError(f"checkpoint {path} {what}")
         try:
             raw = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises several types for corrupt or unsafe files

@@ -38,6 +38,7 @@ from .model import (
     load_checkpoint,
     shipped_configs_that_fit,
 )
+from .paths import not_a_file
 from .released import ReleasedWeights
 from .urls import redact_urls
 
@@ -280,8 +281,8 @@ def resolve_pretrained(pretrained: str | os.PathLike, cache_dir: str | os.PathLi
     if is_hub_spec(pretrained):
         return download_from_hub(str(pretrained), cache_dir)
     path = Path(pretrained).expanduser()
-    if not path.is_file():
-        what = "is a folder, not a weights file" if path.is_dir() else "does not exist"
+    what = not_a_file(path, "a weights file")
+    if what is not None:
         raise WeightsNotFoundError(
             f"weights {pretrained} {what}; give a .pt or .safetensors file, hf-hub:ORG/REPO[/FILE], "
             "or a released tag with its model (list_pretrained())"

@@ -218,6 +218,18 @@ def test_a_config_value_of_the_wrong_kind_is_a_model_config_error_naming_it(key,
         assert _one_line_error(e) == f"model config key {key} {value!r}: {why}" and e.value.key == key
 
 
+def test_weights_that_are_no_regular_file_are_said_to_be_what_they_are(tmp_path):
+    # Once: pretrained="/dev/zero" "does not exist".
+    (tmp_path / "broken.pt").symlink_to(tmp_path / "gone.pt")
+    cases = {"/dev/zero": "is not a regular file (a character device)", str(tmp_path): "is a folder, not a weights file",
+             str(tmp_path / "broken.pt"): f"is a broken link (to {tmp_path / 'gone.pt'})",
+             str(tmp_path / "none.pt"): "does not exist"}
+    for path, what in cases.items():
+        with pytest.raises(WeightsNotFoundError) as e:
+            create_model_and_transforms(TINY, pretrained=path)
+        assert _one_line_error(e).startswith(f"weights {path} {what}; give a .pt or .safetensors file")
+
+
 def test_model_library_stays_light_and_self_contained():
     # Importing the package builds nothing; the hub client and safetensors load only when used.
     code = ("import sys, src.open_alip as m; m.__all__; "

@@ -20,7 +20,9 @@ inputs:
   --images FILE.csv|.tsv|.jsonl
                         a manifest; the image column is image/filepath/path/file/filename or --image-column
   --texts FILE          one text per line (UTF-8); blank lines are skipped
-Images that are missing or cannot be decoded are skipped and counted.
+Images that are missing or cannot be decoded are skipped and counted; so is any path named like an
+image that is no file to read (a FIFO, a device, a broken link, a folder named x.jpg), never read
+and listed under "skipped" with what it is.
 
 outputs, for --output OUT.npy:
   OUT.npy               float32 [N, D], rows L2-normalised (cosine similarity = dot product)

@@ -182,9 +182,12 @@ def _raise(exc: OSError) -> None:
 
 def walk_files(
     root: str | os.PathLike[str], suffixes: tuple[str, ...] | None = None, *, skip_hidden: bool = True,
+    folders_named_like: list[str] | None = None,
 ) -> tuple[list[str], list[str]]:
     """(files, notes): the relative POSIX paths of the files under `root` whose lower-cased name
     ends with one of `suffixes` (None: all), sorted; and one line per linked folder not read.
+    `folders_named_like`, when given, receives the relative paths of the folders whose names end
+    so (a folder `x.jpg`: walked as any folder, but the user may have meant a file).
 
     Symbolic links are followed, also where they point outside `root`: a dataset folder is often
     assembled from links to where the data lies. Each real folder is read once, at its first
@@ -215,6 +218,8 @@ def walk_files(
                 notes.append(f"{full}: a link to {target}, {where} (a cycle); not followed")
                 continue
             first = seen.setdefault((st.st_dev, st.st_ino), full)
+            if folders_named_like is not None and suffixes and name.lower().endswith(suffixes):
+                folders_named_like.append(name if rel == "." else f"{rel}/{name}".replace(os.sep, "/"))
             if first == full:
                 kept.append(name)
             elif first == top or full.startswith(first + os.sep):
@@ -227,6 +232,8 @@ def walk_files(
                 continue
             files.append(name if rel == "." else f"{rel}/{name}".replace(os.sep, "/"))
     files.sort()
+    if folders_named_like is not None:
+        folders_named_like.sort()
     return files, notes
 
 

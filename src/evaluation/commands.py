@@ -127,10 +127,11 @@ def classify_labels(args: argparse.Namespace) -> int:
             raise EvalDataError("--batch-size must be >= 1 and --workers >= 0")
         labels = [label.strip() for label in args.labels.split(",")]
         templates = read_templates(args.label_templates) if args.label_templates else None
-        images = list_images(args.images)
+        images, not_read = list_images(args.images)
         device, model = prepare(args)
-        rows, skipped = classify_images(model, images, labels, model.config["input_size"], device, templates,
-                                        args.batch_size, args.workers)
+        rows, unreadable = classify_images(model, images, labels, model.config["input_size"], device, templates,
+                                           args.batch_size, args.workers)
+        skipped = not_read + unreadable
         table = _tsv([("image", "label", "probability")]
                      + [(str(r["image"]), r["label"], f"{r['probability']:.4f}") for r in rows])
         path = atomic_write_text(args.output / "labels.tsv", table)

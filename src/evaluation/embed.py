@@ -4,7 +4,8 @@ Inputs:
 - images: every image file under a folder (recursively, by sorted relative path; hidden files
   left out), or a list: a .txt file with one path per line, or a CSV/TSV/JSONL manifest with an
   image column. Relative paths in a list are relative to the list's folder and must stay inside
-  it. Images that are missing or cannot be decoded are skipped, counted and named in the index.
+  it. Images that are missing or cannot be decoded are skipped, counted and named in the index, as is
+  every path named like an image that is no file to read (a FIFO, a device, a broken link, a folder).
 - texts: a UTF-8 file, one text per line; blank lines are skipped.
 
 Output, for `--output OUT.npy`:
@@ -34,10 +35,11 @@ import torch.nn.functional as F
 
 from src.errors import UserError
 from src.evaluation.datasets import IMAGE_COLUMNS, preprocess_batch
-from src.evaluation.images import find_images, skipping_loader
+from src.evaluation.images import WANTED, find_images, skipping_loader
 from src.evaluation.model_loader import load_model
 from src.evaluation.specs import MANIFEST_SUFFIXES
 from src.fsutil import atomic_path, atomic_write_json, json_safe, remove_stale_temp_files, temp_path_for
+from src.open_alip.paths import not_a_file
 
 LIST_SUFFIXES = (".txt", ".lst")
 _COPY_ROWS = 1 << 14  # rows per step when compacting the output after skipped images
@@ -52,7 +54,7 @@ class ImageInputs:
     root: Path  # what `labels` are relative to (the folder, or the list's folder)
     sources: list[Path]
     labels: list[str]  # how the index names each source
-    missing: list[tuple[str, str]] = field(default_factory=list)  # (label, why) of listed files that are absent
+    missing: list[tuple[str, str]] = field(default_factory=list)  # (label, why) of paths that are no file to read
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,9 +62,10 @@ class ImageInputs:
 
 
 def scan_image_folder(folder: Path) -> ImageInputs:
-    """Every image file under `folder` (src/evaluation/images.py find_images), by sorted relative path."""
-    found = find_images(folder)
-    return ImageInputs(folder, [p for _, p in found], [label for label, _ in found])
+    """Every image file under `folder` (src/evaluation/images.py find_images), by sorted relative path;
+    what the walk found named like an image but cannot read (a FIFO, a broken link) as `missing`."""
+    found, not_read = find_images(folder)
+    return ImageInputs(folder, [p for _, p in found], [label for label, _ in found], not_read)
 
 
 def _list_entries(path: Path, image_column: str | None) -> list[str]:
@@ -111,11 +114,12 @@ def read_image_list(path: Path, image_column: str | None = None) -> ImageInputs:
             if resolved != root_resolved and root_resolved not in resolved.parents:
                 raise EmbedError(f"--images {path}: refusing image path {entry!r}, it leaves {root}")
             candidate = root / candidate
-        if candidate.is_file():
+        why = not_a_file(candidate, WANTED)
+        if why is None:
             sources.append(candidate)
             labels.append(entry)
         else:
-            missing.append((entry, "no such file"))
+            missing.append((entry, why))
     if not sources and not missing:
         raise EmbedError(f"--images {path}: the list names no images")
     return ImageInputs(root, sources, labels, missing)
@@ -124,8 +128,9 @@ def read_image_list(path: Path, image_column: str | None = None) -> ImageInputs:
 def read_images(path: Path, image_column: str | None = None) -> ImageInputs:
     if path.is_dir():
         return scan_image_folder(path)
-    if not path.is_file():
-        raise EmbedError(f"--images {path} does not exist; give a folder of images or a list of them")
+    why = not_a_file(path, "a folder or a list")
+    if why is not None:
+        raise EmbedError(f"--images {path} {why}; give a folder of images or a list of them")
     if path.suffix.lower() not in LIST_SUFFIXES + MANIFEST_SUFFIXES:
         raise EmbedError(
             f"--images {path}: unknown list type {path.suffix!r}; use a folder, a .txt list (one path per line) "
@@ -291,7 +296,9 @@ def run_embed(
     if images is not None:
         inputs = read_images(images, image_column)
         if not inputs.sources:
-            raise EmbedError(f"--images {images}: none of the {len(inputs.missing)} listed images exists")
+            label, why = inputs.missing[0]
+            raise EmbedError(f"--images {images}: none of the {len(inputs.missing)} image paths is a file to read "
+                             f"(e.g. {label} {why})")
         model = load_model(model_name, weights, device, wkv_impl, random_init, cache_dir)
         dim, n, labels = model.image_embed_dim, len(inputs.sources), inputs.labels
         skipped = [{"item": label, "error": why} for label, why in inputs.missing]

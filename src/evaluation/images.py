@@ -21,32 +21,57 @@ import torch
 from src.errors import UserError
 from src.evaluation.datasets import IMAGE_EXTENSIONS, EvalDataError, ImageDataset, ImageSource
 from src.fsutil import printable, walk_files
+from src.open_alip.paths import not_a_file
+
+WANTED = "an image file"  # what a path named like an image must be (src/open_alip/paths.py's wording)
 
 
-def find_images(folder: Path, option: str = "--images") -> list[tuple[str, Path]]:
+def find_images(folder: Path, option: str = "--images") -> tuple[list[tuple[str, Path]], list[tuple[str, str]]]:
     """(relative POSIX path, path) of every image file under `folder`, sorted by relative path;
-    hidden files and folders left out, linked folders followed once (src/fsutil.py walk_files)."""
+    hidden files and folders left out, linked folders followed once (src/fsutil.py walk_files).
+    And (relative path, why) of what the walk found named like an image that is not one to read: a
+    FIFO, a device (or a link to one), a broken link, a folder named `x.jpg` (its images are read
+    all the same), so that every such path is listed as skipped, never dropped unsaid."""
+    folders: list[str] = []
     try:
-        relative, _ = walk_files(folder, IMAGE_EXTENSIONS)
+        relative, _ = walk_files(folder, IMAGE_EXTENSIONS, folders_named_like=folders)
     except OSError as exc:
         raise EvalDataError(f"{option} {folder}: cannot list the folder ({exc.strerror or exc})") from None
-    found = [(rel, folder / rel) for rel in relative if (folder / rel).is_file()]
-    if not found:
+    found, not_read = [], []
+    for rel in relative:
+        why = not_a_file(folder / rel, WANTED)
+        if why is None:
+            found.append((rel, folder / rel))
+        else:
+            not_read.append((rel, why))
+    not_read += [(rel, f"is a folder, not {WANTED} (the images in it are read)") for rel in folders]
+    if not found and not not_read:
         raise EvalDataError(f"{option} {folder}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in the folder or below it")
-    return found
+    return found, sorted(not_read)
 
 
-def list_images(paths: Sequence[Path | str]) -> list[Path]:
-    """Image files among `paths` (zero_shot.py --images): files as given, folders through `find_images`."""
+def list_images(paths: Sequence[Path | str]) -> tuple[list[Path], list[dict[str, str]]]:
+    """Image files among `paths` (zero_shot.py --images): files as given, folders through
+    `find_images`; and [{"image", "error"}] of the paths given or found that are no file to read
+    (a path that is nothing at all is an error: a typo must not pass as a skip)."""
     found: list[Path] = []
+    skipped: list[dict[str, str]] = []
     for path in map(Path, paths):
         if path.is_dir():
-            found += [p for _, p in find_images(path)]
+            images, not_read = find_images(path)
+            found += [p for _, p in images]
+            skipped += [{"image": str(path / rel), "error": why} for rel, why in not_read]
         elif path.is_file():
             found.append(path)
+        elif os.path.lexists(path):
+            skipped.append({"image": str(path), "error": not_a_file(path, WANTED) or "cannot be read"})
         else:
             raise EvalDataError(f"--images {path}: no such file or folder")
-    return found
+    if not found:
+        first = skipped[0]
+        raise EvalDataError(f"--images: none of the {len(skipped)} paths is an image file to read "
+                            f"(e.g. {first['image']} {first['error']})")
+    return found, skipped
 
 
 def describe_failure(exc: BaseException) -> str:

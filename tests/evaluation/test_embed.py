@@ -78,7 +78,7 @@ def test_image_manifest_and_texts(tiny, photos, tmp_path, capsys):
     out = tmp_path / "m.npy"
     rc, stdout, _ = _run(["--model-name", TINY, "--model-weight", str(weights), "--images", str(manifest),
                           "--output", str(out), "--device", "cpu", "--workers", "0", "--no-progress"], capsys)
-    assert rc == 0 and "skipped 1 unreadable image(s), e.g. missing.png: no such file" in stdout
+    assert rc == 0 and "skipped 1 unreadable image(s), e.g. missing.png: does not exist" in stdout
     index = json.loads(out.with_name("m.index.json").read_text())
     assert index["items"] == ["trip/a.jpg", str(photos / "b.png")]
     np.testing.assert_allclose(
@@ -135,7 +135,7 @@ def test_nothing_readable_writes_nothing(tmp_path, capsys):
 def test_odd_file_names_and_a_fifo(tmp_path, capsys):
     # A non-UTF-8 name once crashed writing index.json (after the embeddings were computed); a FIFO
     # named *.jpg once blocked the run forever. Now: the name is kept with its byte as \xNN, the FIFO
-    # is not an input.
+    # is never read and listed as skipped.
     import os
 
     imgs = tmp_path / "imgs"
@@ -149,4 +149,47 @@ def test_odd_file_names_and_a_fifo(tmp_path, capsys):
     assert rc == 0, stderr
     index = json.loads((tmp_path / "o.index.json").read_text(encoding="utf-8"))
     assert index["items"] == ["a.jpg", "b\\xff.jpg"] and index["count"] == 2
+    assert index["skipped"] == [{"item": "pipe.jpg", "error": "is not a regular file (a FIFO)"}]
     assert np.load(out).shape[0] == 2
+
+
+def test_every_special_input_is_embedded_or_listed_as_skipped(tmp_path, capsys):
+    # Once a FIFO, a link to /dev/zero, a folder named x.jpg and a broken link appeared in neither
+    # `items` nor `skipped`.
+    import os
+
+    imgs = tmp_path / "imgs"
+    (imgs / "x.jpg").mkdir(parents=True)
+    Image.new("RGB", (20, 20), (1, 2, 3)).save(imgs / "a.jpg")
+    Image.new("RGB", (20, 20), (4, 5, 6)).save(imgs / "x.jpg" / "inside.png")
+    os.mkfifo(imgs / "pipe.jpg")
+    (imgs / "zero.jpg").symlink_to("/dev/zero")
+    (imgs / "broken.png").symlink_to(imgs / "gone.png")
+    out = tmp_path / "o.npy"
+    rc, stdout, stderr = _run(["--model-name", TINY, "--random-init", "--images", str(imgs), "--output", str(out),
+                               "--workers", "0", "--no-progress"], capsys)
+    assert rc == 0, stderr
+    index = json.loads((tmp_path / "o.index.json").read_text(encoding="utf-8"))
+    assert index["items"] == ["a.jpg", "x.jpg/inside.png"]
+    assert index["skipped"] == [
+        {"item": "broken.png", "error": f"is a broken link (to {imgs / 'gone.png'})"},
+        {"item": "pipe.jpg", "error": "is not a regular file (a FIFO)"},
+        {"item": "x.jpg", "error": "is a folder, not an image file (the images in it are read)"},
+        {"item": "zero.jpg", "error": "is not a regular file (a character device)"},
+    ]
+    assert "skipped 4" in stdout
+    # The same paths named in a list: each listed with what it is.
+    # (A link leaving the list's folder, as zero.jpg does, is refused there: paths must stay inside.)
+    (tmp_path / "list.txt").write_text("imgs/a.jpg\nimgs/pipe.jpg\nimgs/x.jpg\nimgs/broken.png\nimgs/no.jpg\n")
+    rc, _, stderr = _run(["--model-name", TINY, "--random-init", "--images", str(tmp_path / "list.txt"), "--output",
+                          str(out), "--workers", "0", "--no-progress"], capsys)
+    assert rc == 0, stderr
+    index = json.loads((tmp_path / "o.index.json").read_text(encoding="utf-8"))
+    assert index["items"] == ["imgs/a.jpg"]
+    assert [(s["item"], s["error"].split(" (")[0]) for s in index["skipped"]] == [
+        ("imgs/pipe.jpg", "is not a regular file"), ("imgs/x.jpg", "is a folder, not an image file"), ("imgs/broken.png", "is a broken link"),
+        ("imgs/no.jpg", "does not exist")]
+    # Given as --images itself, a FIFO is said to be one, not to be missing.
+    rc, _, stderr = _run(["--model-name", TINY, "--random-init", "--images", str(imgs / "pipe.jpg"), "--output",
+                          str(out), "--workers", "0", "--no-progress"], capsys)
+    assert rc == 2 and f"--images {imgs / 'pipe.jpg'} is not a regular file (a FIFO)" in stderr

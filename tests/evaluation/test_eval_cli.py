@@ -128,6 +128,29 @@ def test_labels_with_a_file_name_that_is_not_utf8(micro, tmp_path, capsys):
     assert sorted(Path(line.split("\t")[0]).name for line in stdout.splitlines()) == ["a.png", "b\\xff.png"]
 
 
+def test_labels_list_every_special_input_as_skipped(micro, tmp_path, capsys):
+    # Once a FIFO, a link to /dev/zero, a folder named x.jpg and a broken link were left out unsaid.
+    import os
+
+    photos = tmp_path / "photos"
+    (photos / "x.jpg").mkdir(parents=True)
+    Image.new("RGB", (20, 12), (250, 0, 0)).save(photos / "a.png")
+    os.mkfifo(photos / "pipe.jpg")
+    (photos / "zero.jpg").symlink_to("/dev/zero")
+    (photos / "broken.png").symlink_to(photos / "gone.png")
+    os.mkfifo(tmp_path / "given.jpg")  # a path given on the command line, not found by a walk
+    args = _common(micro, "--model-weight", str(micro["weights"]), "--images", str(photos), str(tmp_path / "given.jpg"),
+                   "--labels", "red,green", "--output-dir", str(tmp_path / "o"))
+    rc, stdout, stderr = _main(zero_shot_cli, args, capsys)
+    assert rc == 0, stderr
+    assert [Path(line.split("\t")[0]).name for line in stdout.splitlines()] == ["a.png"]
+    assert "[zero_shot] skipped 5 unreadable image(s):" in stderr and "(5 skipped)" in stderr
+    for name, why in [("broken.png", "is a broken link"), ("pipe.jpg", "is not a regular file (a FIFO)"),
+                      ("x.jpg", "is a folder, not an image file"), ("zero.jpg", "a character device"),
+                      ("given.jpg", "is not a regular file (a FIFO)")]:
+        assert any(line.split(": ", 1)[0].endswith(name) and why in line for line in stderr.splitlines()), (name, stderr)
+
+
 @pytest.mark.parametrize(
     "extra,needle",
     [

@@ -143,18 +143,24 @@ class RunLog:
 
 def _truncate_metrics(path: Path, step: int) -> None:
     """Drop the lines a killed run logged after its last checkpoint (`step`): the resumed run
-    logs those steps again, and each step must appear once."""
+    logs those steps again, and each step must appear once. A line that is not UTF-8 JSON (cut by
+    the kill, a disk error's byte) is dropped and counted, never in the way of a resume."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        lines = path.read_bytes().splitlines(keepends=True)
     except FileNotFoundError:
         return
-    kept = []
-    for line in lines:
+    kept, unreadable = [], 0
+    for raw in lines:
         try:
+            line = raw.decode("utf-8")
             logged = int(json.loads(line).get("step", 0))
-        except (ValueError, AttributeError, TypeError):
-            continue  # a line cut by the kill
+        except (ValueError, AttributeError, TypeError):  # UnicodeDecodeError is a ValueError
+            unreadable += 1
+            continue
         if logged <= step:
             kept.append(line if line.endswith("\n") else line + "\n")
+    if unreadable:
+        LOG.warning("dropped %d line(s) of metrics.jsonl that are not UTF-8 JSON (cut by a kill or damaged)",
+                    unreadable)
     if len(kept) != len(lines):
         atomic_write_text(path, "".join(kept))

@@ -93,6 +93,20 @@ def test_metrics_are_truncated_to_the_resumed_step(tmp_path):
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_metrics_line_that_is_not_utf8_is_dropped_and_counted_on_resume(tmp_path, caplog):
+    # Once a UnicodeDecodeError traceback that blocked --resume latest.
+    lines = [json.dumps({"kind": "train", "step": s, "loss": 1.0}).encode() + b"\n" for s in range(1, 6)]
+    lines[2] = b'{"kind": "train", "step": 3, "loss": \xff}\n'
+    (tmp_path / "metrics.jsonl").write_bytes(b"".join(lines) + b"\xff\xfe")
+    with caplog.at_level("WARNING", logger="rwkv_clip.train"):
+        log = RunLog(tmp_path, enabled=True, resume_step=4)
+    log.scalars(5, {"loss": 0.5})
+    log.close()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 4, 5]
+    assert "dropped 2 line(s) of metrics.jsonl that are not UTF-8 JSON" in caplog.text
+
+
 def test_a_second_writer_of_one_output_is_refused_naming_the_first(tmp_path, capsys):
     import train
 

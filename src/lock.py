@@ -4,6 +4,11 @@
 The kernel drops the lock when its holder dies, however it dies, so a lock file whose
 lock is free is stale by construction and is taken over. The file also names its holder
 (pid, host, start time) so that the run refused can say who is in the way.
+
+A flock belongs to the open file, which a forked child shares: a loader worker forked by the
+run would hold the run's lock until it noticed its parent's death, seconds after a kill -9. So a
+forked child closes its copy at once (os.register_at_fork); only the process that took the lock
+holds it. Exec'd children never get it (the descriptor is not inheritable).
 """
 
 from __future__ import annotations
@@ -22,6 +27,36 @@ from src.errors import UserError
 
 class OutputLocked(UserError):
     """Another run is writing the same output."""
+
+
+_HELD: set[int] = set()  # descriptors of the locks this process holds
+
+
+def _drop_in_child() -> None:
+    for fd in _HELD:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_in_child)
+
+
+def _alive_here(holder: dict) -> bool | None:
+    """Whether the holder's pid runs, where that can be told (on this host); None elsewhere."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def lock_path(prefix: Path) -> Path:
@@ -71,6 +106,7 @@ class OutputLock:
         self.tool = tool
         self.resume_hint = resume_hint
         self._fd: int | None = None
+        self._owner = os.getpid()
         self.took_over: dict | None = None  # the holder of a stale lock this run replaced
 
     def acquire(self) -> None:
@@ -81,8 +117,14 @@ class OutputLock:
             except OSError as exc:
                 os.close(fd)
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    holder = read_holder(self.path)
+                    if _alive_here(holder) is False:  # a process it left behind is still stopping
+                        raise OutputLocked(
+                            f"{self.output} is still locked, but its {describe(holder, self.tool)} has exited; a "
+                            "process it started is stopping: wait a moment and rerun"
+                        ) from None
                     raise OutputLocked(
-                        f"{self.output} is being written by {describe(read_holder(self.path), self.tool)}; wait for it to "
+                        f"{self.output} is being written by {describe(holder, self.tool)}; wait for it to "
                         f"finish or stop it ({self.resume_hint}), or choose another --output"
                     ) from None
                 if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
@@ -109,10 +151,16 @@ class OutputLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         self._fd = fd
+        self._owner = os.getpid()
+        _HELD.add(fd)
 
     def release(self) -> None:
         if self._fd is None:
             return
+        if self._owner != os.getpid():  # a forked copy: the lock and the file are the run's, not ours
+            self._fd = None
+            return
+        _HELD.discard(self._fd)
         try:
             self.path.unlink(missing_ok=True)  # unlinked while still held: no one can lock it meanwhile
         finally:

@@ -139,6 +139,61 @@ def test_a_second_writer_of_one_output_is_refused_naming_the_first(tmp_path, cap
             OutputLock(output, tool="train.py", path=output / "train.lock").acquire()
 
 
+def _holder(output: Path, then: str) -> subprocess.Popen:
+    """A process that takes train.py's lock of `output`, runs `then` (with `lock` and `time` at hand),
+    prints what it printed and 'held', and waits to be killed."""
+    code = ("import os, subprocess, sys, time; from pathlib import Path; from src.lock import OutputLock\n"
+            f"lock = OutputLock(Path({str(output)!r}), tool='train.py', path=Path({str(output / 'train.lock')!r}))\n"
+            f"lock.acquire()\n{then}\nprint('held', flush=True); time.sleep(120)")
+    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, text=True)
+
+
+def test_a_forked_child_does_not_keep_the_lock_of_a_killed_run(tmp_path):
+    # A loader worker (forked) once held train.py's lock for seconds after a kill -9 of the run: the
+    # rerun was refused naming the dead pid. Children now drop the lock; only the run holds it.
+    output = tmp_path / "run"
+    output.mkdir()
+    holder = _holder(output, "import multiprocessing as mp\n"
+                             "child = mp.get_context('fork').Process(target=time.sleep, args=(60,))\n"
+                             "child.start(); print(child.pid, flush=True)")
+    child = int(holder.stdout.readline())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputLocked):  # the run itself still holds it
+            OutputLock(output, tool="train.py", path=output / "train.lock").acquire()
+        holder.kill()
+        holder.wait()
+        lock = OutputLock(output, tool="train.py", path=output / "train.lock")
+        lock.acquire()  # at once, with the forked child still alive
+        assert lock.took_over["pid"] == holder.pid and os.path.exists(f"/proc/{child}")
+        lock.release()
+    finally:
+        holder.kill()
+        os.kill(child, 9)
+
+
+def test_a_lock_held_past_its_dead_holder_says_wait_a_moment(tmp_path):
+    # Whatever still holds the lock of a run that has exited (a child it handed the descriptor to),
+    # the message says so instead of naming the dead pid as running.
+    output = tmp_path / "run"
+    output.mkdir()
+    holder = _holder(output, "child = subprocess.Popen(['sleep', '60'], pass_fds=[lock._fd])\n"
+                             "print(child.pid, flush=True)")
+    child = int(holder.stdout.readline())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        holder.kill()
+        holder.wait()
+        with pytest.raises(OutputLocked) as info:
+            OutputLock(output, tool="train.py", path=output / "train.lock").acquire()
+        message = str(info.value)
+        assert f"train.py run pid {holder.pid}" in message and "has exited" in message
+        assert "wait a moment and rerun" in message and "\n" not in message
+    finally:
+        os.kill(child, 9)
+
+
 def test_demo_on_a_read_only_output_is_one_line(tmp_path, capsys):
     import demo
 

@@ -29,7 +29,8 @@ dataset forms (NAME=PATH; the kind follows from the name or the path):
 Results: one JSON per dataset in --output-dir (classification_NAME.json), a printed table and, when
 any of the paper's datasets ran, its row of the paper's table (headline metric: mean per-class
 recall for pets, flowers, caltech101, aircraft; top-1 otherwise).
-Own labels: --images DIR_OR_FILES --labels "cat,dog,car" prints each image's top label.
+Own labels: --images DIR_OR_FILES --labels "cat,dog,car" (or --labels @labels.txt, one per line)
+prints each image's top label.
 """
 
 
@@ -44,7 +45,9 @@ def _add_dataset_options(p: argparse.ArgumentParser) -> None:
                    help="append the original's result line (the scores, comma-separated, in --datasets order)")
     p.add_argument("--images", nargs="+", type=Path, default=None, metavar="PATH",
                    help="image files or folders to classify against --labels (instead of --datasets)")
-    p.add_argument("--labels", default=None, help="comma-separated labels for --images, e.g. 'cat,dog,car'")
+    p.add_argument("--labels", default=None,
+                   help="two or more labels for --images: comma-separated, e.g. 'cat,dog,car', or @FILE with one "
+                        "label per line")
     p.add_argument("--label-templates", type=Path, default=None, metavar="FILE",
                    help="templates for --labels (default: CLIP's 80 ImageNet templates)")
 

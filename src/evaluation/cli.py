@@ -7,6 +7,7 @@ Torch and the model code are imported only once a run starts, so that `--help` a
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,8 @@ def record_result(args: argparse.Namespace, prog: str, spec: Any, result: dict, 
     result = {"dataset": result.pop("dataset"), "model": str(args.config),
               "checkpoint": str(args.checkpoint) if args.checkpoint else None, **result}
     path = write_result(result, args.output)
+    for warning in result.get("warnings", []):
+        print(f"{tag} {spec.name}: warning: {warning}", file=sys.stderr, flush=True)
     if result.get("skipped_images"):
         print(skip_notice(f"{tag} {spec.name}:", result["skipped_images"]), flush=True)
     print(f"{tag} {spec.name}: {headline} -> {path}", flush=True)

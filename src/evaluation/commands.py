@@ -115,7 +115,7 @@ def classify_labels(args: argparse.Namespace) -> int:
     from src.evaluation.datasets import EvalDataError
     from src.evaluation.images import list_images, skip_notice
     from src.evaluation.run import classify_images
-    from src.evaluation.templates import read_templates
+    from src.evaluation.templates import read_labels, read_templates
     from src.fsutil import atomic_write_text, printable
 
     try:
@@ -125,7 +125,7 @@ def classify_labels(args: argparse.Namespace) -> int:
             raise EvalDataError("--images and --labels go together, e.g. --images photos/ --labels 'cat,dog,car'")
         if args.batch_size < 1 or args.workers < 0:
             raise EvalDataError("--batch-size must be >= 1 and --workers >= 0")
-        labels = [label.strip() for label in args.labels.split(",")]
+        labels = read_labels(args.labels)  # before the model loads: a wrong --labels fails at once
         templates = read_templates(args.label_templates) if args.label_templates else None
         images, not_read = list_images(args.images)
         device, model = prepare(args)

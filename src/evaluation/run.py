@@ -39,7 +39,7 @@ from src.evaluation.specs import (
     load_retrieval_data,
     paper_dataset_of,
 )
-from src.evaluation.templates import LABEL_TEMPLATES_FROM
+from src.evaluation.templates import LABEL_TEMPLATES_FROM, repeated_names
 from src.open_alip.zero_shot import (
     Tokenizer,
     class_logits,
@@ -151,6 +151,9 @@ def evaluate_classification(
         headline = "top1"
         result["clip_benchmark_metrics"] = clip_benchmark_metrics(metrics, num_classes)
     result.update(metric=headline, score=metrics[headline], metrics=metrics)
+    repeated = repeated_names(data.classnames)
+    if repeated:
+        result["warnings"] = [repeated]
     if skipped:
         result["skipped_images"] = skipped
     if return_predictions:

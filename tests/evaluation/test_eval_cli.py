@@ -151,6 +151,40 @@ def test_labels_list_every_special_input_as_skipped(micro, tmp_path, capsys):
         assert any(line.split(": ", 1)[0].endswith(name) and why in line for line in stderr.splitlines()), (name, stderr)
 
 
+def test_labels_need_two_or_more_and_may_come_from_a_file(micro, tmp_path, capsys):
+    # Once: `--labels cat`, or a path given to --labels, labelled every image "cat" with probability 1.0.
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    Image.new("RGB", (20, 12), (250, 0, 0)).save(photos / "a.png")
+    (tmp_path / "labels.txt").write_text("# colours\nred\n\ngreen\nblue\n")
+    base = _common(micro, "--model-weight", str(micro["weights"]), "--images", str(photos), "--output-dir",
+                   str(tmp_path / "o"))
+    for labels, needle in [("cat", "--labels 'cat' gives 1 label; give two or more, comma-separated"),
+                           (str(tmp_path / "labels.txt"),
+                            f"(to read labels from the file {tmp_path / 'labels.txt'}, pass --labels @{tmp_path / 'labels.txt'})"),
+                           (f"@{tmp_path / 'none.txt'}", "cannot read the label file")]:
+        rc, stdout, stderr = _main(zero_shot_cli, [*base, "--labels", labels], capsys)
+        assert rc == 2 and stdout == "" and needle in stderr and stderr.count("\n") == 1, stderr
+    assert not (tmp_path / "o" / "labels.tsv").exists()
+    rc, stdout, stderr = _main(zero_shot_cli, [*base, "--labels", f"@{tmp_path / 'labels.txt'}"], capsys)
+    assert rc == 0, stderr
+    assert stdout.split("\t")[1] in ("red", "green", "blue") and float(stdout.split("\t")[2]) < 1
+
+
+def test_class_names_that_repeat_are_warned_about(micro, tmp_path, capsys):
+    # Once: CIFAR-10 with ten identical class names scored in silence.
+    names = tmp_path / "names.txt"
+    names.write_text("cat\n" * 10)
+    args = _common(micro, "--model-weight", str(micro["weights"]), "--output-dir", str(tmp_path / "o"),
+                   "--datasets", f"cifar10={micro['data']}", "--classnames", f"cifar10={names}")
+    rc, _, stderr = _main(zero_shot_cli, args, capsys)
+    assert rc == 0, stderr
+    warning = "[zero_shot] cifar10: warning: class names repeat ('cat' x10): classes of one name get the same text"
+    assert warning in stderr
+    result = json.loads((tmp_path / "o" / "classification_cifar10.json").read_text())
+    assert result["warnings"][0].startswith("class names repeat ('cat' x10)")
+
+
 @pytest.mark.parametrize(
     "extra,needle",
     [

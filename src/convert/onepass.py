@@ -30,7 +30,15 @@ from src.lock import OutputLock
 from src.open_alip.urls import redact_urls
 
 from .items import Unit
-from .pipeline import ConvertOptions, OutputError, check_options, check_skips, convert, output_prefix
+from .pipeline import (
+    ConvertOptions,
+    OutputError,
+    check_options,
+    check_skips,
+    convert,
+    output_prefix,
+    remove_output_temps,
+)
 from .processes import die_with_parent
 from .sources import InputError
 from .sources.base import UnreadableUnit
@@ -286,7 +294,8 @@ class _Run:
         for entry in state["shards"]:
             entry.pop("this_run", None)
             self._publish(entry)
-        if state["complete"]:
+        if state["complete"]:  # a run killed after it was recorded complete: what it had left to remove
+            shutil.rmtree(self.work, ignore_errors=True)
             return {**self._report(state), "resumed": "already complete"}
         self._announce(files, len(state["shards"]), commit)
         self._convert_all(files, state, commit)
@@ -433,6 +442,7 @@ def convert_from_hub(hub: HubOptions, output: str | Path, opts: ConvertOptions,
     except OSError as exc:
         raise OutputError(f"{run.prefix.parent}: cannot create the output folder ({exc.strerror or exc})") from None
     with OutputLock(run.prefix):
+        remove_output_temps(run.prefix)
         final = run.run()
     write_report(run.report_path, final)
     check_skips(final, opts.max_skip_fraction)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from src.caption_record import CONTEXT_LENGTH, caption_record_head
 from src.errors import UserError
-from src.fsutil import DEFAULT_MAX_FILE_BYTES, json_safe, printable
+from src.fsutil import DEFAULT_MAX_FILE_BYTES, json_safe, printable, remove_stale_temp_files
 from src.lock import OutputLock
 
 from .distributor import chunked, ordered_map, prefetch
@@ -208,6 +208,12 @@ def _remove_outputs(prefix: Path) -> None:
     prefix.with_name(prefix.name + ".report.json").unlink(missing_ok=True)
 
 
+def remove_output_temps(prefix: Path) -> list[Path]:
+    """The temporary files that a killed run's atomic writes of this output's report and state left
+    (`.OUT.report.json.PID.tmp`: hidden, named after their dead writer); call under the output's lock."""
+    return remove_stale_temp_files(prefix.parent, glob.escape(prefix.name) + ".*")
+
+
 def _clean_temps(prefix: Path) -> None:
     name = glob.escape(prefix.name)
     for pattern in (name + ".*" + TMP_SUFFIX, name + "-[0-9]*" + TMP_SUFFIX):
@@ -269,6 +275,7 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
     _check_output_names(prefix, opts.shard_size > 0)
     _check_writable(prefix)
     with OutputLock(prefix) as lock:
+        remove_output_temps(prefix)
         if lock.took_over:
             from src.lock import describe
 

@@ -755,3 +755,16 @@ def test_a_float_flag_that_is_not_finite_is_refused_when_parsed(tmp_path, value)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == \
         f"data2rec.py: error: argument --max-skip-fraction: expected a finite number, got '{value}'"
+
+
+def test_a_rerun_removes_the_temporary_files_a_killed_runs_report_left(tmp_path):
+    write_hub_parquet(tmp_path / "a.parquet", [(jpeg(8, 8, seed=r), tokens_for(1, r)) for r in range(4)])
+    opts = quiet()
+    convert([tmp_path / "a.parquet"], tmp_path / "o", opts)
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    stale = [tmp_path / f".o.report.json.{dead}.tmp", tmp_path / f".o.state.json.{dead}.tmp"]
+    for p in stale:
+        p.write_text("{")  # a kill while the report or the state was written
+    assert convert([tmp_path / "a.parquet"], tmp_path / "o", opts)["resumed"] == "already complete"
+    assert not any(p.exists() for p in stale)

@@ -196,6 +196,26 @@ def test_a_shard_that_cannot_be_downloaded_stops_the_run_naming_it(hub_dir: Path
     assert_clean(out)
 
 
+def test_a_rerun_after_a_kill_at_the_very_end_leaves_nothing_behind(hub_dir: Path, tmp_path: Path):
+    # Killed after the run was recorded complete, while its report was written: the rerun once left an
+    # empty .OUT.onepass/ folder and the report's temporary file.
+    out = tmp_path / "out" / "rec"
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    with serve_in_background(hub_dir, REPO) as server:
+        env = make_env(tmp_path, server.endpoint)
+        cmd = onepass_cmd(out, "--hub-include", shard_name(0))
+        assert subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, env=env, timeout=300).returncode == 0
+        stale = out.with_name(f".rec.report.json.{dead}.tmp")
+        stale.write_text('{"output": ')
+        (out.parent / ".rec.onepass").mkdir()  # the kill came before the folder was removed
+        r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and "already complete" in r.stdout, r.stderr
+    assert_clean(out)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["rec-00000.idx", "rec-00000.rec", "rec.onepass.json",
+                                                            "rec.report.json"]
+
+
 def test_a_hub_shard_that_cannot_be_read_stops_the_run_and_is_kept(tmp_path: Path):
     # The hub serves a shard cut in half (its sha256 is the cut file's): no parquet footer, rows unknown.
     hub = tmp_path / "hub"

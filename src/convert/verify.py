@@ -180,9 +180,13 @@ def unfinished(output: str | Path) -> list[str]:
         except (OSError, ValueError, KeyError, TypeError):
             problems.append(f"{path}: unreadable resume state; rerun the conversion command to finish it")
             continue
+        mine = [i for i in range(len(state["counts"])) if i % fingerprint["num_machines"] == fingerprint["machine_id"]]
+        unread = [fingerprint["units"][int(i)][0] for i in state.get("unreadable", {}) if int(i) in mine]
+        if unread:  # a complete run all the same: their rows are in no shard
+            problems.append(f"{prefix}: {len(unread)} input file(s) could not be read at all and none of their rows "
+                            f"is converted: {', '.join(unread[:3])}; replace them and rerun with --overwrite")
         if state.get("complete"):
             continue
-        mine = [i for i in range(len(state["counts"])) if i % fingerprint["num_machines"] == fingerprint["machine_id"]]
         slot, _ = state["next"]
         total = sum(state["counts"][i] for i in mine)
         done = (state.get("report") or {}).get("seen", 0)

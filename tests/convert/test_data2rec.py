@@ -584,6 +584,9 @@ def test_a_parquet_shard_cut_in_half_fails_the_run_instead_of_counting_as_one_ro
     assert [u["input"] for u in report["unreadable_inputs"]] == [str(cut)]
     assert "cannot open parquet" in report["unreadable_inputs"][0]["detail"]
     assert sorted(i for i, *_ in read_records([tmp_path / "o.rec"])) == list(range(240))  # the cut one has none
+    checked = run_cli("--verify", str(tmp_path / "o"))
+    assert checked.returncode == 1 and f"could not be read at all and none of their rows is converted: {cut}" in \
+        checked.stderr, checked.stderr
 
 
 def test_a_readable_parquet_file_without_the_columns_counts_as_all_of_its_rows(tmp_path):

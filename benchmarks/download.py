@@ -22,8 +22,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from src.hub_server import HubHandler, RepoFile, RequestRecord, serve_in_background
-from src.hub_server.handler import CHUNK
+from src.open_alip.hub_server import HubHandler, RepoFile, RequestRecord, serve_in_background
+from src.open_alip.hub_server.handler import CHUNK
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REPO = "bench/shards"

@@ -1,5 +1,6 @@
-"""PNG figures for the demo, drawn with PIL (no plotting library needed): a loss curve and a grid
-of test images captioned with the model's predictions."""
+"""PNG figures drawn with PIL (no plotting library needed): a loss curve (train.py writes one beside
+metrics.jsonl, the demo another), a grid of images captioned with predictions (the demo, dali.py
+--save-grid) and a confusion matrix (zero_shot.py)."""
 
 from __future__ import annotations
 

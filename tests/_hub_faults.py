@@ -1,4 +1,4 @@
-"""Fault injection for the hub server (src/hub_server): dropped connections, 503s, throttling,
+"""Fault injection for the hub server (src/open_alip/hub_server): dropped connections, 503s, throttling,
 corrupt bodies and a server without range support, changed by tests while it runs.
 
     faults = Faults(target="/cdn/", fail_503=2)
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.download import ThrottledHandler, throttled_chunk
-from src.hub_server import HubServer, RepoFile, RequestRecord, serve_in_background
-from src.hub_server.handler import CHUNK
+from src.open_alip.hub_server import HubServer, RepoFile, RequestRecord, serve_in_background
+from src.open_alip.hub_server.handler import CHUNK
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""`python -m src.hub_server` as a user starts it, for tests that need the real command."""
+"""`python -m src.open_alip.hub_server` as a user starts it, for tests that need the real command."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests._repo import REPO
 def hub_server_cli(root: Path, repo_id: str, port_file: Path, *extra: str, env: dict | None = None) -> Iterator[str]:
     """Serve `root` as `repo_id` with the CLI until the block ends; yields its endpoint URL."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "src.hub_server", "--root", str(root), "--repo-id", repo_id, "--port-file",
+        [sys.executable, "-m", "src.open_alip.hub_server", "--root", str(root), "--repo-id", repo_id, "--port-file",
          str(port_file), *extra],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )

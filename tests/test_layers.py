@@ -10,9 +10,9 @@ from tests._repo import REPO
 
 # Floor of each project package or module, by dotted prefix (longest prefix wins).
 FLOORS = {
-    "src.open_alip": 1, "src.recordio": 1, "src.caption_record": 1, "src.hub_server": 1,
+    "src.open_alip": 1, "src.recordio": 1, "src.caption_record": 1,
     "src.errors": 1, "src.fsutil": 1, "src.devices": 1, "src.jpeg": 1, "src.install": 1,
-    "src.lock": 1, "src.inputs": 1,
+    "src.lock": 1, "src.inputs": 1, "src.figures": 1,
     "dataloaders": 2,
     "src.convert": 3, "src.training": 3, "src.evaluation": 3,
     "src.demo": 4,  # runs every stage, as the CLIs do
@@ -103,6 +103,13 @@ def test_imports_point_down_only():
             elif there == here and not (here == 1 and any(dep == a or dep.startswith(a + ".") for a in FLOOR1_ALLOWED)):
                 wrong.append(f"{name} -> {dep} (a package beside it on floor {here})")
     assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_library_imports_only_itself():
+    # It is installed alone (pyproject.toml): anything else of the project is missing there.
+    outside = sorted(f"{name} -> {dep}" for name, deps in _graph().items() if name.startswith("src.open_alip")
+                     for dep in deps if not dep.startswith("src.open_alip"))
+    assert not outside, "\n".join(outside)
 
 
 def test_no_import_cycles():

@@ -165,7 +165,7 @@ class Demo:
         return f"{self.s.train_samples} image-caption pairs in {len(paths)} parquet shards ({size / 1e6:.1f} MB)"
 
     def download(self) -> str:
-        from src.hub_server import serve_in_background
+        from src.open_alip.hub_server import serve_in_background
 
         target = self.out / "download"
         if target.exists():
@@ -256,15 +256,15 @@ class Demo:
     def report(self) -> str:
         import torch
 
-        from src.demo import report
+        from src import figures
         from src.demo.scenes import all_descriptions
         from src.evaluation.model_loader import load_model
         from src.evaluation.run import evaluate_classification
         from src.open_alip.zero_shot import encode_texts
 
-        points = report.read_loss_points(self.out / "train" / "metrics.jsonl")
+        points = figures.read_loss_points(self.out / "train" / "metrics.jsonl")
         global_batch = self.s.batch_size * self.s.processes
-        report.plot_loss_curve(points, self.out / "loss_curve.png", title="contrastive loss (2 processes, CPU)",
+        figures.plot_loss_curve(points, self.out / "loss_curve.png", title="contrastive loss (2 processes, CPU)",
                                reference=math.log(global_batch), reference_label=f"chance: ln({global_batch})")
         # predicted captions: the best of every scene description the grammar can produce
         torch.set_num_threads(self.s.threads_per_process)
@@ -289,11 +289,11 @@ class Demo:
             truth = data.classnames[data.labels[i]]
             guess = data.classnames[cls["predictions"][i]]
             captions.append([
-                (f"true: {truth}", report.INK),
-                (f"zero-shot: {guess}", report.GOOD if guess == truth else report.BAD),
-                (descriptions[b], report.GOOD if truth in descriptions[b] else report.BAD),
+                (f"true: {truth}", figures.INK),
+                (f"zero-shot: {guess}", figures.GOOD if guess == truth else figures.BAD),
+                (descriptions[b], figures.GOOD if truth in descriptions[b] else figures.BAD),
             ])
-        report.caption_grid([load_rgb(data.images[i]) for i in picks], captions, self.out / "predictions.png",
+        figures.caption_grid([load_rgb(data.images[i]) for i in picks], captions, self.out / "predictions.png",
                             title="held-out scenes: true class, zero-shot class, best caption of all "
                             f"{len(descriptions)}")
         return "loss_curve.png, predictions.png"

@@ -1,6 +1,6 @@
 """How the Hugging Face hub names file content: the sha256 of an LFS file, the git blob id of
 any other. The weights loader (pretrained.py) checks downloads with these, and the project's
-hub server (src/hub_server) announces them; neither pulls in torch through this module."""
+hub server (src/open_alip/hub_server) announces them; neither pulls in torch through this module."""
 
 from __future__ import annotations
 

@@ -6,8 +6,10 @@ reads back.
     OUT/README.md               a model card: the config, the training settings, the evaluation results
 
 open_clip names its config file and keys the same way, so the folder reads like one of its repos.
-Serve it with `python -m src.hub_server --root OUT --repo-id ORG/REPO --repo-type model`, or upload
+Serve it with `rwkv-clip-hub-server --root OUT --repo-id ORG/REPO --repo-type model`, or upload
 it. The folder appears whole or not at all (written under a temporary name, then renamed).
+
+Its command line is export_cli.py.
 """
 
 from __future__ import annotations
@@ -122,4 +124,5 @@ def export_for_hub(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
 

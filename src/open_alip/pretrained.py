@@ -10,7 +10,7 @@ Local files may hold a raw state dict, one saved from a DDP/compiled model (`mod
 anything else with `torch.load(weights_only=True)`.
 
 Hub files come through huggingface_hub: HF_ENDPOINT selects the hub (a mirror, or
-`python -m src.hub_server --repo-type model` serving a folder), HF_TOKEN authenticates,
+`python -m src.open_alip.hub_server --repo-type model` serving a folder), HF_TOKEN authenticates,
 the hub cache (HF_HOME / HF_HUB_CACHE, or `cache_dir`) keeps files between runs, and
 HF_HUB_OFFLINE=1 takes them from that cache without asking the hub. Every file is checked
 against the hub's sha256 (LFS files) or git blob id (small files).

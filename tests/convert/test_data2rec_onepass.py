@@ -1,4 +1,4 @@
-"""data2rec.py --from-hub against the project's hub server (src/hub_server) on 127.0.0.1, with the
+"""data2rec.py --from-hub against the project's hub server (src/open_alip/hub_server) on 127.0.0.1, with the
 real data/hfd.sh and aria2c: the records equal the two-step path's, no parquet is left, peak disk
 stays within records + --max-inflight shards, a kill -9 mid-run resumes with nothing lost or
 duplicated, and a shard that cannot be downloaded stops the run with status 3, naming it."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from src.hub_server import serve_in_background
+from src.open_alip.hub_server import serve_in_background
 from tests._data2rec_helpers import jpeg, read_records, tokens_for, write_hub_parquet
 from tests._hub_faults import Faults, serve_with_faults
 from tests._processes import alive, command_name, descendants, wait_for

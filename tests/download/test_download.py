@@ -1,4 +1,4 @@
-"""data/hfd.sh against the local hub server (src/hub_server) on 127.0.0.1, with real
+"""data/hfd.sh against the local hub server (src/open_alip/hub_server) on 127.0.0.1, with real
 aria2c, wget and curl: complete and verified downloads, retries, resume after a kill,
 re-fetch of corrupt files, hostile names, token hygiene and argument errors."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from src.hub_server import serve_in_background
+from src.open_alip.hub_server import serve_in_background
 from tests._hub_faults import Faults, serve_with_faults
 from tests._processes import alive, command_name, descendants, wait_for
 from tests._repo import REPO as REPO_ROOT

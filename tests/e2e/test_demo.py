@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from src.demo import report
+from src import figures
 from src.demo.corpus import write_classification_set, write_hub_corpus, write_retrieval_set
 from src.demo.pipeline import Demo, DemoError, DemoSettings, run_command
 from src.demo.scenes import COLOURS, SHAPES, Scene, all_descriptions, classnames, draw_scene, random_scene
@@ -74,16 +74,16 @@ def test_figures(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"kind": "train", "step": 2, "loss": 3.0}\n{"kind": "eval", "step": 2, "x": 1}\n'
                        '{"kind": "train", "step": 1, "loss": 4.0}\n{"kind": "tra')
-    points = report.read_loss_points(metrics)
+    points = figures.read_loss_points(metrics)
     assert points == [(1, 4.0), (2, 3.0)]
-    curve = report.plot_loss_curve(points, tmp_path / "loss.png", reference=4.1, reference_label="chance")
+    curve = figures.plot_loss_curve(points, tmp_path / "loss.png", reference=4.1, reference_label="chance")
     assert Image.open(curve).size == (720, 420)
     tiles = [draw_scene(Scene("red", "circle", 1, "at the top", i)) for i in range(5)]
-    grid = report.caption_grid(tiles, [[("a", report.GOOD), ("b", report.BAD)]] * 5, tmp_path / "g.png", columns=3)
+    grid = figures.caption_grid(tiles, [[("a", figures.GOOD), ("b", figures.BAD)]] * 5, tmp_path / "g.png", columns=3)
     with Image.open(grid) as g:
         assert g.width == 3 * (128 + 80) and g.height == 2 * (128 + 8 + 2 * 15 + 10)
     with pytest.raises(ValueError):
-        report.plot_loss_curve([], tmp_path / "empty.png")
+        figures.plot_loss_curve([], tmp_path / "empty.png")
 
 
 def test_failures_name_the_step(tmp_path):

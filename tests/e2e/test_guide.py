@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from src.demo.corpus import write_hub_corpus
-from src.hub_server import serve_in_background
+from src.open_alip.hub_server import serve_in_background
 from tests._repo import fresh_copy
 
 TINY_RUN = ["--config", "RWKV_CLIP_tiny", "--global-batch-size", "16", "--batch-size", "16", "--epochs", "1",

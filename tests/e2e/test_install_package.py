@@ -1,5 +1,7 @@
-"""`pip install .` and `pip install -e .` give a working `open_alip` from any folder, and the
-guide's `from src.open_alip import tokenize` keeps working from the repository root.
+"""`pip install .` and `pip install -e .` give a working `open_alip` from any folder, with the console
+scripts `rwkv-clip-export` and `rwkv-clip-hub-server` (a weights folder exported, served and loaded back
+through `hf-hub:`), and the guide's `from src.open_alip import tokenize` keeps working from the repository
+root.
 
 Each install goes into a scratch virtualenv made from a fresh copy of the repository. The venv
 sees the project venv's packages through a .pth file, so torch is not downloaded again; pip runs
@@ -13,6 +15,7 @@ import json
 import os
 import subprocess
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -96,6 +99,55 @@ def _check_use(got: dict, user: Path) -> None:
     assert got["model_module"] == "open_alip.model"
 
 
+SCRIPTS = ("rwkv-clip-export", "rwkv-clip-hub-server")
+
+# A train.py-like checkpoint of the tiny model (its config recorded), and the embeddings it gives.
+SAVE = r"""
+import sys, torch
+from open_alip import create_model_and_transforms, get_model_config
+model, _, _ = create_model_and_transforms("RWKV_CLIP_tiny")
+torch.save({"state_dict": model.state_dict(), "config": get_model_config("RWKV_CLIP_tiny")}, sys.argv[1])
+with torch.no_grad():
+    torch.save(model.encode_image(torch.ones(1, 3, 32, 32)), sys.argv[2])
+"""
+LOAD = r"""
+import sys, torch
+from open_alip import create_model_and_transforms
+model, _, _ = create_model_and_transforms("hf-hub:me/tiny-rwkv-clip")
+with torch.no_grad():
+    assert torch.equal(model.encode_image(torch.ones(1, 3, 32, 32)), torch.load(sys.argv[1])), "other weights"
+print("loaded through the hub")
+"""
+
+
+def _check_console_scripts(venv_bin: Path, user: Path) -> None:
+    """Each script's --help, then export -> serve -> load through hf-hub:, all from the user's folder."""
+    for script in SCRIPTS:
+        help_text = _run([str(venv_bin / script), "--help"], user).stdout
+        assert help_text.startswith(f"usage: {script} "), help_text
+    python = str(venv_bin / "python")
+    _run([python, "-c", SAVE, "tiny.pt", "features.pt"], user)
+    _run([str(venv_bin / "rwkv-clip-export"), "tiny.pt", "--output", "tiny-hub"], user)
+    assert sorted(p.name for p in (user / "tiny-hub").iterdir()) == ["README.md", "model.safetensors",
+                                                                      "open_clip_config.json"]
+    port_file = user / "endpoint.txt"
+    server = subprocess.Popen([str(venv_bin / "rwkv-clip-hub-server"), "--root", "tiny-hub", "--repo-id",
+                               "me/tiny-rwkv-clip", "--repo-type", "model", "--port-file", str(port_file)],
+                              cwd=user, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert port_file.exists(), server.stderr.read() if server.poll() is not None else "no endpoint in 60 s"
+        env = {**_env(), "HF_ENDPOINT": port_file.read_text().strip(), "HF_HOME": str(user / "hf_home")}
+        proc = subprocess.run([python, "-c", LOAD, "features.pt"], cwd=user, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0 and "loaded through the hub" in proc.stdout, proc.stderr[-3000:]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 @pytest.mark.slow
 def test_pip_install_then_editable_install_import_from_any_folder(scratch):
     python, purelib, repo, user = scratch
@@ -113,6 +165,7 @@ def test_pip_install_then_editable_install_import_from_any_folder(scratch):
     _check_use(got, user)
     package = purelib / "open_alip"
     assert not list(package.glob("test*")) and not (purelib / "src").exists()
+    _check_console_scripts(python.parent, user)
 
     _pip(python, "uninstall", "-y", "rwkv-clip", cwd=user)
     _pip(python, "install", "--no-deps", "--no-index", "--no-build-isolation", "-e", str(repo), cwd=user)

@@ -22,8 +22,8 @@ import embed as embed_cli
 import retrieval as retrieval_cli
 import zero_shot as zero_shot_cli
 from src.evaluation.clip_bench import load_for_clip_benchmark
-from src.hub_server import serve_in_background
 from src.open_alip import tokenize
+from src.open_alip.hub_server import serve_in_background
 from tests._repo import REPO as REPO_ROOT
 from tests.conftest import TINY, save_safetensors
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from src.hub_server import RangeNotSatisfiable, parse_range, serve_in_background
+from src.open_alip.hub_server import RangeNotSatisfiable, parse_range, serve_in_background
 from tests._hub_faults import Faults, serve_with_faults
 from tests._repo import REPO as REPO_ROOT
 
@@ -227,7 +227,7 @@ def test_real_huggingface_hub_client_downloads_from_it(hub_files_dir: Path, tmp_
 def test_cli_serves_and_writes_port_file(hub_files_dir: Path, tmp_path: Path):
     port_file = tmp_path / "endpoint.txt"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "src.hub_server", "--root", str(hub_files_dir), "--repo-id", REPO, "--port-file", str(port_file)],
+        [sys.executable, "-m", "src.open_alip.hub_server", "--root", str(hub_files_dir), "--repo-id", REPO, "--port-file", str(port_file)],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -258,7 +258,7 @@ def test_cli_serves_and_writes_port_file(hub_files_dir: Path, tmp_path: Path):
     ],
 )
 def test_cli_bad_input_is_one_line(args: list[str], message: str):
-    out = subprocess.run([sys.executable, "-m", "src.hub_server", *args], cwd=REPO_ROOT,
+    out = subprocess.run([sys.executable, "-m", "src.open_alip.hub_server", *args], cwd=REPO_ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert message in out.stderr
@@ -267,10 +267,11 @@ def test_cli_bad_input_is_one_line(args: list[str], message: str):
 
 def test_cli_port_in_use_says_pick_another_port(hub_files_dir: Path):
     with serve_in_background(hub_files_dir, REPO) as server:
-        out = subprocess.run([sys.executable, "-m", "src.hub_server", "--root", str(hub_files_dir), "--repo-id", REPO,
+        out = subprocess.run([sys.executable, "-m", "src.open_alip.hub_server", "--root", str(hub_files_dir),
+                              "--repo-id", REPO,
                               "--port", str(server.port)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
-    assert out.stderr == f"hub_server: error: port {server.port} on 127.0.0.1 is in use; " \
+    assert out.stderr == f"python -m src.open_alip.hub_server: error: port {server.port} on 127.0.0.1 is in use; " \
         "pick another --port (0: any free port)\n"
     assert "Traceback" not in out.stderr
 
@@ -398,5 +399,5 @@ def test_without_range_support_the_whole_body_comes_back(hub_files_dir: Path):
 
 def test_hub_server_does_not_load_the_model_stack():
     # A mirror machine needs no torch: the content ids come from src/open_alip/hashes.py alone.
-    code = "import sys, src.hub_server; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, src.open_alip.hub_server; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)

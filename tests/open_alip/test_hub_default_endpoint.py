@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from src.hub_server import serve_in_background
+from src.open_alip.hub_server import serve_in_background
 from src.open_alip.pretrained import download_from_hub
 from tests._repo import REPO as REPO_ROOT
 from tests.conftest import save_safetensors

@@ -1,4 +1,4 @@
-"""export_hub.py -> `python -m src.hub_server` -> create_model_and_transforms("hf-hub:ORG/REPO") and
+"""export_hub.py -> `python -m src.open_alip.hub_server` -> create_model_and_transforms("hf-hub:ORG/REPO") and
 get_tokenizer("hf-hub:ORG/REPO"): the architecture travels in the repo's open_clip_config.json
 (issue 24.3). Everything runs as a user runs it: the CLIs as subprocesses, the real hub client."""
 
@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from src.hub_server import serve_in_background
 from src.open_alip import create_model_and_transforms, create_model_from_pretrained, get_tokenizer
 from src.open_alip.errors import ModelConfigError
+from src.open_alip.hub_server import serve_in_background
 from src.open_alip.model import get_model_config
 from tests._hub_process import hub_server_cli
 from tests._repo import REPO as REPO_ROOT

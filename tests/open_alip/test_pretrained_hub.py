@@ -1,5 +1,5 @@
 """Weights through `hf-hub:` from the project's own hub server, with the real huggingface_hub client:
-the server run as a private model hub (`python -m src.hub_server --repo-type model`), the hub
+the server run as a private model hub (`python -m src.open_alip.hub_server --repo-type model`), the hub
 cache, offline use, sha256 checks against a corrupting server, and the one-line errors."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from src.hub_server import serve_in_background
 from src.open_alip import create_model_and_transforms
 from src.open_alip.errors import ChecksumError, HubError, PretrainedError, WeightsNotFoundError
 from src.open_alip.hashes import file_sha256
+from src.open_alip.hub_server import serve_in_background
 from src.open_alip.pretrained import download_from_hub
 from tests._hub_faults import Faults, serve_with_faults
 from tests._hub_process import hub_server_cli

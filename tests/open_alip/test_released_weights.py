@@ -13,7 +13,6 @@ import json
 import pytest
 import torch
 
-from src.hub_server import serve_in_background
 from src.open_alip import (
     create_model_and_transforms,
     create_model_from_pretrained,
@@ -24,6 +23,7 @@ from src.open_alip import (
 from src.open_alip import released as released_module
 from src.open_alip.errors import ChecksumError, ModelConfigError, PretrainedError, WeightsMismatchError
 from src.open_alip.hashes import file_sha256
+from src.open_alip.hub_server import serve_in_background
 from src.open_alip.model import get_model_config
 from tests._repo import REPO as REPO_ROOT
 

@@ -1,7 +1,7 @@
 """Serve a local folder as a Hugging Face hub repository.
 
 Used as a mirror for a cluster (download a dataset once, then point every node's
-``HF_ENDPOINT`` at this server: ``python -m src.hub_server --help``), and by the tests and
+``HF_ENDPOINT`` at this server: ``python -m src.open_alip.hub_server --help``), and by the tests and
 benchmarks as a local stand-in for the hub.
 
 The server implements the part of the hub API that downloaders use (docs/formats.md §4):

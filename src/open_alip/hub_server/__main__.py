@@ -1,4 +1,5 @@
-"""python -m src.hub_server: serve a folder as a hub repo until Ctrl-C."""
+"""Serve a folder as a hub repo until Ctrl-C: `rwkv-clip-hub-server` once the package is installed,
+`python -m src.open_alip.hub_server` in the repository."""
 
 from __future__ import annotations
 
@@ -10,17 +11,16 @@ import sys
 import time
 from pathlib import Path
 
-from src.fsutil import atomic_write_text
-
 from .server import HubServer, check_repo_id, listen, load_repo
 
-PROG = "hub_server"
+# The name --help and the errors show: the console script's, or the module's in the repository.
+SCRIPT = "rwkv-clip-hub-server"
 _ALL_ADDRESSES = ("0.0.0.0", "", "::")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = SCRIPT) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m src.hub_server",
+        prog=prog,
         description="Serve a local folder as a Hugging Face hub repo, e.g. a dataset mirrored once "
         "and fed to many cluster nodes: run this on one machine, then on each node "
         "`export HF_ENDPOINT=<printed URL>` and use data/hfd.sh or huggingface_hub as usual. "
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repo-id", required=True, help="repo id to answer to, ORG/NAME (e.g. Kaichengalex/YFCC15M)")
     p.add_argument("--repo-type", default="dataset", choices=["dataset", "model"],
                    help="default: dataset; 'model' serves weights for hf-hub:ORG/REPO in embed.py and "
-                   "src.open_alip.create_model_and_transforms")
+                   "open_alip.create_model_and_transforms")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all; default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port (default 0: any free port, printed at start)")
     p.add_argument("--redirect-host", default=None,
@@ -92,17 +92,27 @@ def _start(a: argparse.Namespace, repo_id: str, token: str | None) -> tuple[HubS
     return server, endpoint
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
+def _write_port_file(path: Path, endpoint: str) -> None:
+    """Whole or not at all: a script waiting for the file never reads half a URL."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(endpoint + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None, prog: str = SCRIPT) -> int:
+    p = build_parser(prog)
     a = p.parse_args(argv)
     problem = _input_problem(a)
     if problem:
-        p.exit(2, f"{PROG}: error: {problem}\n")
+        p.exit(2, f"{prog}: error: {problem}\n")
     repo_id = a.repo_id.strip()
     token = a.token or os.environ.get("HUB_SERVER_TOKEN") or None
     server, endpoint = _start(a, repo_id, token)
     if server is None:
-        p.exit(1, f"{PROG}: error: {endpoint}\n")
+        p.exit(1, f"{prog}: error: {endpoint}\n")
     try:
         n = len(server.repo.files)
         total = sum(f.size for f in server.repo.files.values())
@@ -111,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Endpoint: {endpoint}\n  export HF_ENDPOINT={endpoint}", flush=True)
         if a.port_file:
             try:
-                atomic_write_text(a.port_file, endpoint + "\n")
+                _write_port_file(a.port_file, endpoint)
             except OSError as exc:
-                p.exit(1, f"{PROG}: error: cannot write --port-file {a.port_file}: {exc.strerror or exc}\n")
+                p.exit(1, f"{prog}: error: cannot write --port-file {a.port_file}: {exc.strerror or exc}\n")
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
@@ -124,4 +134,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog=f"python -m {__spec__.parent}"))

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from src.open_alip.hashes import file_sha256, git_blob_sha1, git_blob_sha1_of
+from ..hashes import file_sha256, git_blob_sha1, git_blob_sha1_of
 
 # Extensions the hub's default .gitattributes sends to LFS; any file at or above
 # LFS_THRESHOLD is LFS too (the hub rejects larger regular files).

@@ -1,4 +1,4 @@
-"""The HTTP server around one :class:`~src.hub_server.repo.HubRepo`, run from a thread."""
+"""The HTTP server around one :class:`~src.open_alip.hub_server.repo.HubRepo`, run from a thread."""
 
 from __future__ import annotations
 

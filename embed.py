@@ -1,8 +1,7 @@
 """Embed a folder of images, an image list or a text file with RWKV-CLIP.
 
-    python embed.py --model-name RWKV_CLIP_B32 --model-weight RWKV-CLIP-B32-YFCC15M.pt \
-        --images photos/ --output photos.npy
-    python embed.py --model-name RWKV_CLIP_B32 --model-weight hf-hub:ORG/REPO --texts captions.txt --output captions.npy
+    python embed.py --model-weight RWKV-CLIP-B32-YFCC15M.pt --images photos/ --output photos.npy
+    python embed.py --model-weight hf-hub:ORG/REPO --texts captions.txt --output captions.npy
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import sys
 from pathlib import Path
 
 from src.evaluation.cli import WEIGHTS_HELP
+from src.evaluation.model_loader import MODEL_NAME_HELP
 
 EPILOG = """\
 inputs:
@@ -45,8 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    p.add_argument("--model-name", "--config", dest="model_name", default="RWKV_CLIP_B32",
-                   help="model config: a shipped name (RWKV_CLIP_B32, RWKV_CLIP_B16, RWKV_CLIP_tiny) or a JSON file")
+    p.add_argument("--model-name", "--config", dest="model_name", default=None, help=MODEL_NAME_HELP)
     p.add_argument("--model-weight", "--pretrained", dest="weights", default=None, metavar="WEIGHTS", help=WEIGHTS_HELP)
     p.add_argument("--random-init", action="store_true",
                    help="embed with untrained random weights (for testing a setup, never for real use)")

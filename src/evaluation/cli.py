@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from src.evaluation.model_loader import MODEL_NAME_HELP
+
 # Torch-free, so --help stays instant.
 WEIGHTS_HELP = (
     "weights: a .pt or .safetensors file (the released weights, or a checkpoint written by train.py) or "
@@ -42,8 +44,7 @@ def build_parser(
         prog=prog, description=description, epilog=epilog + WEIGHTS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    p.add_argument("--model-name", "--config", dest="config", default="RWKV_CLIP_B32",
-                   help="model config: a shipped name (RWKV_CLIP_B32, RWKV_CLIP_B16, ...) or a JSON file")
+    p.add_argument("--model-name", "--config", dest="config", default=None, help=MODEL_NAME_HELP)
     p.add_argument("--model-weight", "--pretrained", dest="checkpoint", default=None, metavar="WEIGHTS",
                    help=WEIGHTS_HELP)
     p.add_argument("--random-init", action="store_true",
@@ -72,17 +73,25 @@ def build_parser(
     return p
 
 
-def prepare(args: argparse.Namespace):
+def prepare(args: argparse.Namespace, prog: str | None = None, stream=None):
     """Checks that need no model (weights given, output folder writable), then the device and the
-    model (src/evaluation/model_loader.py): returns (device, model). Raises UserError."""
+    model (src/evaluation/model_loader.py): returns (device, model), and names the config used
+    (as `[PROG] model: ...` on `stream`, stdout by default, and as `args.model_label` for the
+    results). Raises UserError."""
+    import sys
+
     from src.devices import resolve_device
-    from src.evaluation.model_loader import check_weights_given, load_model
+    from src.evaluation.model_loader import check_weights_given, load_model, model_label
     from src.evaluation.results import check_output_dir
 
     check_weights_given(args.checkpoint, args.random_init)
     check_output_dir(args.output)
     device = resolve_device(args.device)
-    return device, load_model(args.config, args.checkpoint, device, args.wkv_impl, args.random_init, args.cache_dir)
+    model = load_model(args.config, args.checkpoint, device, args.wkv_impl, args.random_init, args.cache_dir)
+    args.model_label = model_label(args.config, model)
+    if prog:
+        print(f"[{prog.removesuffix('.py')}] model: {model.config_source}", file=stream or sys.stdout, flush=True)
+    return device, model
 
 
 def announce(prog: str, spec: Any) -> None:
@@ -96,7 +105,7 @@ def record_result(args: argparse.Namespace, prog: str, spec: Any, result: dict, 
     from src.evaluation.results import write_result
 
     tag = f"[{prog.removesuffix('.py')}]"
-    result = {"dataset": result.pop("dataset"), "model": str(args.config),
+    result = {"dataset": result.pop("dataset"), "model": getattr(args, "model_label", str(args.config)),
               "checkpoint": str(args.checkpoint) if args.checkpoint else None, **result}
     path = write_result(result, args.output)
     for warning in result.get("warnings", []):

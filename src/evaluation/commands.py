@@ -37,7 +37,7 @@ def zero_shot(args: argparse.Namespace) -> int:
             spec.templates = templates.get(spec.name)
         if args.csv is not None:
             check_output_dir(args.csv.parent)
-        device, model = prepare(args)
+        device, model = prepare(args, "zero_shot.py")
         results = []
         for spec in specs:
             announce("zero_shot.py", spec)
@@ -72,7 +72,7 @@ def retrieval(args: argparse.Namespace) -> int:
         specs = parse_dataset_list(args.datasets or [], args.data_root)
         for spec in specs:
             spec.image_root = args.image_root
-        device, model = prepare(args)
+        device, model = prepare(args, "retrieval.py")
         results = []
         for spec in specs:
             announce("retrieval.py", spec)
@@ -128,7 +128,7 @@ def classify_labels(args: argparse.Namespace) -> int:
         labels = read_labels(args.labels)  # before the model loads: a wrong --labels fails at once
         templates = read_templates(args.label_templates) if args.label_templates else None
         images, not_read = list_images(args.images)
-        device, model = prepare(args)
+        device, model = prepare(args, "zero_shot.py", sys.stderr)  # stdout: the table alone
         rows, unreadable = classify_images(model, images, labels, model.config["input_size"], device, templates,
                                            args.batch_size, args.workers)
         skipped = not_read + unreadable

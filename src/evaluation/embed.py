@@ -24,6 +24,7 @@ import csv
 import io
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 from src.errors import UserError
 from src.evaluation.datasets import IMAGE_COLUMNS, preprocess_batch
 from src.evaluation.images import WANTED, find_images, skipping_loader
-from src.evaluation.model_loader import load_model
+from src.evaluation.model_loader import load_model, model_label
 from src.evaluation.specs import MANIFEST_SUFFIXES
 from src.fsutil import atomic_path, atomic_write_json, json_safe, remove_stale_temp_files, temp_path_for
 from src.open_alip.paths import not_a_file
@@ -262,7 +263,7 @@ def _write_outputs(
 
 def run_embed(
     *,
-    model_name: str,
+    model_name: str | None,
     weights: str | None,
     output: Path,
     images: Path | None = None,
@@ -293,13 +294,20 @@ def run_embed(
         remove_stale_temp_files(output.parent, name)
 
     base: dict[str, Any] = {"model": model_name, "weights": weights, "dtype": "float32", "normalized": True}
+
+    def load():
+        model = load_model(model_name, weights, device, wkv_impl, random_init, cache_dir)
+        base["model"] = model_label(model_name, model)
+        print(f"[embed] model: {model.config_source}", file=sys.stderr, flush=True)
+        return model
+
     if images is not None:
         inputs = read_images(images, image_column)
         if not inputs.sources:
             label, why = inputs.missing[0]
             raise EmbedError(f"--images {images}: none of the {len(inputs.missing)} image paths is a file to read "
                              f"(e.g. {label} {why})")
-        model = load_model(model_name, weights, device, wkv_impl, random_init, cache_dir)
+        model = load()
         dim, n, labels = model.image_embed_dim, len(inputs.sources), inputs.labels
         skipped = [{"item": label, "error": why} for label, why in inputs.missing]
 
@@ -319,7 +327,7 @@ def run_embed(
                     "items": [labels[i] for i in kept], "skipped": skipped}
     else:
         text_list, blank = read_texts(texts)
-        model = load_model(model_name, weights, device, wkv_impl, random_init, cache_dir)
+        model = load()
         dim, n = model.text_embed_dim, len(text_list)
 
         def fill(rows: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ _EXPORTS = {
     "tokenize_np": "tokenizer",
     "decode": "tokenizer",
     "SimpleTokenizer": "tokenizer",
-    "create_model": "model",
+    "create_model": "factory",
     "RWKV_CLIP": "model",
     "load_checkpoint": "model",
     "get_model_config": "model",
@@ -54,6 +54,11 @@ def __getattr__(name: str):
     value = getattr(import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    # The lazily resolved names too, so that dir() and tab completion show the whole API at once.
+    return sorted(set(globals()) | set(_EXPORTS))
 
 
 def _warn_if_imported_twice() -> None:

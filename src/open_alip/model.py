@@ -69,7 +69,10 @@ RUN_SETTING_KEYS = ("precision", "workers", "data_type")
 
 
 class CheckpointMismatchError(RuntimeError):
-    """A checkpoint whose tensors do not fit the model (names the offending keys)."""
+    """A checkpoint whose tensors do not fit the model (names the offending keys); `counts` is
+    (missing, unexpected, mis-shaped) where known."""
+
+    counts: tuple[int, int, int] | None = None
 
 
 def list_models() -> list[str]:
@@ -456,9 +459,10 @@ def _compare(own: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> tuple
     return missing, unexpected, mismatched
 
 
-def _mismatch_message(where: str, what: str, missing: list[str], unexpected: list[str], mismatched: list[str]) -> str:
+def _mismatch_message(where: str, what: str, missing: list[str], unexpected: list[str], mismatched: list[str],
+                      limit: int = 12) -> str:
     parts = [
-        _summarise(kind, keys)
+        _summarise(kind, keys, limit)
         for kind, keys in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", mismatched))
         if keys
     ]
@@ -496,8 +500,12 @@ def check_fits(config: Mapping[str, Any], checkpoint: Mapping[str, Any], where: 
         own = RWKV_CLIP(config).state_dict()
     missing, unexpected, mismatched = _compare(own, state)
     if missing or unexpected or mismatched:
-        # Only what differs: the caller's message already names the weights and the model.
-        raise CheckpointMismatchError(_mismatch_message(where, "RWKV_CLIP", missing, unexpected, mismatched).split(": ", 1)[1])
+        # Only what differs, a few names of each kind: the caller's message already names the weights
+        # and the model, and says which config they fit.
+        error = CheckpointMismatchError(
+            _mismatch_message(where, "RWKV_CLIP", missing, unexpected, mismatched, limit=2).split(": ", 1)[1])
+        error.counts = (len(missing), len(unexpected), len(mismatched))
+        raise error
 
 
 def shipped_configs_that_fit(checkpoint: Mapping[str, Any]) -> list[str]:

@@ -342,21 +342,30 @@ def mismatch_error(
     exc: CheckpointMismatchError, weights: Mapping[str, Any], label: str, model_name: str | None
 ) -> WeightsMismatchError:
     """The one line for weights that do not fit: what differs, and the config the weights record
-    (train.py checkpoints hold theirs), or else that the right config must be passed."""
+    (train.py checkpoints hold theirs) or the shipped one they fit, or else that the right config
+    must be passed."""
     target = f"model {model_name}" if model_name else "this model"
+    detail = _one_line(exc, 300)
     stored = config_in_checkpoint(weights)
     if stored is None:
         fitting = shipped_configs_that_fit(weights)
+        fits = fitting[0] if len(fitting) == 1 else None
         hint = f"they fit {' and '.join(fitting)}: pass that config" if fitting else "pass the model config they were trained with"
     else:
         run = weights.get("run")
         recorded = run.get("config") if isinstance(run, Mapping) else None
-        name = config_name(stored) or (f"{recorded!r} as the run recorded it" if isinstance(recorded, str) else None)
+        fits = config_name(stored)
+        name = fits or (f"{recorded!r} as the run recorded it" if isinstance(recorded, str) else None)
         hint = (
             f"they hold their own config ({name or 'not a shipped one'}): pass no config to use it"
             + (f", or {name}" if name and not name.endswith("recorded it") else "")
         )
-    return WeightsMismatchError(f"weights {label} do not fit {target} ({_one_line(exc, 400)}); {hint}")
+    summary = ""
+    if exc.counts is not None:
+        kinds = zip(exc.counts, ("missing", "unexpected", "of other shapes"))
+        summary = ", ".join(f"{n} tensor{'s' if n > 1 else ''} {kind}" for n, kind in kinds if n)
+    return WeightsMismatchError(f"weights {label} do not fit {target} ({detail}); {hint}", detail=detail, fits=fits,
+                                recorded=stored is not None, summary=summary)
 
 
 def load_pretrained(

@@ -49,16 +49,76 @@ def _to_chw_float(img: Image.Image) -> torch.Tensor:
     return array.float() / 255.0
 
 
+# --- the evaluation transform, step by step (open_clip's Compose lists the same steps) ----------
+
+
+class ConvertRGB:
+    def __call__(self, img: Image.Image) -> Image.Image:
+        return img.convert("RGB")
+
+    def __repr__(self) -> str:
+        return "ConvertRGB()"
+
+
+class ResizeShorterSide:
+    """The shorter side to `size` (bicubic), as torchvision's Resize(int)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, img: Image.Image) -> Image.Image:
+        w, h = img.size
+        nw, nh = resized_size(w, h, self.size)
+        return img if (nw, nh) == (w, h) else img.resize((nw, nh), Image.BICUBIC)
+
+    def __repr__(self) -> str:
+        return f"ResizeShorterSide(size={self.size}, interpolation=bicubic)"
+
+
+class CenterCrop:
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, img: Image.Image) -> Image.Image:
+        top, left = center_crop_offsets(img.width, img.height, self.size)
+        return img.crop((left, top, left + self.size, top + self.size))
+
+    def __repr__(self) -> str:
+        return f"CenterCrop(size={self.size})"
+
+
+class ToTensor:
+    """RGB image -> float32 [3, H, W] in [0, 1]."""
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        return _to_chw_float(img)
+
+    def __repr__(self) -> str:
+        return "ToTensor()"
+
+
+class Normalize:
+    """CLIP's mean and std per channel."""
+
+    mean, std = CLIP_MEAN, CLIP_STD
+
+    def __call__(self, chw_float01: torch.Tensor) -> torch.Tensor:
+        return normalize(chw_float01)
+
+    def __repr__(self) -> str:
+        return f"Normalize(mean={self.mean}, std={self.std})"
+
+
+def eval_steps(size: int) -> tuple:
+    """The evaluation transform's steps, in order (what `preprocess_pil` applies)."""
+    return ConvertRGB(), ResizeShorterSide(size), CenterCrop(size), ToTensor(), Normalize()
+
+
 def preprocess_pil(img: Image.Image, size: int) -> torch.Tensor:
     """The evaluation transform of one PIL image: float32 [3, size, size]."""
-    img = img.convert("RGB")
-    w, h = img.size
-    nw, nh = resized_size(w, h, size)
-    if (nw, nh) != (w, h):
-        img = img.resize((nw, nh), Image.BICUBIC)
-    top, left = center_crop_offsets(nw, nh, size)
-    img = img.crop((left, top, left + size, top + size))
-    return normalize(_to_chw_float(img))
+    for step in eval_steps(size):
+        img = step(img)
+    return img
 
 
 def preprocess_tensor(image: torch.Tensor, size: int) -> torch.Tensor:

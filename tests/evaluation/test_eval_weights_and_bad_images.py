@@ -24,6 +24,7 @@ import zero_shot as zero_shot_cli
 from src.evaluation.clip_bench import load_for_clip_benchmark
 from src.open_alip import tokenize
 from src.open_alip.hub_server import serve_in_background
+from src.open_alip.model import get_model_config
 from tests._repo import REPO as REPO_ROOT
 from tests.conftest import TINY, save_safetensors
 
@@ -95,6 +96,34 @@ def test_help_names_every_weights_form(script):
     text = subprocess.run([sys.executable, script, "--help"], cwd=REPO_ROOT, capture_output=True, text=True,
                           check=True).stdout
     assert ".safetensors" in text and "hf-hub:ORG/REPO" in text and ".pt" in text
+    assert "(default: the config the weights record" in " ".join(text.split())  # --model-name's default
+
+
+def test_the_config_comes_from_the_weights_and_a_mismatch_is_one_line(tiny_weights, tmp_path, capsys):
+    photos = _photos(tmp_path / "photos")
+    state = tiny_weights.model.state_dict()
+    recorded = tmp_path / "epoch_001.pt"  # as train.py saves it: the config beside the tensors
+    torch.save({"state_dict": state, "config": get_model_config(TINY)}, recorded)
+    bare = tmp_path / "bare.pt"
+    torch.save(state, bare)
+    common = ["--device", "cpu", "--workers", "0", "--no-progress"]
+    for weights, how in ((recorded, "recorded in the weights"), (bare, "the one shipped config the weights fit")):
+        out = tmp_path / weights.stem
+        rc = zero_shot_cli.main([*common, "--model-weight", str(weights), "--images", str(photos),
+                                 "--labels", "cat,dog", "--output-dir", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 0 and f"[zero_shot] model: {TINY}, {how}" in err, err
+        assert embed_cli.main([*common, "--model-weight", str(weights), "--images", str(photos),
+                               "--output", str(out / "e.npy")]) == 0
+        assert f"[embed] model: {TINY}, {how}" in capsys.readouterr().err
+        assert json.loads((out / "e.index.json").read_text())["model"] == TINY
+    for weights, hint in ((recorded, f"they record their own config, {TINY}: leave out --model-name"),
+                          (bare, f"they fit {TINY}: leave out --model-name, or pass --model-name {TINY}")):
+        rc = zero_shot_cli.main([*common, "--model-name", "RWKV_CLIP_demo", "--model-weight", str(weights),
+                                 "--images", str(photos), "--labels", "cat,dog", "--output-dir", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert rc == 2 and err == (f"zero_shot.py: error: --model-weight {weights} does not fit --model-name "
+                                   f"RWKV_CLIP_demo (124 tensors of other shapes); {hint}\n"), err
 
 
 def test_unreadable_image_is_skipped_counted_and_named_with_workers(tiny_weights, tmp_path):

@@ -62,6 +62,8 @@ def test_export_serve_and_load_back(tmp_path, tiny_weights, hub_env, monkeypatch
         monkeypatch.setenv("HF_ENDPOINT", endpoint)
         model, _, preprocess_val = create_model_and_transforms(f"hf-hub:{REPO}")
         assert _same(model, state) and model.config == cfg and preprocess_val.size == 32
+        model, _, _ = create_model_and_transforms(pretrained=f"hf-hub:{REPO}")  # weights named alone: the repo's config
+        assert _same(model, state) and model.config_source == f"the config of hf-hub:{REPO}"
         tokenizer = get_tokenizer(f"hf-hub:{REPO}")
         assert tokenizer(["a red square"]).shape == (1, 77)
         model, preprocess = create_model_from_pretrained(f"hf-hub:{REPO}", precision="bf16")
@@ -78,6 +80,8 @@ def test_a_repo_without_a_config_and_an_export_without_one(tmp_path, tiny_weight
             create_model_and_transforms(f"hf-hub:{REPO}")
         model, _, _ = create_model_and_transforms(TINY, pretrained=f"hf-hub:{REPO}")  # the config passed instead
         assert _same(model, tiny_weights.model.state_dict())
+        model, _, _ = create_model_and_transforms(pretrained=f"hf-hub:{REPO}")  # or the shipped one they fit
+        assert _same(model, tiny_weights.model.state_dict()) and model.config_source.startswith(TINY)
 
     done = _export(str(tiny_weights.path), "--output", str(tmp_path / "out"))  # a bare state dict records no config
     assert done.returncode == 2 and "record no model config; pass --config NAME" in done.stderr

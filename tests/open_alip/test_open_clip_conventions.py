@@ -229,3 +229,49 @@ def test_demo_config_runs_forward_in_every_precision(precision):
     for value in (image_emb, text_emb):
         assert value.shape == (1, 32) and value.dtype == dtype and torch.isfinite(value).all()
         torch.testing.assert_close(value.float().norm(dim=-1), torch.ones(1), rtol=0, atol=1e-2)
+
+
+# open_clip's keyword arguments of its entry points that mean the same here (the others, such as
+# jit or force_quick_gelu, have no RWKV-CLIP meaning).
+SHARED_KEYWORDS = {
+    "create_model": ("model_name", "pretrained", "precision", "device", "cache_dir", "output_dict"),
+    "create_model_and_transforms": ("model_name", "pretrained", "precision", "device", "cache_dir", "output_dict"),
+    "create_model_from_pretrained": ("model_name", "pretrained", "precision", "device", "cache_dir",
+                                     "return_transform"),
+    "get_tokenizer": ("model_name", "context_length", "cache_dir"),
+}
+
+
+def test_entry_points_take_open_clips_keywords():
+    import src.open_alip as library
+
+    python = reference_python()
+    purelib = run_oracle(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    tree = ast.parse((Path(purelib) / "open_clip" / "factory.py").read_text())
+    theirs = {n.name: [a.arg for a in (*n.args.args, *n.args.kwonlyargs)] for n in tree.body
+              if isinstance(n, ast.FunctionDef) and n.name in SHARED_KEYWORDS}
+    for name, keywords in SHARED_KEYWORDS.items():
+        assert set(keywords) <= set(theirs[name]), (name, theirs[name])  # still open_clip's own names
+        ours = inspect.signature(getattr(library, name)).parameters
+        assert [k for k in keywords if k not in ours] == [], name
+
+
+def test_open_clip_calls_work_as_written(caplog):
+    import src.open_alip as library
+
+    assert {"create_model", "get_tokenizer", "create_model_and_transforms", "tokenize"} <= set(dir(library))
+    with caplog.at_level("WARNING"):
+        model = create_model(TINY, precision="bf16", device="cpu")
+    assert next(model.parameters()).dtype == torch.bfloat16 and model.training  # open_clip's create_model: train mode
+    assert "no pretrained weights loaded for model RWKV_CLIP_tiny: it is randomly initialised" in caplog.text
+    tokenizer = library.get_tokenizer(TINY, context_length=16)
+    assert tokenizer(["a cat"]).shape == (1, 16)
+    _, train, val = create_model_and_transforms(model_name=TINY)
+    assert [type(t).__name__ for t in val.transforms] == ["ConvertRGB", "ResizeShorterSide", "CenterCrop", "ToTensor",
+                                                           "Normalize"]
+    assert [type(t).__name__ for t in train.transforms] == ["ConvertRGB", "RandomResizedCropFlip", "NormalizedTensor"]
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 56, 3), dtype=np.uint8))
+    stepped = image
+    for step in val.transforms:  # applied by hand, the steps give what the transform gives
+        stepped = step(stepped)
+    assert torch.equal(stepped, val(image)) and stepped.shape == (3, 32, 32)

@@ -117,10 +117,20 @@ def test_the_config_a_training_checkpoint_records(tmp_path, tiny_weights):
     assert "\n" not in text and "do not fit model RWKV_CLIP_demo" in text
     assert text.endswith("they hold their own config (RWKV_CLIP_tiny): pass no config to use it, or RWKV_CLIP_tiny")
 
+    # Weights that record no config: the one shipped config of their shapes, said as such.
     bare = tmp_path / "bare.pt"
     torch.save(state, bare)
-    with pytest.raises(ModelConfigError, match=r"no model config given and weights .*bare.pt record none"):
-        create_model_and_transforms(pretrained=bare)
+    model, _, _ = create_model_and_transforms(pretrained=bare)
+    assert _same(model, state) and model.config_source == f"{TINY}, the one shipped config the weights fit"
+    assert create_model_and_transforms(pretrained=ckpt)[0].config_source == f"{TINY}, recorded in the weights"
+    odd = tmp_path / "odd.pt"
+    torch.save({**state, "text_model.blocks.9.ln1.weight": torch.ones(64)}, odd)
+    with pytest.raises(ModelConfigError, match=r"no model config given and weights .*odd.pt record none \(they fit "
+                                               r"no shipped config\); pass a config name"):
+        create_model_and_transforms(pretrained=odd)
+    with pytest.raises(WeightsMismatchError) as e:  # the counts and the config they fit, for a command line
+        create_model_and_transforms("RWKV_CLIP_demo", pretrained=bare)
+    assert (e.value.fits, e.value.recorded, e.value.summary) == (TINY, False, "124 tensors of other shapes")
 
 
 def test_params_json_is_a_config(tmp_path, tiny_weights):

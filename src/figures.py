@@ -33,8 +33,10 @@ def _save_png(img: Image.Image, path: Path) -> Path:
     return path
 
 
-def read_loss_points(metrics_jsonl: Path) -> list[tuple[int, float]]:
-    """(step, loss) from train.py's metrics.jsonl (rows of kind "train" that carry a loss)."""
+def read_loss_points(metrics_jsonl: Path, key: str = "loss") -> list[tuple[int, float]]:
+    """(step, loss) from train.py's metrics.jsonl (rows of kind "train" that carry a loss): `key`
+    "loss" is the loss of the logged step, "loss_avg" the mean since the line before (rows
+    without one give their "loss")."""
     points = []
     for line in Path(metrics_jsonl).read_text().splitlines():
         try:
@@ -42,7 +44,7 @@ def read_loss_points(metrics_jsonl: Path) -> list[tuple[int, float]]:
         except json.JSONDecodeError:
             continue  # a line cut by a kill; the rest of the file is still good
         if row.get("kind", "train") == "train" and "loss" in row and "step" in row:
-            points.append((int(row["step"]), float(row["loss"])))
+            points.append((int(row["step"]), float(row.get(key, row["loss"]))))
     return sorted(points)
 
 

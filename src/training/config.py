@@ -233,6 +233,9 @@ class TrainConfig:
     log_every_n_steps: int = setting(50, group=RUN, check=AT_LEAST_1,
                                      help="log line + TensorBoard interval (the loss is read from the device "
                                           "only then)")
+    log_every_s: float = setting(30.0, group=RUN, metavar="SECONDS", check=NOT_NEGATIVE,
+                                 help="also log about this often, whatever the steps (the first line comes after "
+                                      "the first step, the second about 10 s later); 0: by steps only")
     device: str = setting("auto", group=RUN, help="auto, cpu, cuda (this process's GPU: LOCAL_RANK) or cuda:N")
     dist_timeout: int = setting(
         1800, group=RUN, metavar="SECONDS", check=AT_LEAST_1,

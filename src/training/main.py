@@ -35,6 +35,7 @@ from src.training.observe import LOG, RunLog, Throughput, close_logging, setup_l
 from src.training.progress import Progress
 from src.training.schedule import FORMER_MEANING, ONECYCLE, Schedule
 from src.training.state import TrainState
+from src.training.summary import draw_loss_curve, log_summary
 from src.training.warmup import warm_wkv
 
 # Called at the end of each epoch on every rank as hook(model, epochs_done, config, plan, env),
@@ -105,6 +106,7 @@ def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resum
     _announce(cfg, env, plan, model, loader, steps_per_epoch, schedule)
 
     stop_step = min(schedule.total_steps, cfg.max_steps or schedule.total_steps)
+    first_step, started = state.step, time.perf_counter()
     run_log = RunLog(cfg.output, enabled=env.is_master, resume_step=state.step)
     meter = Throughput(plan.per_process, env.world_size, stop_step, state.step)
     progress = Progress(cfg, env, trainer, run_log, meter, steps_per_epoch, stop_step)
@@ -117,6 +119,8 @@ def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resum
                 break
             state.finish_epoch()
             saver.save(ckpt_io.epoch_checkpoint_path(cfg.output, state.epoch))
+            if env.is_master:
+                draw_loss_curve(cfg.output, plan.global_batch)
             _run_hooks(hooks, model, state.epoch, cfg, plan, env, run_log, state.step)
         trainer.raise_if_nonfinite()
     except NonFiniteLossError as exc:
@@ -127,7 +131,10 @@ def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resum
         ) from None
     finally:
         run_log.close()
-    LOG.info("finished at step %d", state.step)
+    if env.is_master:
+        draw_loss_curve(cfg.output, plan.global_batch)
+        log_summary(cfg.output, first_step=first_step, last_step=state.step, global_batch=plan.global_batch,
+                    seconds=time.perf_counter() - started, last_checkpoint=saver.last)
 
 
 def train_one_epoch(state: TrainState, trainer: Trainer, plan: BatchPlan, steps_per_epoch: int, stop_step: int,
@@ -199,6 +206,9 @@ def _prepare_on_master(cfg: TrainConfig, locks: list[OutputLock]) -> tuple[Path 
         notices.append(f"removed {len(removed)} temporary file(s) of interrupted saves: "
                        + ", ".join(p.name for p in removed))
     path, skipped = ckpt_io.find_resume_checkpoint(cfg.resume, cfg.output)
+    if cfg.resume and path is None:
+        notices.append(f"--resume {cfg.resume}: no checkpoint in {ckpt_io.checkpoint_dir(cfg.output)} yet, so this "
+                       "run starts from step 0")
     if not cfg.resume and ckpt_io.list_checkpoints(cfg.output):
         # Mixing two runs' checkpoints would make a later `--resume latest` pick either.
         raise TrainingError(f"--output {cfg.output} already holds checkpoints; pass --resume latest to "
@@ -294,7 +304,8 @@ def _build_model(cfg: TrainConfig, env: DistEnv, wkv_impl: str, checkpointing: b
     from src.open_alip.errors import OpenAlipError, PretrainedError
 
     try:
-        model, _, _ = create_model_and_transforms(cfg.model, pretrained=cfg.pretrained, wkv_impl=wkv_impl)
+        model, _, _ = create_model_and_transforms(cfg.model, pretrained=cfg.pretrained, wkv_impl=wkv_impl,
+                                                  random_init_warning=False)  # from scratch on purpose
     except PretrainedError as exc:
         raise TrainingError(f"--pretrained {cfg.pretrained}: {exc}") from None
     except OpenAlipError as exc:

@@ -1,12 +1,19 @@
 """The log line, TensorBoard scalars and metrics.jsonl of a running training, every
---log-every-n-steps optimizer steps and at each epoch's end.
+--log-every-n-steps optimizer steps, about every --log-every-s seconds, at each epoch's end and
+at the last step.
 
 Values stay on the device between reports: the loss of every step is summed there, and
 it is read (one host sync) only when a report is written. The same report checks that no
 loss since the last one was NaN or infinite.
+
+A report is a collective (the ranks' skipped records are gathered), so every rank must report at
+the same steps: the step of the next timed report is rank 0's estimate from its step time,
+handed to the others in that same gather.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -33,25 +40,41 @@ class Progress:
         self.steps_per_epoch, self.stop_step = steps_per_epoch, stop_step
         self._loss_sum: torch.Tensor | None = None
         self._count = 0
+        # The first timed report comes after the first step of this process (start or resume).
+        self._next_timed = math.inf if cfg.log_every_s <= 0 else -1
+        self._reports = 0
 
     def after_step(self, state: TrainState, result: StepResult) -> None:
         loss = result.loss.detach()
         self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
         self._count += 1
-        if state.step % self.cfg.log_every_n_steps == 0 or state.epoch_step == self.steps_per_epoch:
+        if self._next_timed < 0:
+            self._next_timed = state.step
+        if (state.step % self.cfg.log_every_n_steps == 0 or state.epoch_step == self.steps_per_epoch
+                or state.step >= self._next_timed or state.step == self.stop_step):
             self._report(state, result)
+
+    def _timed_step_after(self, step: int, step_time_s: float) -> float:
+        """This rank's estimate of the step about --log-every-s from now (10 s after the first line)."""
+        if self.cfg.log_every_s <= 0:
+            return math.inf
+        interval = min(10.0, self.cfg.log_every_s) if self._reports == 0 else self.cfg.log_every_s
+        return step + max(1, round(interval / max(step_time_s, 1e-9)))
 
     def _report(self, state: TrainState, result: StepResult) -> None:
         self.trainer.raise_if_nonfinite()
         speed = self.meter.report(state.step)
         model = unwrap_model(self.trainer.model)
+        bad_records, self._next_timed = _bad_records_and_next(
+            state.loader, self.env, self._timed_step_after(state.step, speed["step_time_s"]))
+        self._reports += 1
         values = {
             "loss": float(result.loss.item()),
             "loss_avg": float((self._loss_sum / self._count).item()),
             "lr": self.trainer.optimizer.param_groups[0]["lr"],
             "logit_scale": float(model.logit_scale.detach().exp()),
             "epoch": state.epoch + state.epoch_step / self.steps_per_epoch,
-            "bad_records": _bad_records(state.loader, self.env),
+            "bad_records": bad_records,
             **speed,
         }
         if result.grad_norm is not None:
@@ -70,8 +93,9 @@ class Progress:
         self._loss_sum, self._count = None, 0
 
 
-def _bad_records(loader, env: DistEnv) -> int:
-    """Records skipped as unreadable so far, over all ranks (a collective). After a resume every
-    rank also knows the others' (they are left out everywhere), so count each record once."""
-    found = gather_object(sorted(loader.skipped_records), env)
-    return len(set().union(*map(set, found)))
+def _bad_records_and_next(loader, env: DistEnv, next_timed: float) -> tuple[int, float]:
+    """(records skipped as unreadable so far over all ranks, rank 0's step for the next timed
+    report), in one collective. After a resume every rank also knows the others' skipped records
+    (they are left out everywhere), so each is counted once."""
+    found = gather_object((sorted(loader.skipped_records), next_timed), env)
+    return len(set().union(*(set(records) for records, _ in found))), found[0][1]

@@ -108,6 +108,12 @@ def test_tiny_model_learns(full_run):
     log = (full_run / "train.log").read_text()
     assert "samples/s per rank" in log and "ETA" in log and "data wait" in log
     assert list((full_run / "tensorboard").glob("events.out.tfevents.*"))
+    # The summary, and the loss curve beside metrics.jsonl.
+    assert f"finished at step 36: 36 steps, {36 * BATCH} samples in " in log and "samples/s)" in log
+    assert "at the end, best " in log and f"(chance: ln {BATCH} = " in log
+    assert f"checkpoints: {full_run / 'checkpoints'} (last: epoch_{EPOCHS:03d}.pt)" in log
+    assert "evaluate the last one: python zero_shot.py --model-weight " in log  # run from the repository
+    assert (full_run / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_params_json_holds_the_resolved_configuration(full_run):
@@ -174,7 +180,9 @@ def test_two_gloo_processes_under_torchrun_compiled_with_accumulation(data, tmp_
     cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "train.py",
            *_args(data, output, "--max-steps", "3", "--save-every-n-steps", "3", "--batch-size", "2",
                   "--global-batch-size", "8", "--compile", "--compile-backend", "aot_eager",
-                  "--text-decay-dtype", "bf16")]
+                  "--text-decay-dtype", "bf16",
+                  # lines by time alone, after every step: the ranks must agree on each one
+                  "--log-every-n-steps", "1000", "--log-every-s", "0.001")]
     proc = _run(cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     params = json.loads((output / "params.json").read_text())

@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
             hooks.append(zero_shot_epoch_hook(config.zeroshot_data, frequency=config.zeroshot_frequency))
         run(config, epoch_end_hooks=hooks)
     except UserError as exc:
+        from src.training.launch import leave_error_for_launcher
+
+        leave_error_for_launcher(f"train.py: error: {exc}")  # for the shell launcher's last line
         return report("train.py", exc)
     except KeyboardInterrupt:
         print("train.py: interrupted; resume with --resume latest", file=sys.stderr)

@@ -1,7 +1,9 @@
 """What shell/_launch_train.sh does before it starts torchrun, in Python so it can be tested:
 read the environment, resolve the train.py flags with train.py's own parser (so a bad flag or
 value fails here, on one line, before any process starts), count this node's GPUs, find the
-training shards under DATA_ROOT, and build the torchrun command.
+training shards under DATA_ROOT, and build the torchrun command; then run torchrun in this
+process, so that a rank that stops on a user's mistake ends the run with its one line, last,
+instead of torchrun's traceback.
 
     python -m src.training.launch [train.py flags...]     (the shell script runs this)
 
@@ -43,6 +45,23 @@ _LISTED = 20  # shards listed one per line; more are summarised
 
 class LaunchError(UserError):
     """A launch setting that cannot work (the message names the variable and the fix)."""
+
+
+# Where each rank leaves the one line of the UserError it stopped on (train.py writes it), for
+# the launcher to print last. Set by the launcher for the run it starts.
+ERRORS_ENV = "RWKV_CLIP_LAUNCH_ERRORS"
+
+
+def leave_error_for_launcher(line: str, environ: Mapping[str, str] | None = None) -> None:
+    """Under this launcher, keep a rank's one-line error where the launcher reads it."""
+    environ = os.environ if environ is None else environ
+    folder = environ.get(ERRORS_ENV)
+    if not folder:
+        return
+    try:
+        (Path(folder) / f"rank{environ.get('RANK', '0')}.txt").write_text(line + "\n", encoding="utf-8")
+    except OSError:
+        pass  # the line is on the rank's stderr as well
 
 
 # --- the environment ------------------------------------------------------------------------
@@ -281,6 +300,62 @@ def torchrun_command(env: LaunchEnv, nproc: int, scan: ShardScan | None, train_a
     ]
 
 
+def check_gpu_node(gpus: int, config: TrainConfig) -> None:
+    """A recipe run needs GPUs: a node without one that torch can use is refused (the recipes'
+    B/32 on a CPU would take months), unless --device cpu asks for the CPU on purpose."""
+    if gpus or config.device == "cpu":
+        return
+    import torch
+
+    why = (f"torch {torch.__version__} is a CPU-only build" if torch.version.cuda is None
+           else "torch sees no GPU (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them)")
+    raise LaunchError(
+        f"this node has no GPU to train on ({why}); run the script on a GPU node (README: Training on GPUs), or "
+        "pass --device cpu to train on the CPU on purpose (for a small run: python train.py --config RWKV_CLIP_tiny, "
+        "docs/training.md)"
+    )
+
+
+def _without_failure_lines(record) -> bool:
+    # torchelastic's "failed (exitcode: N) local_rank: ..." line: the run's end says it better.
+    return not str(record.msg).startswith("failed (exitcode")
+
+
+def run_torchrun(cmd: Sequence[str], environ: Mapping[str, str], prog: str) -> int:
+    """torchrun (`cmd` as torchrun_command built it) in this process. When ranks fail, the last
+    line is the one-line error a rank stopped on (train.py leaves it in ERRORS_ENV's folder), or
+    else which rank failed with which exit status; never torchrun's traceback."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    errors = Path(tempfile.mkdtemp(prefix="rwkv-clip-launch-"))
+    os.environ.update({**environ, ERRORS_ENV: str(errors)})  # the ranks' environment
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_failure_lines)
+    try:
+        run(parse_args(list(cmd[3:])))
+        return 0
+    except ChildFailedError as exc:
+        failures = sorted(exc.failures.items())
+        lines = [(errors / f"rank{rank}.txt") for rank, _ in failures]
+        found = list(dict.fromkeys(p.read_text(encoding="utf-8").strip() for p in lines if p.is_file()))
+        # The first rank to fail is the cause; the others were stopped by torchrun (negative: a signal).
+        first = min((f for _, f in failures), key=lambda f: (not (isinstance(f.exitcode, int) and f.exitcode > 0),
+                                                             f.timestamp))
+        code = first.exitcode if isinstance(first.exitcode, int) and first.exitcode > 0 else 1
+        sys.stdout.flush()
+        if found:
+            print("\n".join(found), file=sys.stderr)
+        else:
+            ranks = ", ".join(str(r) for r, _ in failures)
+            print(f"{prog}: train.py failed on rank(s) {ranks} (exit status {first.exitcode}); its output is above",
+                  file=sys.stderr)
+        return code
+    finally:
+        shutil.rmtree(errors, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
     train_args = list(sys.argv[1:] if argv is None else argv)
@@ -288,7 +363,9 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     try:
         env = read_env(environ)
         config, scan = resolve_train_args(train_args, env.data_root)
-        gpus = count_gpus(environ, config, needed=env.nproc_per_node is None)
+        gpus = count_gpus(environ, config, needed=env.nproc_per_node is None or not environ.get("DRY_RUN"))
+        if not environ.get("DRY_RUN"):  # a dry run prints the command as a GPU node would run it
+            check_gpu_node(gpus, config)
         nproc = env.nproc_per_node or max(1, gpus)
     except UserError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
@@ -303,8 +380,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in caches.items()), shlex.join(cmd)]))
         return 0
     sys.stderr.flush()
-    os.execve(cmd[0], cmd, {**environ, **caches})
-    return 0  # not reached
+    return run_torchrun(cmd, {**environ, **caches}, prog)
 
 
 if __name__ == "__main__":

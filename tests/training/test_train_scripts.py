@@ -1,17 +1,20 @@
 """The launch scripts: torchrun's rendezvous from environment variables, the original's
 recipe as --recipe, the flags read with train.py's own parser, DATA_ROOT's shards (and what
 is left out), the GPU count, and clear one-line errors (DRY_RUN prints the command instead
-of running it)."""
+of running it); a node without a GPU refused, and a rank's one-line error printed last when the
+run is real."""
 
 
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.corpora import write_colour_records
 from src import install
 from src.training import launch
 from src.training.config import RECIPES, TrainConfig
@@ -307,3 +310,33 @@ def test_a_data_root_path_with_a_space(tmp_path, launcher):
     proc = launcher(tmp_path, DATA_ROOT=f"{tmp_path / 'my shards'}:{tmp_path / 'more shards'}", NPROC_PER_NODE="1")
     assert proc.returncode == 0, proc.stderr
     assert _train_data(shlex.split(proc.stdout)) == [str(one), str(two)]
+
+
+def test_a_node_without_a_gpu_is_refused_before_torchrun_starts(data_root, monkeypatch, capsys):
+    # This machine has no GPU (its torch is the CPU build): the recipe's run is refused, not started.
+    monkeypatch.chdir(data_root.parent)
+    monkeypatch.setattr(launch, "run_torchrun", lambda *a: pytest.fail("torchrun started"))
+    code = launch.main(["--recipe", "rwkv_clip_b32_yfcc15m", "--output", "out"],
+                       {"TRAIN_SCRIPT_NAME": SCRIPTS["B32"].name, "NPROC_PER_NODE": "2"})
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("train_RWKV_CLIP_B32_YFCC15M.sh: this node has no GPU to train on (torch ")
+    assert "pass --device cpu to train on the CPU on purpose" in err
+
+
+def test_a_ranks_one_line_error_is_the_runs_last_line(tmp_path):
+    # Two real ranks on the CPU, on purpose; 24 records make no batch of the recipe: each rank stops
+    # on a UserError, and the launcher ends on that line instead of torchrun's traceback.
+    write_colour_records(tmp_path / "data" / "part", 24)
+    clean = {k: v for k, v in os.environ.items() if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "DATA_ROOT")}
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.run(["bash", str(SCRIPTS["B32"]), "--device", "cpu", "--batch-size", "16"], cwd=tmp_path,
+                          env={**clean, "PYTHON": sys.executable, "DATA_ROOT": "data", "NPROC_PER_NODE": "2",
+                               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("train.py: error: ") and "make no full batch of 16" in last, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr

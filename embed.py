@@ -18,7 +18,7 @@ inputs:
   --images DIR          every image under DIR (recursively, sorted by path; hidden files left out)
   --images LIST.txt     one image path per line; relative paths are relative to the list's folder
   --images FILE.csv|.tsv|.jsonl
-                        a manifest; the image column is image/filepath/path/file/filename or --image-column
+                        a manifest; the image column is image/filepath/path/file/filename/file_name or --image-column
   --texts FILE          one text per line (UTF-8); blank lines are skipped
 Images that are missing or cannot be decoded are skipped and counted; so is any path named like an
 image that is no file to read (a FIFO, a device, a broken link, a folder named x.jpg), never read

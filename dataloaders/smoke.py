@@ -78,7 +78,9 @@ def denormalize(images: torch.Tensor) -> np.ndarray:
 
 def save_grid(path: str | os.PathLike[str], images: torch.Tensor, captions: list[str], columns: int = 4) -> None:
     """Write a PNG grid of de-normalised images with their captions, atomically."""
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
+
+    from src.figures import caption_font
 
     pixels = denormalize(images)
     n = len(pixels)
@@ -88,7 +90,7 @@ def save_grid(path: str | os.PathLike[str], images: torch.Tensor, captions: list
     cols = min(columns, n)
     grid = Image.new("RGB", (cols * cell, rows * (cell + text_h)), "white")
     draw = ImageDraw.Draw(grid)
-    font = ImageFont.load_default()
+    font = caption_font()
     for i, (px, caption) in enumerate(zip(pixels, captions)):
         x, y = (i % columns) * cell, (i // columns) * (cell + text_h)
         grid.paste(Image.fromarray(px).resize((cell, cell), Image.NEAREST), (x, y))
@@ -136,12 +138,12 @@ def run_smoke(loader, steps: int, progress=None, time_steps: int | None = None) 
     report = SmokeReport()
     batches = _batches(loader)
 
-    def check(images: torch.Tensor, tokens: torch.Tensor) -> None:
+    def check(images: torch.Tensor, tokens: torch.Tensor, read_now: bool = True) -> None:
         report.problems += [f"batch {report.batches}: {p}" for p in
                             check_batch(images, tokens, loader.batch_size, loader.input_size)]
         report.batches += 1
         report.images += images.shape[0]
-        if progress is not None:
+        if progress is not None and read_now:  # the bar counts batches read: time_steps + steps in all
             progress.update(1)
 
     images, tokens = next(batches)
@@ -158,7 +160,7 @@ def run_smoke(loader, steps: int, progress=None, time_steps: int | None = None) 
         report.seconds = time.perf_counter() - start
         if progress is not None:
             progress.update(time_steps)
-    check(*report.first_batch)
+    check(*report.first_batch, read_now=False)
     for _ in range(steps - 1):
         check(*next(batches))
     return report

@@ -25,6 +25,12 @@ def _font(size: int) -> ImageFont.ImageFont:
         return ImageFont.load_default()
 
 
+def caption_font() -> ImageFont.ImageFont:
+    """The font of captions under pictures: at Pillow's default size (10 px) its spaces are about
+    one pixel wide, and "a photo of a" reads "a photoofa"."""
+    return _font(13)
+
+
 def _save_png(img: Image.Image, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,7 +135,7 @@ def caption_grid(
     head = 34 if title else 0
     img = Image.new("RGB", (columns * cell_w, head + rows * cell_h), "white")
     draw = ImageDraw.Draw(img)
-    font = _font(12)
+    font = caption_font()
     if title:
         draw.text((img.width / 2, 10), title, fill=INK, font=_font(16), anchor="mt")
     for i, (picture, caption) in enumerate(zip(images, captions)):

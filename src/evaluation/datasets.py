@@ -441,7 +441,8 @@ def read_caption_json(
 # manifests
 
 # The image column of a manifest when none is named, first match wins (embed.py's lists too).
-IMAGE_COLUMNS = ("image", "filepath", "image_path", "path", "file", "filename", "url")
+# file_name: the metadata.csv of a Hugging Face image folder dataset.
+IMAGE_COLUMNS = ("image", "filepath", "image_path", "path", "file", "filename", "file_name", "url")
 _LABEL_COLUMNS = ("label", "class", "target", "classname")
 _CAPTION_PREFIXES = ("caption", "text", "title", "sentence")
 

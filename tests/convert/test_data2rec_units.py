@@ -349,6 +349,10 @@ def test_manifests_csv_tsv_jsonl(tmp_path):
     (tmp_path / "m.tsv").write_text("image\ttext\nsub/a.jpg\tcat\n")
     (item,) = _items(make_source([tmp_path / "m.tsv"]))
     assert item.captions == ["cat"]
+    # A Hugging Face image folder's metadata.csv names its images file_name.
+    (tmp_path / "metadata.csv").write_text("file_name,text\nsub/a.jpg,a cat\n")
+    (item,) = _items(make_source([tmp_path / "metadata.csv"]))
+    assert (item.image_path, item.captions) == (str(tmp_path / "sub" / "a.jpg"), ["a cat"])
     lines = [json.dumps({"image": "sub/a.jpg", "captions": ["one", "two"]}), "{broken", ""]
     (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
     source = make_source([tmp_path / "m.jsonl"])

@@ -14,6 +14,7 @@ from PIL import Image
 
 import dali
 from dataloaders.smoke import check_batch
+from src.figures import caption_font
 from src.recordio import IRHeader, MXIndexedRecordIO, pack
 from tests._loader_helpers import caption_tokens, write_shard
 from tests._repo import REPO
@@ -43,6 +44,10 @@ def test_checks_pass_and_grid_is_written(data, tmp_path, capsys):
     assert "all checks passed" in out and "checked 40 images in 5 batch(es)" in out
     assert "images/s (40 images in 5 batches after the first, timed back to back without the checks)" in out
     assert "34 records in 2 shard(s)" in out
+    # The bar counts the batches read, 5 timed and 5 checked, and stops there.
+    assert "10/10 [" in err and "11batch" not in err, err
+    # Captions keep their spaces: at Pillow's default size a space is about a pixel wide.
+    assert caption_font().getlength(" ") >= 3
     with Image.open(grid) as img:
         # 8 images in 4 columns, 160-pixel cells with a caption strip under each.
         assert img.size == (4 * 160, 2 * (160 + 64))

@@ -22,7 +22,8 @@ from ..items import BROKEN_ROW, MISSING_CAPTION, MISSING_IMAGE, UNDECODABLE_CAPT
 from .base import InputError, Source, expand
 
 MANIFEST_EXTS = (".csv", ".tsv", ".jsonl", ".json")
-IMAGE_COLUMNS = ("image", "image_path", "filepath", "file", "filename", "path", "img", "jpg")
+# file_name: the metadata.csv of a Hugging Face image folder dataset.
+IMAGE_COLUMNS = ("image", "image_path", "filepath", "file", "filename", "file_name", "path", "img", "jpg")
 CAPTION_COLUMNS = ("caption", "captions", "text", "texts", "title")
 
 csv.field_size_limit(1 << 28)

@@ -145,3 +145,44 @@ def caption_grid(
         for j, (text, colour) in enumerate(caption):
             draw.text((x + cell_w / 2, y + tile + 8 + j * line_h), text, fill=colour, font=font, anchor="mt")
     return _save_png(img, Path(path))
+
+
+# The largest confusion matrix drawn: beyond it the class names cannot be read (the CSV holds any size).
+CONFUSION_MAX_CLASSES = 60
+
+
+def plot_confusion_matrix(
+    matrix: Sequence[Sequence[int]], classnames: Sequence[str], path: Path | str, title: str = "confusion matrix",
+) -> Path:
+    """Rows: the true class, columns: the predicted one; each cell shaded by its share of its row
+    (white 0, dark blue all), with its count written where the cells are large enough."""
+    n = len(classnames)
+    if not 0 < n <= CONFUSION_MAX_CLASSES or len(matrix) != n:
+        raise ValueError(f"a confusion matrix of 1 to {CONFUSION_MAX_CLASSES} classes is drawn, not {n}")
+    font, small = _font(16), caption_font()
+    cell = max(14, min(48, 720 // n))
+    names = [name if len(name) <= 24 else name[:23] + "…" for name in classnames]
+    label_w = 12 + max(int(small.getlength(name)) for name in names)
+    top, bottom = 40, label_w + 30
+    width, height = label_w + n * cell + 20, top + n * cell + bottom
+    img = Image.new("RGB", (max(width, 320), height), "white")
+    draw = ImageDraw.Draw(img)
+    for i, row in enumerate(matrix):
+        total = max(1, sum(row))
+        for j, count in enumerate(row):
+            share = count / total
+            shade = tuple(int(255 - share * (255 - c)) for c in (30, 80, 200))
+            x, y = label_w + j * cell, top + i * cell
+            draw.rectangle((x, y, x + cell, y + cell), fill=shade, outline=(225, 225, 225))
+            if cell >= 24 and count:
+                draw.text((x + cell / 2, y + cell / 2), str(count), fill="white" if share > 0.5 else INK,
+                          font=small, anchor="mm")
+        draw.text((label_w - 6, top + i * cell + cell / 2), names[i], fill=INK, font=small, anchor="rm")
+    for j, name in enumerate(names):  # predicted classes, written downwards under their column
+        label = Image.new("RGBA", (int(small.getlength(name)) + 4, 16), (255, 255, 255, 0))
+        ImageDraw.Draw(label).text((0, 0), name, fill=INK, font=small)
+        label = label.rotate(90, expand=True)
+        img.paste(label, (int(label_w + j * cell + cell / 2 - label.width / 2), top + n * cell + 6), label)
+    draw.text((img.width / 2, 12), title, fill=INK, font=font, anchor="mt")
+    draw.text((img.width / 2, height - 18), "predicted class (rows: true class)", fill=INK, font=small, anchor="mt")
+    return _save_png(img, Path(path))

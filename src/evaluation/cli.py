@@ -102,15 +102,34 @@ def record_result(args: argparse.Namespace, prog: str, spec: Any, result: dict, 
     """The result with the model and weights it came from, written to --output-dir as one JSON,
     its skipped images and `headline` printed; returns it."""
     from src.evaluation.images import skip_notice
-    from src.evaluation.results import write_result
+    from src.evaluation.results import write_classification_details, write_result
 
     tag = f"[{prog.removesuffix('.py')}]"
     result = {"dataset": result.pop("dataset"), "model": getattr(args, "model_label", str(args.config)),
               "checkpoint": str(args.checkpoint) if args.checkpoint else None, **result}
+    if "confusion_matrix" in result:  # a classification with its predictions: the files beside the JSON
+        result["files"] = write_classification_details(result, args.output)
     path = write_result(result, args.output)
     for warning in result.get("warnings", []):
         print(f"{tag} {spec.name}: warning: {warning}", file=sys.stderr, flush=True)
     if result.get("skipped_images"):
         print(skip_notice(f"{tag} {spec.name}:", result["skipped_images"]), flush=True)
+    if "templates" in result:
+        print(f"{tag} {spec.name}: {len(result['templates'])} template(s), {result['templates_from']}", flush=True)
+    if "per_class" in result:
+        print(f"{tag} {spec.name}: {per_class_line(result['per_class'])}", flush=True)
     print(f"{tag} {spec.name}: {headline} -> {path}", flush=True)
+    for what, where in result.get("files", {}).items():
+        print(f"{tag} {spec.name}: {what.replace('_', ' ')}: {where}", flush=True)
     return result
+
+
+def per_class_line(per_class: list[dict], shown: int = 10) -> str:
+    """Each class's top-1 accuracy, or the lowest `shown` of many."""
+    scored = [c for c in per_class if c["top1"] is not None]
+    if len(scored) > shown:
+        scored = sorted(scored, key=lambda c: c["top1"])[:shown]
+        head = f"the {shown} lowest of {len(per_class)} classes by top-1"
+    else:
+        head = "top-1 per class"
+    return head + ": " + ", ".join(f"{c['class']} {c['top1']:.1f}% of {c['images']}" for c in scored)

@@ -42,7 +42,8 @@ def zero_shot(args: argparse.Namespace) -> int:
         for spec in specs:
             announce("zero_shot.py", spec)
             result = evaluate_classification(model, spec, model.config["input_size"], device, args.batch_size,
-                                             args.workers, progress=not args.no_progress, protocol=args.protocol)
+                                             args.workers, progress=not args.no_progress, protocol=args.protocol,
+                                             return_predictions=True)
             results.append(record_result(args, "zero_shot.py", spec, result,
                                          f"{result['metric']} {result['score']:.2f}%"))
         print(format_table(results))
@@ -97,26 +98,21 @@ def list_datasets() -> int:
     return 0
 
 
-def _tsv(rows: list[tuple]) -> str:
-    """Tab-separated rows, quoted where a cell holds a tab, newline or quote (a file name may)."""
-    import csv
-    import io
-
-    out = io.StringIO()
-    csv.writer(out, delimiter="\t", lineterminator="\n").writerows(rows)
-    return out.getvalue()
-
-
 def classify_labels(args: argparse.Namespace) -> int:
-    """--images with --labels: print each image's top label and write labels.tsv to --output-dir;
-    unreadable images are skipped, counted and named."""
+    """--images with --labels: print each image's top label and write labels.tsv (with each image's
+    top-k labels) and labels.json (the labels, the templates, how many images each label got) to
+    --output-dir; unreadable images are skipped, counted and named."""
+    from collections import Counter
+
     from src.errors import UserError, report
     from src.evaluation.cli import prepare
     from src.evaluation.datasets import EvalDataError
     from src.evaluation.images import list_images, skip_notice
+    from src.evaluation.results import tsv
     from src.evaluation.run import classify_images
-    from src.evaluation.templates import read_labels, read_templates
-    from src.fsutil import atomic_write_text, printable
+    from src.evaluation.templates import LABEL_TEMPLATES_FROM, read_labels, read_templates
+    from src.fsutil import atomic_write_json, atomic_write_text, json_safe, printable
+    from src.open_alip.zero_shot import load_metadata
 
     try:
         if args.datasets:
@@ -126,21 +122,33 @@ def classify_labels(args: argparse.Namespace) -> int:
         if args.batch_size < 1 or args.workers < 0:
             raise EvalDataError("--batch-size must be >= 1 and --workers >= 0")
         labels = read_labels(args.labels)  # before the model loads: a wrong --labels fails at once
-        templates = read_templates(args.label_templates) if args.label_templates else None
+        if args.label_templates:
+            templates, source = read_templates(args.label_templates), f"the file {args.label_templates}"
+        else:
+            templates = list(load_metadata(LABEL_TEMPLATES_FROM)[1])
+            source = "CLIP's ImageNet prompts (--label-templates FILE gives others)"
         images, not_read = list_images(args.images)
         device, model = prepare(args, "zero_shot.py", sys.stderr)  # stdout: the table alone
         rows, unreadable = classify_images(model, images, labels, model.config["input_size"], device, templates,
                                            args.batch_size, args.workers)
         skipped = not_read + unreadable
-        table = _tsv([("image", "label", "probability")]
-                     + [(str(r["image"]), r["label"], f"{r['probability']:.4f}") for r in rows])
+        table = tsv([("image", "label", "probability", "top-k, best first")]
+                    + [(str(r["image"]), r["label"], f"{r['probability']:.4f}",
+                        "; ".join(f"{label} {p:.4f}" for label, p in r["top_k"])) for r in rows])
         path = atomic_write_text(args.output / "labels.tsv", table)
+        counts = Counter(r["label"] for r in rows)
+        summary = atomic_write_json(args.output / "labels.json", json_safe({
+            "model": args.model_label, "checkpoint": str(args.checkpoint) if args.checkpoint else None,
+            "labels": labels, "images": len(rows), "per_label": {label: counts[label] for label in labels},
+            "templates": templates, "templates_from": source, "skipped_images": skipped,
+        }), ensure_ascii=False)
     except UserError as exc:
         return report("zero_shot.py", exc)
     # File names that are not UTF-8 as labels.tsv shows them (src/fsutil.py printable).
     print(printable(table.partition("\n")[2]), end="")
     if skipped:
         print(skip_notice("[zero_shot]", skipped), file=sys.stderr)
-    print(printable(f"[zero_shot] {len(rows)} images -> {path}" + (f" ({len(skipped)} skipped)" if skipped else "")),
+    print(f"[zero_shot] {len(templates)} template(s): {source}", file=sys.stderr)
+    print(printable(f"[zero_shot] {len(rows)} images -> {path}, {summary}" + (f" ({len(skipped)} skipped)" if skipped else "")),
           file=sys.stderr)
     return 0

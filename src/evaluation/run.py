@@ -38,6 +38,7 @@ from src.evaluation.specs import (
     load_classification_data,
     load_retrieval_data,
     paper_dataset_of,
+    templates_source,
 )
 from src.evaluation.templates import LABEL_TEMPLATES_FROM, repeated_names
 from src.open_alip.zero_shot import (
@@ -92,14 +93,17 @@ def evaluate_classification(
     """Zero-shot classification of one dataset.
 
     Returns ``{"dataset", "task": "classification", "protocol", "num_images", "num_classes",
-    "num_templates", "chance_top1", "metric", "score", "metrics": {"top1", "top5",
-    "mean_per_class_recall"}}`` (percent). "metric" names the dataset's headline metric (mean
-    per-class recall for aircraft, pets, flowers and caltech101, top-1 otherwise) and "score" is
-    its value. Under the original protocol ImageNet also reports "padded_rows" and
-    "metrics_without_padding". Unreadable images are left out of "num_images" and the metrics
-    and listed as "skipped_images" ([{"image", "error"}]). With `return_predictions` the dict also
-    holds "predictions" (top-1 class per image, -1 for a skipped one) and "data" (the dataset).
-    With a `shard`, every rank of the process group must call this; all return the same dict.
+    "num_templates", "templates", "templates_from", "chance_top1", "metric", "score", "metrics":
+    {"top1", "top5", "mean_per_class_recall"}, "per_class": [{"class", "images", "top1"}]}``
+    (percent). "metric" names the dataset's headline metric (mean per-class recall for aircraft,
+    pets, flowers and caltech101, top-1 otherwise) and "score" is its value. Under the original
+    protocol ImageNet also reports "padded_rows" and "metrics_without_padding". Unreadable images
+    are left out of "num_images" and the metrics and listed as "skipped_images" ([{"image",
+    "error"}]). With `return_predictions` the dict also holds "predictions" (top-1 class per
+    image, -1 for a skipped one), "top_k" (the top-k classes per image, best first; [] for a
+    skipped one), "confusion_matrix" (counts, [true class][predicted class]) and "data" (the
+    dataset). With a `shard`, every rank of the process group must call this; all return the same
+    dict.
     """
     spec = as_spec(dataset_spec)
     protocol = get_protocol(protocol)
@@ -133,9 +137,13 @@ def evaluate_classification(
         "num_images": len(top1_all),
         "num_classes": num_classes,
         "num_templates": len(templates),
+        "templates": list(templates),
+        "templates_from": templates_source(spec),
         "chance_top1": 100.0 / num_classes,
         "preprocessing": _preprocessing(dali, input_size, device),
     }
+    confusion = torch.bincount(labels_all * num_classes + top1_all, minlength=num_classes ** 2).view(
+        num_classes, num_classes)
     if imagenet and protocol.imagenet_padding_launch:
         padding = original_padding_rows(len(top1_all), protocol.imagenet_padding_launch)
         # The original's unfilled rows: zero logits, target 0, ranked like every row.
@@ -151,6 +159,7 @@ def evaluate_classification(
         headline = "top1"
         result["clip_benchmark_metrics"] = clip_benchmark_metrics(metrics, num_classes)
     result.update(metric=headline, score=metrics[headline], metrics=metrics)
+    result["per_class"] = per_class_accuracy(confusion, data.classnames)
     repeated = repeated_names(data.classnames)
     if repeated:
         result["warnings"] = [repeated]
@@ -158,8 +167,19 @@ def evaluate_classification(
         result["skipped_images"] = skipped
     if return_predictions:
         result["predictions"] = gathered[:, 0].tolist()
+        result["top_k"] = [row[2:].tolist() if row[0] != _SKIPPED else [] for row in gathered]
+        result["confusion_matrix"] = confusion.tolist()
         result["data"] = data
     return result
+
+
+def per_class_accuracy(confusion: torch.Tensor, classnames: Sequence[str]) -> list[dict]:
+    """Each class's images and top-1 accuracy (its recall, %; None for a class without images),
+    from the confusion matrix [true][predicted]."""
+    totals = confusion.sum(dim=1).tolist()
+    hits = confusion.diagonal().tolist()
+    return [{"class": name, "images": n, "top1": 100.0 * h / n if n else None}
+            for name, n, h in zip(classnames, totals, hits)]
 
 
 def _preprocessing(dali: bool, input_size: int, device: torch.device | str) -> str:
@@ -228,8 +248,9 @@ def classify_images(
     tokenizer: Tokenizer | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """The top label of each readable image among `labels` (prompted with `templates`, by default
-    CLIP's 80 ImageNet ones): ``[{"image", "label", "probability"}]``, the probability a softmax
-    over the labels at CLIP's scale of 100; and the unreadable images, ``[{"image", "error"}]``."""
+    CLIP's 80 ImageNet ones): ``[{"image", "label", "probability", "top_k": [(label,
+    probability), ...]}]``, the probability a softmax over the labels at CLIP's scale of 100, top_k
+    the best min(5, labels) of them; and the unreadable images, ``[{"image", "error"}]``."""
     if len(set(labels)) != len(labels) or not all(label.strip() for label in labels):
         raise EvalDataError("--labels: give distinct, non-empty labels, e.g. --labels 'cat,dog,car'")
     templates = list(templates or load_metadata(LABEL_TEMPLATES_FROM)[1])
@@ -241,7 +262,8 @@ def classify_images(
         raise EvalDataError(f"--images: none of the {len(images)} images could be read "
                             f"(e.g. {skipped[0]['image']}: {skipped[0]['error']})")
     probabilities = class_logits(features, classifier).softmax(dim=1).cpu()
-    best = probabilities.max(dim=1)
-    rows = [{"image": str(images[pos]), "label": labels[int(i)], "probability": float(p)}
+    best = probabilities.topk(min(5, len(labels)), dim=1)
+    rows = [{"image": str(images[pos]), "label": labels[int(i[0])], "probability": float(p[0]),
+             "top_k": [(labels[int(j)], float(q)) for j, q in zip(i, p)]}
             for pos, i, p in zip(positions, best.indices, best.values)]
     return rows, skipped

@@ -161,6 +161,19 @@ def load_classification_data(
     return data, templates
 
 
+def templates_source(spec: DatasetSpec | str | Path) -> str:
+    """Where `load_classification_data` takes `spec`'s templates from, in words for the results."""
+    spec = as_spec(spec)
+    if spec.templates:
+        return f"the file {spec.templates} (--templates)"
+    entry = paper_dataset_of(spec)
+    if entry is not None:
+        return f"{entry.name}'s own templates, as the protocol defines the dataset"
+    if load_metadata(spec.name)[1]:
+        return f"the bundled templates of {ALIASES.get(spec.name, spec.name)}"
+    return "the default for a dataset without templates of its own (--templates NAME=FILE gives others)"
+
+
 # ---------------------------------------------------------------------------------------------
 # retrieval
 

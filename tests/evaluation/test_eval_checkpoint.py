@@ -3,6 +3,7 @@ retrieval.py CLIs end to end (their JSON must match the library's numbers), thei
 errors, dataset-spec resolution and the train.py epoch hook."""
 
 
+import csv
 import json
 import pickle
 import random
@@ -138,6 +139,32 @@ def test_zero_shot_cli_matches_library(trained, tmp_path, capsys):
     for key, value in mine["metrics"].items():
         assert saved["metrics"][key] == pytest.approx(value, abs=1e-4)
     assert "scenes" in stdout and "top1" in stdout  # the printed table
+
+    # What explains the numbers: templates, per-class accuracy, every image's predictions, the
+    # confusion matrix and its picture, all agreeing with each other and with the metrics.
+    templates = json.loads(trained["templates"].read_text())
+    assert saved["templates"] == (templates["templates"] if isinstance(templates, dict) else templates)
+    assert saved["num_templates"] == len(saved["templates"])
+    assert saved["templates_from"] == f"the file {trained['templates']} (--templates)"
+    per_class = {c["class"]: c for c in saved["per_class"]}
+    assert list(per_class) == spec.classnames and sum(c["images"] for c in per_class.values()) == 24
+    with open(out / "classification_scenes.predictions.tsv", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    assert len(rows) == 24 and all(len(r["top-k, best first"].split("; ")) == 5 for r in rows)
+    assert all(r["top-k, best first"].split("; ")[0] == r["predicted"] for r in rows)
+    assert sum(int(r["correct"]) for r in rows) / 24 * 100 == pytest.approx(saved["metrics"]["top1"])
+    for name, c in per_class.items():
+        mine_rows = [r for r in rows if r["true class"] == name]
+        assert c["top1"] == pytest.approx(100 * sum(int(r["correct"]) for r in mine_rows) / len(mine_rows))
+    with open(out / "classification_scenes.confusion.csv", newline="") as f:
+        matrix = list(csv.reader(f))
+    assert matrix[0][1:] == spec.classnames and [row[0] for row in matrix[1:]] == spec.classnames
+    for i, name in enumerate(spec.classnames):
+        assert int(matrix[1 + i][1 + i]) == sum(int(r["correct"]) for r in rows if r["true class"] == name)
+    assert sum(int(v) for row in matrix[1:] for v in row[1:]) == 24
+    assert saved["files"]["confusion_png"] == str(out / "classification_scenes.confusion.png")
+    assert (out / "classification_scenes.confusion.png").read_bytes()[:4] == b"\x89PNG"
+    assert "scenes: the 10 lowest of 12 classes by top-1: " in stdout and "template(s), the file" in stdout
 
 
 def test_retrieval_cli_matches_library(trained, tmp_path, capsys):

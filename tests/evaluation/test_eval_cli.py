@@ -104,7 +104,16 @@ def test_labels_classify_a_folder(micro, tmp_path, capsys):
         ["a.png", "b.jpg", "c.png", 'tab\there "q".png', "new\nline.png"])
     assert all(cells[1] in ("red", "green", "blue") and 0 < float(cells[2]) <= 1 for cells in lines)
     with open(tmp_path / "o" / "labels.tsv", newline="") as f:
-        assert list(csv.reader(f, delimiter="\t")) == [["image", "label", "probability"], *lines]
+        assert list(csv.reader(f, delimiter="\t")) == [["image", "label", "probability", "top-k, best first"], *lines]
+    for cells in lines:  # every label, best first, the first the image's label
+        ranked = [item.rsplit(" ", 1) for item in cells[3].split("; ")]
+        assert sorted(label for label, _ in ranked) == ["blue", "green", "red"] and ranked[0][0] == cells[1]
+        assert [float(p) for _, p in ranked] == sorted((float(p) for _, p in ranked), reverse=True)
+        assert sum(float(p) for _, p in ranked) == pytest.approx(1, abs=2e-4)
+    summary = json.loads((tmp_path / "o" / "labels.json").read_text())
+    assert summary["templates"] == ["a photo of a {}.", "an image of {}."] and summary["images"] == 5
+    assert sum(summary["per_label"].values()) == 5 and summary["labels"] == ["red", "green", "blue"]
+    assert "[zero_shot] 2 template(s): the file " in stderr
     rc, _, stderr = _main(zero_shot_cli, _common(micro, "--random-init", "--images", str(photos), "--labels", "x,x"),
                           capsys)
     assert rc == 2 and "distinct" in stderr

@@ -21,6 +21,11 @@ dataset forms (NAME=PATH):
                                (COCO: val2014/...); the first five captions of each test image
   NAME=DIR                     a folder holding one dataset_*.json (e.g. dataset_flickr30k.json);
                                Flickr30k images may sit in DIR/ or DIR/flickr30k-images/
+  NAME=coco_test_karpathy.json CLIP_benchmark's own files (COCO's caption layout; IMAGE.jpg,caption
+  NAME=flickr30k_test_karpathy.txt  lines), read as it reads them, every caption kept; images at
+                               IMAGE_ROOT/<file> or IMAGE_ROOT/val2014/ (COCO), IMAGE_ROOT/flickr30k-
+                               images/ (Flickr). NAME=DIR holding one of them (its --dataset_root)
+                               reads it under --protocol clip_benchmark
   NAME=FILE.csv|.tsv|.jsonl    manifest: an image column and caption columns (caption*, text*),
                                or a JSONL list of captions per image
 IMAGE_ROOT is --image-root, by default the JSON's folder. Ranks are positions in the similarities

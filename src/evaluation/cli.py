@@ -118,6 +118,8 @@ def record_result(args: argparse.Namespace, prog: str, spec: Any, result: dict, 
         print(f"{tag} {spec.name}: {len(result['templates'])} template(s), {result['templates_from']}", flush=True)
     if "per_class" in result:
         print(f"{tag} {spec.name}: {per_class_line(result['per_class'])}", flush=True)
+    for notice in result.get("notices", []):
+        print(f"{tag} {spec.name}: NOTICE: {notice}", flush=True)
     print(f"{tag} {spec.name}: {headline} -> {path}", flush=True)
     for what, where in result.get("files", {}).items():
         print(f"{tag} {spec.name}: {what.replace('_', ' ')}: {where}", flush=True)

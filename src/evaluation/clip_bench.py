@@ -15,16 +15,26 @@ process only (site-packages are not touched):
 - it runs the model under `torch.autocast` unless `--no_amp` is given (bfloat16 on CPU, float16 on
   CUDA). The wrapper passes `--no_amp` unless `--amp` is given, so that its numbers are the fp32
   numbers zero_shot.py computes, and says which precision it used.
+- its datasets open each image inside the DataLoader, so one truncated file ends the whole run with
+  a worker traceback. The wrapper wraps the dataset its `build_dataset` returns (`SkipUnreadable`)
+  and the collate function (`DropUnreadable`): an unreadable image is left out, and counted and
+  named at the end, as zero_shot.py and retrieval.py do (its metrics are then over the images read).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import shutil
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from src.errors import UserError
+from src.evaluation.images import describe_failure, skip_notice
 from src.evaluation.model_loader import ModelLoadError, load_model_and_transform
 from src.open_alip import get_tokenizer
 from src.open_alip.clip_benchmark_loader import MODEL_TYPE
@@ -105,6 +115,84 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
     return [argv[0], *extra, *argv[1:]]
 
 
+def item_name(dataset: Any, index: int) -> str:
+    """The file of item `index` where a torchvision-style dataset says (ImageFolder's samples,
+    Flowers102's _image_files, CLIP_benchmark's Flickr data, CocoCaptions' ids), else its position."""
+    try:
+        for attribute in ("samples", "imgs", "data"):
+            items = getattr(dataset, attribute, None)
+            if isinstance(items, list) and index < len(items) and isinstance(items[index], tuple):
+                return str(items[index][0])
+        files = getattr(dataset, "_image_files", None)
+        if isinstance(files, list) and index < len(files):
+            return str(files[index])
+        if hasattr(dataset, "coco") and hasattr(dataset, "ids"):
+            return str(dataset.coco.loadImgs(dataset.ids[index])[0]["file_name"])
+    except Exception:  # a name is a courtesy; the position always works
+        pass
+    return f"item {index}"
+
+
+class SkipUnreadable:
+    """A CLIP_benchmark dataset whose items that cannot be read come back as None, each noted as a
+    small JSON file in `notes` (DataLoader workers are processes of their own). Every other
+    attribute (classes, templates, ...) is the wrapped dataset's."""
+
+    def __init__(self, dataset: Any, notes: Path) -> None:
+        self.dataset, self.notes = dataset, notes
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("dataset", "notes"):  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.dataset[index]
+        except Exception as exc:  # any decoder failure means "unreadable", as in src/evaluation/images.py
+            note = {"index": index, "image": item_name(self.dataset, index), "error": describe_failure(exc)}
+            (self.notes / f"{index}.json").write_text(json.dumps(note))
+            return None
+
+
+class DropUnreadable:
+    """A collate function that leaves out the None items SkipUnreadable made."""
+
+    def __init__(self, collate: Callable[[list], Any]) -> None:
+        self.collate = collate
+
+    def __call__(self, items: list) -> Any:
+        kept = [item for item in items if item is not None]
+        if not kept:
+            raise ClipBenchmarkError(f"none of the {len(items)} images of a batch could be read; lower --batch_size "
+                                     "or remove the unreadable files (zero_shot.py names each)")
+        return self.collate(kept)
+
+
+@contextlib.contextmanager
+def skipping_unreadable(cli: ModuleType | Any) -> Iterator[Path]:
+    """While the block runs, `cli.build_dataset` wraps its dataset in SkipUnreadable and
+    `cli.get_dataset_collate_fn` its collate function in DropUnreadable; yields the notes folder."""
+    notes = Path(tempfile.mkdtemp(prefix="rwkv-clip-cb-skips-"))
+    build, collate_of = cli.build_dataset, cli.get_dataset_collate_fn
+    cli.build_dataset = lambda *args, **kwargs: SkipUnreadable(build(*args, **kwargs), notes)
+    cli.get_dataset_collate_fn = lambda name: DropUnreadable(collate_of(name))
+    try:
+        yield notes
+    finally:
+        cli.build_dataset, cli.get_dataset_collate_fn = build, collate_of
+        shutil.rmtree(notes, ignore_errors=True)
+
+
+def skipped_items(notes: Path) -> list[dict[str, str]]:
+    """[{"image", "error"}] of the notes SkipUnreadable left, in dataset order."""
+    found = [json.loads(p.read_text()) for p in notes.glob("*.json")]
+    return [{"image": n["image"], "error": n["error"]} for n in sorted(found, key=lambda n: n["index"])]
+
+
 def run_clip_benchmark(argv: Sequence[str]) -> int:
     """Register the loader and run CLIP_benchmark's command line with `argv` (after prepare_argv)."""
     argv = prepare_argv(argv)
@@ -126,8 +214,16 @@ def run_clip_benchmark(argv: Sequence[str]) -> int:
     saved = sys.argv
     sys.argv = ["clip_benchmark", *argv]  # its main() parses sys.argv and takes no arguments
     try:
-        result = cli.main()
+        with skipping_unreadable(cli) as notes:
+            result = cli.main()
+            skipped = skipped_items(notes)
+    except ClipBenchmarkError as exc:  # raised in a loader worker: torch wraps it in its traceback text
+        last = str(exc).strip().splitlines()[-1]
+        raise ClipBenchmarkError(last.split("ClipBenchmarkError: ", 1)[-1]) from None
     finally:
         sys.argv = saved
         zeroshot_classification.accuracy = replaced
+    if skipped:
+        print(skip_notice("clip_benchmark_eval.py:", skipped) + "\nclip_benchmark_eval.py: its metrics are over the "
+              "images that could be read", file=sys.stderr)
     return int(result or 0)

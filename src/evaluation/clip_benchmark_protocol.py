@@ -16,8 +16,14 @@ original's definitions (src/evaluation/paper_datasets.py), this module follows C
 The splits of the other datasets, and every dataset's templates, are the original's (the same
 files and lists). CLIP_benchmark reports top-1, top-5 and mean per-class recall for every dataset,
 as fractions; `clip_benchmark_metrics` gives them in its form, and the headline is top-1.
-Retrieval is the standard protocol's (captions as written); `clip_benchmark_retrieval_metrics`
-gives its recalls in CLIP_benchmark's form.
+Retrieval is the standard protocol's (captions as written) on CLIP_benchmark's own annotation
+files (coco_test_karpathy.json, flickr30k_test_karpathy.txt; datasets.py reads them, every caption
+kept); `clip_benchmark_retrieval_metrics` gives its recalls in CLIP_benchmark's form.
+
+One CLIP_benchmark behaviour is not copied: for Flowers it subtracts one from every label when the
+first test image's label is 1, a repair for torchvision's 1-based Flowers102 labels of before 0.13,
+which today's 0-based labels trip whenever the first test image is of class 1. Ours are the
+dataset's labels, never shifted; `clip_benchmark_notices` says when CLIP_benchmark would shift them.
 """
 
 from __future__ import annotations
@@ -136,3 +142,12 @@ def clip_benchmark_retrieval_metrics(metrics: dict[str, float]) -> dict[str, flo
             kind = "image" if direction == "text_to_image" else "text"
             out[f"{kind}_retrieval_recall@{k}"] = value / 100.0
     return out
+
+
+def clip_benchmark_notices(dataset: str, data: ClassificationData) -> list[str]:
+    """Where `clip_benchmark eval` would score this data differently from us (see the module doc)."""
+    if dataset == "flowers" and data.labels and int(data.labels[0]) == 1:
+        return ["the first test image of flowers has label 1, so CLIP_benchmark 1.6.2 subtracts one from every "
+                "label (its repair for old torchvision's 1-based labels): its flowers numbers score other labels "
+                "than these, which are the dataset's own, unshifted"]
+    return []

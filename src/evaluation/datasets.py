@@ -9,6 +9,8 @@ so that evaluation code does not care which on-disk layout it came from:
 - `read_cifar`           CIFAR-10 / CIFAR-100 python pickle batches
 - `read_karpathy`        Karpathy-split JSON (dataset_coco.json, dataset_flickr30k.json) + image folder
 - `read_caption_json`    ALBEF/BLIP retrieval test JSON (coco_test.json, flickr30k_test.json) + image folder
+- `read_coco_captions`   COCO caption JSON, CLIP_benchmark's coco_test_karpathy.json (via `read_split_json`)
+- `read_flickr_txt`      CLIP_benchmark's flickr30k_test_karpathy.txt (IMAGE.jpg,caption lines)
 - `read_manifest`        CSV/TSV/JSONL manifest (image column + label column, or caption columns)
 
 The paper's other classification datasets, in torchvision's layouts, are read by
@@ -333,6 +335,112 @@ def find_karpathy_json(folder: Path) -> Path:
     return found[0]
 
 
+# CLIP_benchmark's own retrieval annotations (what `clip_benchmark eval --dataset mscoco_captions /
+# flickr30k` read from its --dataset_root), by the file name it gives them.
+CLIP_BENCHMARK_ANNOTATIONS = ("coco_test_karpathy.json", "flickr30k_test_karpathy.txt")
+
+
+def _find_image(root: Path, relative: str, where: str, subfolders: Sequence[str]) -> Path:
+    """`relative` under `root`, else under one of `subfolders` of it."""
+    path = _inside(root, relative, where)
+    if path.is_file():
+        return path
+    for sub in subfolders:
+        alt = _inside(root, f"{sub}/{relative}", where)
+        if alt.is_file():
+            return alt
+    raise EvalDataError(f"{where}: image {relative} not found under {root}; pass --image-root")
+
+
+def _grouped(name: str, pairs: Sequence[tuple[Path, list[str]]], captions_per_image: int | None) -> RetrievalData:
+    images, captions, caption_image = [], [], []
+    for path, texts in pairs:
+        texts = texts[:captions_per_image] if captions_per_image else texts
+        images.append(path)
+        captions.extend(texts)
+        caption_image.extend([len(images) - 1] * len(texts))
+    return RetrievalData(name, images, captions, caption_image)
+
+
+def read_coco_captions(
+    data: dict, json_path: Path, image_root: Path | str | None = None, captions_per_image: int | None = None,
+    name: str | None = None,
+) -> RetrievalData:
+    """COCO's caption layout, CLIP_benchmark's coco_test_karpathy.json: ``{"images": [{"id",
+    "file_name"}], "annotations": [{"image_id", "caption"}]}``, read as CLIP_benchmark reads it
+    (torchvision's CocoCaptions): the images in order of their id, each with every caption the
+    file gives it, in the file's order. Images are looked up under `image_root` (default: the
+    JSON's folder), then under its val2014/ (CLIP_benchmark's root/val2014)."""
+    root = Path(image_root) if image_root is not None else json_path.parent
+    try:
+        files = {int(entry["id"]): str(entry["file_name"]) for entry in data["images"]}
+        texts: dict[int, list[str]] = {i: [] for i in files}
+        for ann in data["annotations"]:
+            texts[int(ann["image_id"])].append(str(ann["caption"]).strip())
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EvalDataError(f"{json_path}: not a COCO caption file ({exc!r})") from None
+    pairs = [(_find_image(root, files[i], str(json_path), ("val2014",)), texts[i]) for i in sorted(files)]
+    empty = [files[i] for i in sorted(files) if not texts[i]]
+    if empty:
+        raise EvalDataError(f"{json_path}: image {empty[0]} has no caption; every image needs one")
+    return _grouped(name or json_path.stem, pairs, captions_per_image)
+
+
+def read_flickr_txt(
+    txt_path: Path | str, image_root: Path | str | None = None, captions_per_image: int | None = None,
+    name: str | None = None,
+) -> RetrievalData:
+    """CLIP_benchmark's flickr30k_test_karpathy.txt, read as its Flickr dataset reads it: a header
+    line, then ``IMAGE.jpg,caption`` lines (a caption may hold commas); the images in the order they
+    first appear, each with every caption, in file order. Images are looked up under `image_root`
+    (default: the file's folder, CLIP_benchmark's --dataset_root), then under its
+    flickr30k-images/."""
+    txt_path = Path(txt_path)
+    root = Path(image_root) if image_root is not None else txt_path.parent
+    grouped: dict[str, list[str]] = {}
+    try:
+        lines = txt_path.read_text(encoding="utf-8").splitlines()[1:]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EvalDataError(f"{txt_path}: cannot read it as UTF-8 text ({exc})") from None
+    for number, line in enumerate(lines, start=2):
+        line = line.strip()
+        if not line:
+            continue
+        image, sep, caption = line.partition(".jpg,")
+        if not sep:
+            raise EvalDataError(f"{txt_path}, line {number}: expected IMAGE.jpg,caption; fix or remove that line")
+        grouped.setdefault(image + ".jpg", []).append(caption)
+    pairs = [(_find_image(root, image, str(txt_path), ("flickr30k-images",)), texts)
+             for image, texts in grouped.items()]
+    return _grouped(name or txt_path.stem, pairs, captions_per_image)
+
+
+def _load_split_json(json_path: Path | str) -> tuple[Path, object]:
+    """(the JSON file, for a folder the one dataset_*.json in it; its parsed content)."""
+    json_path = Path(json_path)
+    if json_path.is_dir():
+        json_path = find_karpathy_json(json_path)
+    if not json_path.is_file():
+        raise EvalDataError(f"Karpathy split file {json_path} does not exist")
+    try:
+        return json_path, json.loads(json_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise EvalDataError(f"{json_path}: not a Karpathy split file ({exc})") from None
+
+
+def read_split_json(
+    json_path: Path | str, image_root: Path | str | None = None, captions_per_image: int | None = None,
+    name: str | None = None,
+) -> RetrievalData:
+    """A Karpathy split JSON (or a folder holding one), or one in COCO's caption layout
+    (CLIP_benchmark's coco_test_karpathy.json), each by its format's convention when
+    `captions_per_image` is None: a Karpathy file's first five captions, all of a COCO-layout file's."""
+    json_path, data = _load_split_json(json_path)
+    if isinstance(data, dict) and "annotations" in data:
+        return read_coco_captions(data, json_path, image_root, captions_per_image, name)
+    return _karpathy_split(data, json_path, image_root, "test", captions_per_image or 5, name)
+
+
 def read_karpathy(
     json_path: Path | str,
     image_root: Path | str | None = None,
@@ -344,17 +452,18 @@ def read_karpathy(
 
     COCO entries carry ``filepath`` (``val2014``); Flickr30k ones do not, and the images usually
     sit in ``flickr30k-images/``: both are looked up under `image_root` (default: the JSON's folder).
-    The standard test protocol keeps the first five captions of each image.
+    The standard test protocol keeps the first five captions of each image (None: all).
     """
-    json_path = Path(json_path)
-    if json_path.is_dir():
-        json_path = find_karpathy_json(json_path)
-    if not json_path.is_file():
-        raise EvalDataError(f"Karpathy split file {json_path} does not exist")
+    json_path, data = _load_split_json(json_path)
+    return _karpathy_split(data, json_path, image_root, split, captions_per_image, name)
+
+
+def _karpathy_split(data: object, json_path: Path, image_root: Path | str | None, split: str,
+                    captions_per_image: int | None, name: str | None) -> RetrievalData:
     root = Path(image_root) if image_root is not None else json_path.parent
     try:
-        entries = json.loads(json_path.read_text(encoding="utf-8"))["images"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        entries = data["images"]
+    except (KeyError, TypeError) as exc:
         raise EvalDataError(f"{json_path}: not a Karpathy split file ({exc})") from None
     images: list[ImageSource] = []
     captions: list[str] = []

@@ -20,7 +20,11 @@ from pathlib import Path
 
 import torch
 
-from src.evaluation.clip_benchmark_protocol import clip_benchmark_metrics, clip_benchmark_retrieval_metrics
+from src.evaluation.clip_benchmark_protocol import (
+    clip_benchmark_metrics,
+    clip_benchmark_notices,
+    clip_benchmark_retrieval_metrics,
+)
 from src.evaluation.datasets import ClassificationData, EvalDataError, ImageSource
 from src.evaluation.embedding import (
     encode_images,
@@ -158,6 +162,8 @@ def evaluate_classification(
     if protocol.dataset_definitions == "clip_benchmark":  # it has no per-dataset headline; its tables rank by acc1
         headline = "top1"
         result["clip_benchmark_metrics"] = clip_benchmark_metrics(metrics, num_classes)
+        if entry is not None and clip_benchmark_notices(entry.name, data):
+            result["notices"] = clip_benchmark_notices(entry.name, data)
     result.update(metric=headline, score=metrics[headline], metrics=metrics)
     result["per_class"] = per_class_accuracy(confusion, data.classnames)
     repeated = repeated_names(data.classnames)
@@ -207,7 +213,7 @@ def evaluate_retrieval(
     "mean_recall"}}``. The original protocol prefixes every caption with "a photo of ". An image
     that cannot be read is left out with its captions and listed under "skipped_images"."""
     protocol = get_protocol(protocol)
-    data = load_retrieval_data(dataset_spec, captions_per_image)
+    data = load_retrieval_data(dataset_spec, captions_per_image, protocol)
     with eval_mode(model):
         image_emb, positions, failed = encode_images(model, data.images, input_size, device, batch_size, workers,
                                                      progress, desc=data.name)

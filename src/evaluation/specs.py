@@ -8,23 +8,26 @@ in `CLASSIFICATION_READERS` or `RETRIEVAL_READERS`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from src.evaluation.clip_benchmark_protocol import read_clip_benchmark_dataset
 from src.evaluation.datasets import (
+    CLIP_BENCHMARK_ANNOTATIONS,
     ClassificationData,
     EvalDataError,
     RetrievalData,
     read_caption_json,
     read_cifar,
     read_classnames_file,
+    read_flickr_txt,
     read_image_folder,
     read_imagenet_val,
-    read_karpathy,
     read_manifest_classification,
     read_manifest_retrieval,
+    read_split_json,
 )
 from src.evaluation.paper_datasets import PaperDataset, find_paper_dataset, read_paper_dataset
 from src.evaluation.protocol import STANDARD, Protocol, get_protocol
@@ -181,15 +184,27 @@ def templates_source(spec: DatasetSpec | str | Path) -> str:
 RETRIEVAL_READERS: dict[str, Callable[[DatasetSpec, int | None], RetrievalData]] = {
     "manifest": lambda spec, per_image: read_manifest_retrieval(spec.path, name=spec.name),
     "caption_json": lambda spec, per_image: read_caption_json(spec.path, spec.image_root, per_image, name=spec.name),
-    "karpathy": lambda spec, per_image: read_karpathy(
-        spec.path, spec.image_root, captions_per_image=per_image or 5, name=spec.name
-    ),
+    "karpathy": lambda spec, per_image: read_split_json(spec.path, spec.image_root, per_image, name=spec.name),
+    "flickr_txt": lambda spec, per_image: read_flickr_txt(spec.path, spec.image_root, per_image, name=spec.name),
 }
+
+
+def _clip_benchmark_annotation(folder: Path, protocol: str | None) -> Path | None:
+    """CLIP_benchmark's own annotation file in a --dataset_root `folder`, if it is the one to read:
+    under --protocol clip_benchmark, or where the folder has no Karpathy dataset_*.json."""
+    found = [folder / n for n in CLIP_BENCHMARK_ANNOTATIONS if (folder / n).is_file()]
+    if len(found) != 1:
+        return None
+    if get_protocol(protocol or STANDARD).dataset_definitions == "clip_benchmark" or not list(folder.glob("dataset_*.json")):
+        return found[0]
+    return None
 
 
 def _infer_retrieval_kind(spec: DatasetSpec) -> str:
     if spec.path.suffix.lower() in MANIFEST_SUFFIXES:
         return "manifest"
+    if spec.path.suffix.lower() == ".txt":
+        return "flickr_txt"
     if spec.path.is_file() and _json_starts_with_list(spec.path):
         return "caption_json"
     return "karpathy"
@@ -201,11 +216,20 @@ def _json_starts_with_list(path: Path) -> bool:
     return head.startswith(b"[")
 
 
-def load_retrieval_data(spec: DatasetSpec | str | Path, captions_per_image: int | None = None) -> RetrievalData:
+def load_retrieval_data(
+    spec: DatasetSpec | str | Path, captions_per_image: int | None = None, protocol: Protocol | str | None = None,
+) -> RetrievalData:
     """An ALBEF/BLIP retrieval JSON (a list of {"image", "caption"}), a Karpathy-split JSON (or a
-    folder holding one) or a CSV/TSV/JSONL manifest. `captions_per_image` None keeps every caption
-    of an ALBEF/BLIP file (as the original) and the first five of a Karpathy file (its convention)."""
+    folder holding one), CLIP_benchmark's own coco_test_karpathy.json (COCO's caption layout) or
+    flickr30k_test_karpathy.txt (or its --dataset_root holding one: read under --protocol
+    clip_benchmark, or where no dataset_*.json is beside it), or a CSV/TSV/JSONL manifest.
+    `captions_per_image` None keeps every caption of an ALBEF/BLIP file (as the original) and of
+    CLIP_benchmark's files (as it does), and the first five of a Karpathy file (its convention)."""
     spec = as_spec(spec)
+    if spec.kind is None and spec.path.is_dir():
+        annotation = _clip_benchmark_annotation(spec.path, protocol)
+        if annotation is not None:
+            spec = dataclasses.replace(spec, path=annotation)
     kind = spec.kind or _infer_retrieval_kind(spec)
     if kind not in RETRIEVAL_READERS:
         raise EvalDataError(f"dataset {spec.name}: unknown retrieval kind {kind!r}")

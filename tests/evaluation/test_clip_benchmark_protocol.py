@@ -5,8 +5,10 @@ original's templates and splits elsewhere, top-1 as the headline and its result 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import zero_shot as zero_shot_cli
@@ -138,3 +140,117 @@ def test_retrieval_is_the_standard_one_with_clip_benchmarks_form(tmp_path):
     form = ours["clip_benchmark_metrics"]
     assert form["image_retrieval_recall@5"] == ours["metrics"]["text_to_image_R@5"] / 100
     assert form["text_retrieval_recall@1"] == ours["metrics"]["image_to_text_R@1"] / 100 and len(form) == 6
+
+
+def _clip_benchmark_annotations(root: Path) -> dict:
+    """CLIP_benchmark's two retrieval annotation files in their layouts, with their images: COCO's
+    caption JSON (images listed out of id order, a seventh caption, captions interleaved across
+    images) and Flickr's IMAGE.jpg,caption text (a caption holding a comma)."""
+    from PIL import Image
+
+    (root / "val2014").mkdir(parents=True)
+    for i, colour in enumerate([(250, 0, 0), (0, 250, 0), (0, 0, 250)]):
+        Image.new("RGB", (20, 12), colour).save(root / "val2014" / f"COCO_val2014_{i:012d}.jpg")
+        Image.new("RGB", (12, 20), colour).save(root / f"{1000 + i}.jpg")
+    coco = {"images": [{"id": 7, "file_name": "COCO_val2014_000000000002.jpg"},
+                       {"id": 3, "file_name": "COCO_val2014_000000000000.jpg"},
+                       {"id": 5, "file_name": "COCO_val2014_000000000001.jpg"}],
+            "annotations": [{"image_id": 5, "id": 1, "caption": "green one"},
+                            {"image_id": 3, "id": 2, "caption": "red one"},
+                            {"image_id": 7, "id": 3, "caption": "blue one"},
+                            {"image_id": 3, "id": 4, "caption": "red two"},
+                            *({"image_id": 5, "id": 10 + k, "caption": f"green {k}"} for k in range(6))]}
+    (root / "coco_test_karpathy.json").write_text(json.dumps(coco))
+    (root / "flickr30k_test_karpathy.txt").write_text(
+        "image,caption\n1001.jpg,a green, bright picture\n1000.jpg,red\n1001.jpg,green again\n\n1002.jpg,blue\n")
+    return coco
+
+
+def test_retrieval_reads_clip_benchmarks_own_annotation_files(tmp_path):
+    from src.evaluation.run import evaluate_retrieval
+    from src.evaluation.specs import load_retrieval_data
+
+    _clip_benchmark_annotations(tmp_path)
+    # COCO: images by id (3, 5, 7), each with every caption in the file's order (CocoCaptions).
+    coco = load_retrieval_data(f"coco={tmp_path / 'coco_test_karpathy.json'}")
+    assert [p.name for p in coco.images] == [f"COCO_val2014_{i:012d}.jpg" for i in range(3)]
+    assert coco.captions == ["red one", "red two", "green one", *(f"green {k}" for k in range(6)), "blue one"]
+    assert coco.caption_image == [0, 0, *[1] * 7, 2]
+    # Flickr: images in order of first appearance, the text after ".jpg," whole.
+    flickr = load_retrieval_data(f"flickr={tmp_path / 'flickr30k_test_karpathy.txt'}")
+    assert [p.name for p in flickr.images] == ["1001.jpg", "1000.jpg", "1002.jpg"]
+    assert flickr.captions == ["a green, bright picture", "green again", "red", "blue"]
+    assert flickr.caption_image == [0, 0, 1, 2]
+    # Its --dataset_root: the annotation file in it is read under the clip_benchmark protocol.
+    (tmp_path / "coco").mkdir()
+    (tmp_path / "coco" / "coco_test_karpathy.json").write_text((tmp_path / "coco_test_karpathy.json").read_text())
+    shutil.copytree(tmp_path / "val2014", tmp_path / "coco" / "val2014")
+    folder = load_retrieval_data(f"coco={tmp_path / 'coco'}", protocol="clip_benchmark")
+    assert folder.captions == coco.captions and [p.name for p in folder.images] == [p.name for p in coco.images]
+    result = evaluate_retrieval(layouts.micro_model(), f"coco={tmp_path / 'coco'}", 32, "cpu",
+                                protocol="clip_benchmark")
+    assert (result["num_images"], result["num_captions"]) == (3, 10) and "clip_benchmark_metrics" in result
+    bad = tmp_path / "bad.txt"
+    bad.write_text("image,caption\n1000.png,red\n")
+    with pytest.raises(EvalDataError, match=r"bad.txt, line 2: expected IMAGE.jpg,caption"):
+        load_retrieval_data(f"bad={bad}")
+
+
+def test_flowers_says_when_clip_benchmark_would_shift_its_labels(tmp_path):
+    from scipy.io import savemat
+
+    layouts.write_flowers(tmp_path)  # test ids 4, 2, 6; image 4 of class 77: no shift
+    model = layouts.micro_model()
+    plain = evaluate_classification(model, f"flowers={tmp_path}", 32, "cpu", protocol="clip_benchmark")
+    assert "notices" not in plain
+    savemat(tmp_path / "flowers-102" / "imagelabels.mat",
+            {"labels": np.array([[5, 102, 1, 2, 1, 40]], dtype=np.uint8)})  # image 4 now of class 2: label 1
+    shifted = evaluate_classification(model, f"flowers={tmp_path}", 32, "cpu", protocol="clip_benchmark")
+    assert shifted["notices"] and "subtracts one from every label" in shifted["notices"][0]
+    data, _ = load_classification_data(f"flowers={tmp_path}", "clip_benchmark")
+    assert data.labels == [1, 101, 39]  # ours: the file's labels minus one, never shifted again
+
+
+def test_clip_benchmark_eval_skips_an_unreadable_image_inside_its_loader(tmp_path):
+    # CLIP_benchmark's datasets (torchvision's classes) cannot be imported here (no torchvision), so a
+    # dataset that opens its images as they do (PIL, inside the DataLoader's worker processes) stands in.
+    import torch
+    from PIL import Image
+
+    from src.evaluation.clip_bench import ClipBenchmarkError, skipped_items, skipping_unreadable
+
+    paths = []
+    for i in range(5):
+        paths.append(tmp_path / f"{i}.jpg")
+        Image.new("RGB", (16, 16), (40 * i, 0, 0)).save(paths[-1])
+    paths[2].write_bytes(paths[2].read_bytes()[:200])  # truncated
+
+    class Folder:  # torchvision's ImageFolder in miniature: samples, PIL in __getitem__
+        classes = ["dark", "light"]
+
+        def __init__(self, samples):
+            self.samples = samples
+
+        def __len__(self):
+            return len(self.samples)
+
+        def __getitem__(self, i):
+            path, label = self.samples[i]
+            image = Image.open(path).convert("RGB")
+            return torch.from_numpy(np.asarray(image).copy()).float().mean(), label
+
+    cli = type("cli", (), {"build_dataset": staticmethod(lambda **kw: Folder([(p, i % 2) for i, p in enumerate(paths)])),
+                           "get_dataset_collate_fn": staticmethod(lambda name: torch.utils.data.default_collate)})
+    original = cli.build_dataset
+    with skipping_unreadable(cli) as notes:
+        dataset = cli.build_dataset(dataset_name="x")
+        assert dataset.classes == ["dark", "light"] and len(dataset) == 5  # its attributes pass through
+        loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2,
+                                             collate_fn=cli.get_dataset_collate_fn("x"))
+        labels = [int(t) for _, target in loader for t in target]
+        assert labels == [0, 1, 1, 0]  # item 2 left out
+        assert skipped_items(notes) == [{"image": str(paths[2]), "error": skipped_items(notes)[0]["error"]}]
+        assert "truncated" in skipped_items(notes)[0]["error"].lower()  # PIL: "OSError: Truncated File Read"
+        with pytest.raises(ClipBenchmarkError, match="none of the 1 images of a batch could be read"):
+            cli.get_dataset_collate_fn("x")([None])
+    assert cli.build_dataset is original and not notes.exists()  # put back, notes removed

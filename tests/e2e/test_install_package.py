@@ -16,12 +16,15 @@ import os
 import subprocess
 import sysconfig
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from benchmarks.oracles import base_python
-from tests._repo import fresh_copy
+from src.install import TESTED_TORCH
+from tests._repo import REPO, fresh_copy
 
 # Run from a folder holding the user's own `src` package: the library must not clash with it.
 USE = r"""
@@ -185,3 +188,14 @@ def test_pip_install_then_editable_install_import_from_any_folder(scratch):
     proc = subprocess.run([str(python), "-c", code], cwd=repo, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.stdout.strip() == "[49406, 320, 2368]", proc.stderr
     assert proc.returncode != 0 and "imported as both 'src.open_alip' and 'open_alip'" in proc.stderr, proc.stderr
+
+
+def test_the_declared_torch_is_the_tested_one():
+    # pyproject.toml cannot import src/install.py, which owns the tested version: the two must agree,
+    # and the range must not reach a torch the tests never ran (PyPI's newest, a CUDA build).
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch = next(Requirement(d) for d in deps if Requirement(d).name == "torch")
+    major, minor, _ = TESTED_TORCH.split(".")
+    assert torch.specifier.contains(TESTED_TORCH) and torch.specifier.contains(f"{TESTED_TORCH}+cpu")
+    assert not torch.specifier.contains(f"{major}.{int(minor) + 1}.0")
+    assert not torch.specifier.contains(f"{major}.{int(minor) - 1}.0")

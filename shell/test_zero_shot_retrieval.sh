@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ######################### Model #########################
-model_name=${MODEL_NAME:-RWKV_CLIP_B32}
+model_name=${MODEL_NAME:-}  # empty: the config the weights record (or the shipped one they fit); else a name or JSON
 model_weight=${MODEL_WEIGHT:-MODEL_WEIGHT_PATH}  # .pt/.safetensors file or hf-hub:ORG/REPO[/FILE]
 batch_size=${BATCH_SIZE:-120}
 protocol=${PROTOCOL:-original}
@@ -22,6 +22,9 @@ coco=${COCO:-data/eval/coco/coco_test.json}
 flickr=${FLICKR:-data/eval/flickr30k/flickr30k_test.json}
 device=${DEVICE:-auto}
 PYTHON=${PYTHON:-.venv/bin/python}
+
+model_args=()
+[ -n "$model_name" ] && model_args=(--model-name "$model_name")
 
 # A local file must exist; hf-hub:ORG/REPO[/FILE] is fetched (and checked) by the Python loader.
 if [[ "$model_weight" != hf-hub:* && ! -f "$model_weight" ]]; then
@@ -34,7 +37,7 @@ run() {  # NAME JSON IMAGE_ROOT EXTRA_FLAGS...
     shift 3
     [ -n "$images" ] && root=(--image-root "$images")
     "$PYTHON" retrieval.py \
-        --model-name "$model_name" \
+        "${model_args[@]}" \
         --model-weight "$model_weight" \
         --protocol "$protocol" \
         --batch-size "$batch_size" \

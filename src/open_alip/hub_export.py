@@ -124,5 +124,3 @@ def export_for_hub(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-

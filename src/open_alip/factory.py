@@ -310,11 +310,13 @@ def create_model_and_transforms(
 
     `model_name`: a shipped config (`list_models()`), a JSON file (a config, train.py's
     params.json, or an open_clip_config.json), hf-hub:ORG/REPO (a repo with an open_clip_config.json,
-    as `export_hub.py` writes it), or None (the config the weights record: train.py checkpoints);
+    as `export_hub.py` writes it), or None (the config the weights record, as train.py checkpoints do,
+    else their hub repo's, else the one shipped config they fit: `load_config_and_weights`);
     `overrides` replace config values. `pretrained`: None (random weights, or the repo's for a hub
     model), a released tag (`list_pretrained()`: "yfcc15m" for RWKV_CLIP_B32), a local
     .pt/.safetensors file, or hf-hub:ORG/REPO[/FILE] (see pretrained.py; `cache_dir` replaces the hub
-    cache). `device`: None (cpu), "auto", or any torch device. `precision`: None or "fp32" (float32,
+    cache). `device`: None (where the model is built: the CPU, or a `with torch.device(...)` block's),
+    "auto", or any torch device. `precision`: None or "fp32" (float32,
     as the evaluation runs), "fp16"/"bf16" (weights cast), "amp"/"amp_bf16" (float32 weights for an
     autocast region), "fp64". `wkv_impl`: see `RWKV_CLIP.set_wkv_impl`; `output_dict`: see RWKV_CLIP.
     The model comes back in eval mode, with `model.config_source` naming its config and how it was

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from src.convert import (
     DEFAULT_MAX_SKIP_FRACTION,
@@ -42,6 +43,9 @@ from src.convert.hub_cli import add_arguments as add_hub_arguments
 from src.convert.hub_cli import run_from_hub
 from src.errors import finite_float
 from src.fsutil import DEFAULT_MAX_FILE_BYTES
+from src.shard_names import LOCK, REPORT, STATE, shard_names_text
+
+OUT = Path("OUT")  # how the help writes the --output prefix
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,10 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="*", metavar="INPUT",
                    help="parquet files, WebDataset .tar files, CSV/TSV/JSONL manifests, or folders of them "
                         f"(or one folder of images with .txt captions); none: ./{DEFAULT_INPUT}, written to "
-                        f"{DEFAULT_INPUT}/{DEFAULT_NAME}.rec/.idx")
-    p.add_argument("--output", "-o", help="output prefix: writes OUT.rec/.idx, or OUT-00000.rec/.idx ... "
-                                          "with --shard-size, plus OUT.report.json and OUT.state.json "
-                                          "(and OUT.lock while running)")
+                        f"{shard_names_text(DEFAULT_INPUT / DEFAULT_NAME, sharded=False)}")
+    p.add_argument("--output", "-o",
+                   help=f"output prefix: writes {shard_names_text(OUT, sharded=False)}, or {shard_names_text(OUT)} "
+                        f"with --shard-size, plus {OUT}{REPORT} and {OUT}{STATE} (and {OUT}{LOCK} while running)")
     p.add_argument("--format", default="auto", choices=["auto", *SOURCES],
                    help="input kind (default: detected from the paths)")
     g = p.add_argument_group("sharding and parallelism")

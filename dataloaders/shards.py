@@ -1,5 +1,9 @@
 """Which `.rec/.idx` shards a loader reads, and where every record of them starts.
 
+A folder means the shards directly in it, by the rule the launcher uses too (src/shard_names.py:
+`val*` shards and a `.rec` or `.idx` without its partner are left out, with a warning); a prefix,
+a `.rec`/`.idx` path or a glob is taken as named.
+
 Records are numbered shard after shard, each shard by ascending offset; both loader
 backends address records by that number (dataloaders/records.py reads one). A record's
 bytes run from its offset to the next record's offset in the same shard (or the end of
@@ -15,6 +19,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -25,9 +30,11 @@ import numpy as np
 from src.errors import UserError
 from src.fsutil import atomic_open
 from src.recordio import MAGIC_BYTES, RecordIOError, read_index
+from src.shard_names import DEFAULT_OUTPUT_NAME, IDX, REC, natural_key, pair, scan_folder
 
 __all__ = ["Shard", "ShardError", "ShardSet", "default_cache_dir", "find_rec_file", "load_shards", "resolve_shards"]
 
+LOG = logging.getLogger(__name__)
 _GLOB_CHARS = re.compile(r"[*?\[]")
 # Bump when the cached files' layout changes, so old caches are not misread.
 _CACHE_VERSION = 2
@@ -47,56 +54,42 @@ class Shard:
         return self.rec.name
 
 
-def _natural_key(path: Path) -> list:
-    # shard-2 before shard-10, as a person numbering shards expects.
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+def _named(rec: Path, idx: Path) -> Shard:
+    """A shard named explicitly: both files must be there."""
+    if not idx.is_file():
+        raise ShardError(f"{rec}: no index {idx.name} beside it; rebuild it (data2rec.py writes both)")
+    return Shard(rec, idx)
 
 
-def _pair(recs: list[Path], idxs: list[Path], what: str) -> list[Shard]:
-    rec_stems = {p.with_suffix(""): p for p in recs}
-    idx_stems = {p.with_suffix(""): p for p in idxs}
-    lonely_idx = sorted(set(idx_stems) - set(rec_stems))
-    if lonely_idx:
-        raise ShardError(f"{idx_stems[lonely_idx[0]]}: index without a matching .rec in {what}; "
-                         "remove it or restore its .rec")
-    shards = []
-    for stem, rec in sorted(rec_stems.items(), key=lambda kv: _natural_key(kv[0])):
-        idx = idx_stems.get(stem, stem.with_suffix(".idx"))
-        if not idx.is_file():
-            raise ShardError(f"{rec}: no index {idx.name} beside it; rebuild it (data2rec.py writes both)")
-        shards.append(Shard(rec, idx))
-    return shards
+def _in_folder(folder: Path) -> list[Shard]:
+    scan = scan_folder(folder)
+    if not scan.shards:
+        why = f" ({scan.left_out[0][0].name}: {scan.left_out[0][1]})" if scan.left_out else ""
+        raise ShardError(f"{folder}: directory holds no training {REC} files{why}; "
+                         f"pass a folder of {REC}/{IDX} shards")
+    for path, why in scan.left_out:
+        LOG.warning("left out %s: %s", path, why)
+    return [Shard(rec, idx) for rec, idx in scan.shards]
 
 
 def _resolve_one(item: str | os.PathLike[str]) -> list[Shard]:
     text = os.fspath(item)
     path = Path(text).expanduser()
     if path.is_dir():
-        files = [p for p in path.iterdir() if p.is_file()]
-        recs = [p for p in files if p.suffix == ".rec"]
-        idxs = [p for p in files if p.suffix == ".idx"]
-        if not recs and not idxs:
-            raise ShardError(f"{path}: directory holds no .rec files; pass a folder of .rec/.idx shards")
-        return _pair(recs, idxs, str(path))
+        return _in_folder(path)
     if _GLOB_CHARS.search(text):
         matches = [Path(p) for p in glob.glob(str(path))]
-        recs = [p for p in matches if p.suffix == ".rec" and p.is_file()]
+        # A glob of .rec or .idx files, or of prefixes ("shards/part-*"), names shards by stem.
+        recs = sorted({p.with_suffix(REC) for p in matches}, key=natural_key)
+        recs = [rec for rec in recs if rec.is_file()]
         if not recs:
-            # A glob of prefixes ("shards/part-*") names shards by stem.
-            recs = [p.with_suffix(".rec") for p in matches if p.with_suffix(".rec").is_file()]
-            recs = sorted(set(recs))
-        if not recs:
-            raise ShardError(f"{text}: pattern matches no .rec files")
-        return _pair(recs, [p for p in matches if p.suffix == ".idx"], text)
-    if path.suffix in (".rec", ".idx"):
-        rec, idx = path.with_suffix(".rec"), path.with_suffix(".idx")
-    else:
-        rec, idx = Path(text + ".rec").expanduser(), Path(text + ".idx").expanduser()
+            raise ShardError(f"{text}: pattern matches no {REC} files")
+        return [_named(*pair(rec)) for rec in recs]
+    rec, idx = pair(path)
     if not rec.is_file():
-        raise ShardError(f"{text}: no such .rec file ({rec}); pass a prefix, a .rec file, a folder or a glob")
-    if not idx.is_file():
-        raise ShardError(f"{rec}: no index {idx.name} beside it; rebuild it (data2rec.py writes both)")
-    return [Shard(rec, idx)]
+        raise ShardError(f"{text}: no such {REC} file ({rec}); "
+                         f"pass a prefix, a {REC} file, a folder or a glob")
+    return [_named(rec, idx)]
 
 
 def resolve_shards(data) -> list[Shard]:
@@ -125,13 +118,12 @@ def find_rec_file(data_dir: str | os.PathLike[str] | None, rec_file: str) -> Pat
     tried = [] if name.is_absolute() or data_dir is None else [Path(data_dir).expanduser() / name]
     tried.append(name)
     for path in tried:
-        rec = path if path.suffix in (".rec", ".idx") else Path(f"{path}.rec")
-        if rec.with_suffix(".rec").is_file():
+        if pair(path)[0].is_file():
             return path
     where = " nor in the working folder ".join(str((p.parent if p.is_absolute() else Path.cwd() / p.parent).resolve())
                                               for p in tried)
-    raise ShardError(f"--rec-file {rec_file}: not found in {where}; give the name of a .rec file in --data-dir "
-                     "(data2rec.py writes datarec.rec by default) or a path to one")
+    raise ShardError(f"--rec-file {rec_file}: not found in {where}; give the name of a {REC} file in "
+                     f"--data-dir (data2rec.py writes {DEFAULT_OUTPUT_NAME}{REC} by default) or a path to one")
 
 
 def default_cache_dir() -> Path:

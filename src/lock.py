@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from src.errors import UserError
+from src.shard_names import LOCK, side_file
 
 
 class OutputLocked(UserError):
@@ -60,7 +61,7 @@ def _alive_here(holder: dict) -> bool | None:
 
 
 def lock_path(prefix: Path) -> Path:
-    return prefix.with_name(prefix.name + ".lock")
+    return side_file(prefix, LOCK)
 
 
 def read_holder(path: Path) -> dict:

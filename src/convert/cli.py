@@ -13,6 +13,9 @@ from pathlib import Path
 
 from src.errors import UserError
 from src.fsutil import printable
+from src.shard_names import DEFAULT_DATASET as DEFAULT_INPUT
+from src.shard_names import DEFAULT_OUTPUT_NAME as DEFAULT_NAME
+from src.shard_names import REC, REPORT, shard_names_text, side_file
 
 from .images import ImageOptions
 from .pipeline import ConvertOptions, TooManySkipped, UnreadableInputs, convert, output_prefix
@@ -21,10 +24,6 @@ from .sources import SourceOptions
 from .verify import verify
 
 PROG = "data2rec"
-# The how-to guide's `python data2rec.py`: the dataset folder the download made, and the names
-# dali.py --data-dir YFCC15M --rec-file datarec.rec and the launcher's DATA_ROOT=YFCC15M look for.
-DEFAULT_INPUT = Path("YFCC15M")
-DEFAULT_NAME = "datarec"
 
 
 class _Out:
@@ -72,8 +71,8 @@ def _default_input(args: argparse.Namespace) -> str | None:
                 f"(bash data/download_YFCC15M.sh) or pass the files or folders to convert (see --help)")
     args.inputs = [str(DEFAULT_INPUT)]
     args.output = args.output or str(DEFAULT_INPUT / DEFAULT_NAME)
-    rec = output_prefix(args.output, args.num_machines, args.machine_id).with_suffix(".rec")
-    shown = rec if args.shard_size == 0 else f"{rec.with_suffix('')}-NNNNN.rec"
+    prefix = output_prefix(args.output, args.num_machines, args.machine_id)
+    shown = shard_names_text(prefix, args.shard_size > 0)
     say(f"no input given: converting ./{DEFAULT_INPUT} -> {shown}")
     return None
 
@@ -117,12 +116,12 @@ def _mass_skip(exc: TooManySkipped) -> int:
 
     report = exc.report
     rec = Path(report["output"]).name
-    written = (f"every valid row is written ({report['written']} records in {rec}*.rec)" if report["written"]
+    written = (f"every valid row is written ({report['written']} records in {rec}*{REC})" if report["written"]
                else "no row was valid, so no record was written")
     _err(f"error: {exc}",
          "  top reasons:", *Report.from_dict(report).reason_lines(3),
-         f"  {written} and the report is {report['output']}.report.json; check the input kind, columns and "
-         f"files. If these skips are expected, rerun the same command with --max-skip-fraction "
+         f"  {written} and the report is {side_file(Path(report['output']), REPORT)}; check the input kind, "
+         "columns and files. If these skips are expected, rerun the same command with --max-skip-fraction "
          f"{min(1.0, report['skipped'] / report['seen'] + 0.005):.2f} (nothing is converted again)")
     return exc.exit_code
 
@@ -132,7 +131,7 @@ def _summary(report: dict, args: argparse.Namespace) -> None:
 
     r = Report.from_dict(report)
     say(f"{report['output']}: {len(report['shards'])} shard(s); {r.caption_counts()}",
-        r.summary(), f"report: {report['output']}.report.json")
+        r.summary(), f"report: {side_file(Path(report['output']), REPORT)}")
     if report.get("resumed"):
         say("(nothing to do: this run was already complete)")
 

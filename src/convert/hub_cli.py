@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from src.shard_names import shard_names_text
+
 from .cli import DEFAULT_NAME, _check_args, _fail, _summary, convert_options, report_or_status, say
 from .onepass import DEFAULT_MAX_INFLIGHT, DEFAULT_TRIES, HubOptions, convert_from_hub, rate_lines
 from .pipeline import output_prefix
@@ -17,8 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--from-hub", metavar="ORG/NAME",
                    help="download this hub dataset's parquet shards with data/hfd.sh (HF_ENDPOINT, HF_TOKEN as "
                         "there) and convert each as soon as it is verified, deleting it once its records are "
-                        "written: peak disk is the records plus --max-inflight shards. Writes OUT-NNNNN.rec/.idx, "
-                        "one per hub shard (default --output: NAME/datarec); rerun the same command to resume")
+                        "written: peak disk is the records plus --max-inflight shards. Writes "
+                        f"{shard_names_text(Path('OUT'))}, one per hub shard (default --output: "
+                        f"NAME/{DEFAULT_NAME}); rerun the same command to resume")
     g.add_argument("--hub-include", nargs="+", metavar="PAT", default=[],
                    help="only hub files matching these globs, as hfd.sh --include (e.g. 'data/train-0000*')")
     g.add_argument("--max-inflight", type=int, default=DEFAULT_MAX_INFLIGHT, metavar="N",
@@ -34,7 +37,7 @@ def run_from_hub(args: argparse.Namespace) -> int:
                      "afterwards with --verify OUT)")
     if not args.output:
         args.output = str(Path(args.from_hub.rsplit("/", 1)[-1]) / DEFAULT_NAME)
-        say(f"no --output given: writing {output_prefix(args.output)}-NNNNN.rec/.idx")
+        say(f"no --output given: writing {shard_names_text(output_prefix(args.output))}")
     problem = _check_args(argparse.Namespace(**{**vars(args), "inputs": [args.from_hub]}))
     if problem:
         return _fail(problem)

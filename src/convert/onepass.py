@@ -28,6 +28,7 @@ from src.errors import UserError
 from src.fsutil import atomic_write_json, fsync_dir
 from src.lock import OutputLock
 from src.open_alip.urls import redact_urls
+from src.shard_names import IDX, ONEPASS_STATE, REC, REPORT, output_shards, shard_paths, side_file
 
 from .items import Unit
 from .pipeline import (
@@ -228,16 +229,14 @@ class _Run:
         self.hub, self.opts, self.say = hub, opts, say
         self.prefix = output_prefix(output)
         self.work = self.prefix.with_name(f".{self.prefix.name}.onepass")
-        self.state_path = self.prefix.with_name(self.prefix.name + ".onepass.json")
-        self.report_path = self.prefix.with_name(self.prefix.name + ".report.json")
+        self.state_path = side_file(self.prefix, ONEPASS_STATE)
+        self.report_path = side_file(self.prefix, REPORT)
         self.started = time.monotonic()
         self.waited = 0.0
 
     # -- files ---------------------------------------------------------------------------
     def _outputs(self) -> list[Path]:
-        name = self.prefix.name
-        return sorted(p for p in self.prefix.parent.glob(f"{name}-[0-9][0-9][0-9][0-9][0-9].*")
-                      if p.suffix in (".rec", ".idx"))
+        return output_shards(self.prefix, numbered_only=True, suffixes=(REC, IDX))
 
     def _wipe(self) -> None:
         for p in self._outputs():
@@ -253,11 +252,12 @@ class _Run:
         """Move a recorded shard's records to their final names, then delete its parquet; safe to
         repeat after a kill at any point."""
         i = entry["index"]
-        part = self._part(i)
-        for key in ("idx", "rec"):  # the .rec last: a reader that sees it can rely on the .idx
+        part_rec, part_idx = shard_paths(self._part(i), None)
+        # The .rec last: a reader that sees it can rely on the .idx.
+        for key, src in (("idx", part_idx), ("rec", part_rec)):
             if entry[key] is None:
                 continue
-            src, dst = part.with_name(part.name + "." + key), self.prefix.parent / entry[key]
+            dst = self.prefix.parent / entry[key]
             if src.is_file():
                 os.replace(src, dst)
             elif not dst.is_file():
@@ -381,12 +381,12 @@ class _Run:
         final = convert([download.path], self._part(i), part_opts)
         seconds = time.monotonic() - began
         shard = final["shards"][0] if final["shards"] else None
-        stem = f"{self.prefix.name}-{i:05d}"
+        rec, idx = shard_paths(self.prefix, i)
         report = {k: final[k] for k in ("seen", "written", "converted", "skipped", "skipped_by_reason",
                                         "examples", "records_by_caption_count")}
         entry = {
             "index": i, "name": file.name, "size": file.size, "rows": rows,
-            "rec": stem + ".rec" if shard else None, "idx": stem + ".idx" if shard else None,
+            "rec": rec.name if shard else None, "idx": idx.name if shard else None,
             "records": shard["records"] if shard else 0, "bytes": shard["bytes"] if shard else 0,
             "first_id": shard["first_id"] if shard else None, "last_id": shard["last_id"] if shard else None,
             "report": report, "fetched_bytes": download.fetched, "download_s": round(download.seconds or 0, 3),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -21,8 +20,21 @@ from pathlib import Path
 
 from src.caption_record import CONTEXT_LENGTH, caption_record_head
 from src.errors import UserError
-from src.fsutil import DEFAULT_MAX_FILE_BYTES, json_safe, printable, remove_stale_temp_files
+from src.fsutil import DEFAULT_MAX_FILE_BYTES, TMP_SUFFIX, json_safe, printable, remove_stale_temp_files
 from src.lock import OutputLock
+from src.shard_names import (
+    LOCK,
+    PROBE,
+    REPORT,
+    SHARD_SUFFIXES,
+    STATE,
+    is_output_name,
+    output_prefix,
+    output_shards,
+    shard_paths,
+    side_file,
+    temp_path,
+)
 
 from .distributor import chunked, ordered_map, prefetch
 from .images import ImageOptions, validate_level
@@ -32,7 +44,7 @@ from .sources import InputError, Source, SourceOptions, make_source
 from .sources.base import UnreadableUnit
 from .state import load_state, new_state, write_json_atomic, write_report
 from .worker import WorkerConfig, check_chunk_tokens
-from .writer import TMP_SUFFIX, ShardWriter, discard_temps
+from .writer import ShardWriter, discard_temps
 
 MAX_ID = 2**64 - 1  # record ids are uint64 (docs/formats.md, section 1)
 MAX_WORKERS_PER_CORE = 4  # past this, more workers only add memory and start-up time
@@ -116,35 +128,16 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def output_prefix(output: str | Path, num_machines: int = 1, machine_id: int = 0) -> Path:
-    """The path every output name starts with; machines of a split get distinct prefixes."""
-    out = Path(output)
-    if out.suffix in (".rec", ".idx"):
-        out = out.with_suffix("")
-    if num_machines > 1:
-        out = out.with_name(f"{out.name}-m{machine_id:03d}")
-    return out
-
-
 def is_output_file(path: Path, output: str | Path) -> bool:
     """True for a file a run with --output `output` writes (any machine's part): shards,
     their indexes, the report, the resume state, the lock and their temporaries."""
     base = output_prefix(output)
-    if not path.name.startswith(base.name):
-        return False
-    rest = path.name[len(base.name):]
-    if not re.fullmatch(r"(-m\d{3})?(-\d{5})?\.(rec|idx)(\.tmp)?|(-m\d{3})?\.(report\.json|state\.json|lock)"
-                        r"|(-m\d{3})?\.probe\.tmp", rest):
+    if not is_output_name(path.name, base):
         return False
     try:
         return path.parent.resolve() == base.parent.resolve()
     except OSError:
         return False
-
-
-def shard_paths(prefix: Path, shard: int | None) -> tuple[Path, Path]:
-    stem = prefix.name if shard is None else f"{prefix.name}-{shard:05d}"
-    return prefix.with_name(stem + ".rec"), prefix.with_name(stem + ".idx")
 
 
 def _fingerprint(source: Source, units: list[Unit], opts: ConvertOptions) -> dict:
@@ -170,14 +163,13 @@ def _check_output_names(prefix: Path, sharded: bool) -> None:
     """Refuse an output name that exists as something other than a file (a folder named
     OUT.rec, say) before anything is written: the run would fail half-way, leaving an
     orphan .idx, and no rerun could succeed."""
-    stems = [prefix.name + s for s in (".report.json", ".state.json", ".lock", ".probe" + TMP_SUFFIX)]
-    names = [prefix.parent / n for n in stems]
+    names = [side_file(prefix, s) for s in (REPORT, STATE, LOCK, PROBE)]
     if sharded:
-        shard = glob.escape(prefix.name) + "-" + "[0-9]" * 5
-        names += [p for ext in (".rec", ".idx") for p in prefix.parent.glob(shard + ext + "*")]
+        numbered = prefix.parent.glob(glob.escape(prefix.name) + "-*")
+        names += [p for p in numbered if is_output_name(p.name, prefix, machines=False)]
     else:
-        names += [prefix.parent / (prefix.name + ext) for ext in (".rec", ".idx")]
-    names += [n.with_name(n.name + TMP_SUFFIX) for n in names if not n.name.endswith(TMP_SUFFIX)]
+        names += shard_paths(prefix, None)
+    names += [temp_path(n) for n in names if not n.name.endswith(TMP_SUFFIX)]
     for path in names:
         if path.exists() and not path.is_file():
             what = "a folder" if path.is_dir() else "not a regular file"
@@ -188,24 +180,17 @@ def _check_output_names(prefix: Path, sharded: bool) -> None:
 def _check_writable(prefix: Path) -> None:
     try:
         prefix.parent.mkdir(parents=True, exist_ok=True)
-        probe = prefix.with_name(prefix.name + ".probe" + TMP_SUFFIX)
+        probe = side_file(prefix, PROBE)
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
         raise OutputError(f"{prefix.parent}: output folder is not writable ({exc.strerror or exc})") from None
 
 
-def _existing_outputs(prefix: Path) -> list[Path]:
-    name = glob.escape(prefix.name)
-    names = [*prefix.parent.glob(name + ".rec"), *prefix.parent.glob(name + "-[0-9]*.rec")]
-    return sorted(p for p in names if p.is_file())
-
-
 def _remove_outputs(prefix: Path) -> None:
-    for rec in _existing_outputs(prefix):
-        rec.unlink()
-        rec.with_suffix(".idx").unlink(missing_ok=True)
-    prefix.with_name(prefix.name + ".report.json").unlink(missing_ok=True)
+    for path in output_shards(prefix, suffixes=SHARD_SUFFIXES):
+        path.unlink()
+    side_file(prefix, REPORT).unlink(missing_ok=True)
 
 
 def remove_output_temps(prefix: Path) -> list[Path]:
@@ -215,9 +200,8 @@ def remove_output_temps(prefix: Path) -> list[Path]:
 
 
 def _clean_temps(prefix: Path) -> None:
-    name = glob.escape(prefix.name)
-    for pattern in (name + ".*" + TMP_SUFFIX, name + "-[0-9]*" + TMP_SUFFIX):
-        for tmp in prefix.parent.glob(pattern):
+    for tmp in prefix.parent.glob(glob.escape(prefix.name) + "*" + TMP_SUFFIX):
+        if is_output_name(tmp.name, prefix, machines=False):
             tmp.unlink(missing_ok=True)
 
 
@@ -306,8 +290,8 @@ def _validate_hint(old: dict, new: dict) -> str:
 
 
 def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: ConvertOptions, started: float) -> dict:
-    state_path = prefix.with_name(prefix.name + ".state.json")
-    report_path = prefix.with_name(prefix.name + ".report.json")
+    state_path = side_file(prefix, STATE)
+    report_path = side_file(prefix, REPORT)
     fingerprint = _fingerprint(source, units, opts)
 
     state = load_state(state_path) if opts.resume and not opts.overwrite else None
@@ -318,9 +302,9 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
             "to start over"
         )
     if state is None:
-        if _existing_outputs(prefix) and not opts.overwrite:
+        if output_shards(prefix) and not opts.overwrite:
             raise OutputError(
-                f"{_existing_outputs(prefix)[0]} already exists and no matching resume state was found; "
+                f"{output_shards(prefix)[0]} already exists and no matching resume state was found; "
                 "pass --overwrite to replace it or choose another --output"
             )
         from tqdm import tqdm

@@ -6,30 +6,35 @@ from __future__ import annotations
 
 import glob
 import json
-import re
 from collections import Counter
 from pathlib import Path
 
+from src.fsutil import TMP_SUFFIX
 from src.lock import describe, held_by, lock_path
 
 from ..caption_record import CONTEXT_LENGTH, InvalidCaptions, unpack_caption_record
 from ..recordio import RecordIOError, iter_records, read_index, unpack
+from ..shard_names import (
+    MACHINE_PLACEHOLDER,
+    REC,
+    REPORT,
+    STATE,
+    index_of,
+    machine_prefix,
+    output_shards,
+    run_files,
+    run_prefix,
+    strip_shard_suffix,
+)
 from .images import sniff
-
-_SHARD = re.compile(r"-(m\d{3}-)?\d{5}\.rec$|-m\d{3}\.rec$")
 
 
 def find_shards(output: str | Path) -> list[Path]:
     """The `.rec` files of a conversion at `output` (one file, numbered shards, or machine parts)."""
     out = Path(output)
-    if out.suffix == ".rec" and out.is_file():
+    if out.suffix == REC and out.is_file():
         return [out]
-    if out.suffix in (".rec", ".idx"):
-        out = out.with_suffix("")
-    name = glob.escape(out.name)
-    found = [p for p in out.parent.glob(name + ".rec")]
-    found += [p for p in out.parent.glob(name + "-*.rec") if _SHARD.match(p.name[len(out.name):])]
-    return sorted(set(found))
+    return output_shards(strip_shard_suffix(out), machines=True)
 
 
 def _check_record(record: bytes, decode: bool) -> str | None:
@@ -92,7 +97,7 @@ def _listing_problems(rec: Path, listed: dict, records: int, ids: list[int]) -> 
 def verify_shard(rec: Path, decode: bool = False, max_errors: int = 20, listed: dict | None = None) -> dict:
     """Check one shard: every record parses, its index maps each record's id to its offset, and,
     given what the run `listed` for it (its report entry), its size, record count and ids match."""
-    idx = rec.with_suffix(".idx")
+    idx = index_of(rec)
     errors: list[str] = []
     ids: list[int] = []
     captions: Counter = Counter()
@@ -125,25 +130,16 @@ def verify_shard(rec: Path, decode: bool = False, max_errors: int = 20, listed: 
     return result
 
 
-def _run_files(output: Path, suffix: str) -> list[Path]:
-    """The run's own files named OUT + `suffix`, or OUT-mIII + `suffix` for a split's parts."""
-    name = glob.escape(output.name)
-    found = [*output.parent.glob(name + suffix), *output.parent.glob(name + "-m[0-9][0-9][0-9]" + suffix)]
-    return sorted(p for p in found if p.is_file())
-
-
 def listed_shards(output: str | Path) -> tuple[dict[Path, tuple[dict, Path]], list[Path]]:
     """The shards the run at `output` recorded as finished: .rec path -> (its entry, the file that
     lists it), from each part's resume state, or its report where the state is gone; and the
     parts' prefixes that have neither."""
-    out = Path(output)
-    if out.suffix in (".rec", ".idx"):
-        out = out.with_suffix("")
+    out = strip_shard_suffix(output)
     listed: dict[Path, tuple[dict, Path]] = {}
     prefixes: dict[Path, list[Path]] = {}
-    for suffix in (".state.json", ".report.json"):
-        for path in _run_files(out, suffix):
-            prefixes.setdefault(path.with_name(path.name[: -len(suffix)]), []).append(path)
+    for suffix in (STATE, REPORT):
+        for path in run_files(out, suffix):
+            prefixes.setdefault(run_prefix(path, suffix), []).append(path)
     for prefix, sources in sorted(prefixes.items()):
         for source in sources:  # the state first: it is what a resume trusts
             try:
@@ -159,22 +155,20 @@ def listed_shards(output: str | Path) -> tuple[dict[Path, tuple[dict, Path]], li
 def unfinished(output: str | Path) -> list[str]:
     """What keeps the conversion at `output` from being finished: a run still writing it,
     resume states of runs that stopped part-way, machines of a split that have not run here."""
-    out = Path(output)
-    if out.suffix in (".rec", ".idx"):
-        out = out.with_suffix("")
+    out = strip_shard_suffix(output)
     problems: list[str] = []
-    states = _run_files(out, ".state.json")
+    states = run_files(out, STATE)
     machines: set[int] = set()
     expected = 1
     for path in states:
-        prefix = path.with_name(path.name[: -len(".state.json")])
+        prefix = run_prefix(path, STATE)
         holder = held_by(lock_path(prefix))
         if holder is not None:
             problems.append(f"{prefix} is still being written by {describe(holder)}")
         try:
             state = json.loads(path.read_text(encoding="utf-8"))
             fingerprint = state["fingerprint"]
-            if path.name != out.name + ".state.json":  # a machine's part of the split `out`
+            if prefix != out:  # a machine's part of the split `out`
                 expected = max(expected, int(fingerprint["num_machines"]))
                 machines.add(int(fingerprint["machine_id"]))
         except (OSError, ValueError, KeyError, TypeError):
@@ -192,7 +186,7 @@ def unfinished(output: str | Path) -> list[str]:
         done = (state.get("report") or {}).get("seen", 0)
         left = [fingerprint["units"][i][0] for i in mine[slot:]]
         where = f"; next input: {left[0]}" if left else ""
-        temps = sorted(p.name for p in prefix.parent.glob(glob.escape(prefix.name) + "*.tmp"))
+        temps = sorted(p.name for p in prefix.parent.glob(glob.escape(prefix.name) + "*" + TMP_SUFFIX))
         problems.append(
             f"{prefix}: conversion unfinished: {done} of {total} input rows done in {len(state['shards'])} "
             f"finished shard(s), {len(left)} of {len(mine)} input unit(s) not finished{where}"
@@ -201,10 +195,11 @@ def unfinished(output: str | Path) -> list[str]:
         )
     missing = sorted(set(range(expected)) - machines) if expected > 1 else []
     if missing:
-        parts = ", ".join(f"{out.name}-m{m:03d}" for m in missing)
+        parts = ", ".join(machine_prefix(out, m).name for m in missing)
         problems.append(
             f"{out}: split over {expected} machines, but the parts of machine(s) {', '.join(map(str, missing))} "
-            f"({parts}) are not here; copy them here, or verify one part with --verify {out}-mIII"
+            f"({parts}) are not here; copy them here, or verify one part with "
+            f"--verify {out}-{MACHINE_PLACEHOLDER}"
         )
     return problems
 

@@ -7,8 +7,7 @@ import threading
 from pathlib import Path
 
 from ..recordio import MXIndexedRecordIO
-
-TMP_SUFFIX = ".tmp"
+from ..shard_names import temp_path
 
 # A shard's bytes are handed to the disk every this many while it is written (ShardWriter.write),
 # so the disk works while the next records are made, and the fsync that publishes the shard finds
@@ -134,7 +133,7 @@ class ShardWriter:
 
 def temp_paths(rec: Path, idx: Path) -> tuple[Path, Path]:
     """The names a shard's `.rec` and `.idx` are written under until `commit()`."""
-    return rec.with_name(rec.name + TMP_SUFFIX), idx.with_name(idx.name + TMP_SUFFIX)
+    return temp_path(rec), temp_path(idx)
 
 
 def discard_temps(rec: Path, idx: Path) -> None:

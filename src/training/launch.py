@@ -13,9 +13,10 @@ command instead of running it], TRAIN_SCRIPT_NAME [the name errors start with].
 
 DATA_ROOT is one or more folders, `.rec` files or shard prefixes, separated by spaces or
 colons. A path holding a space is given alone, or with the others separated by colons
-(`DATA_ROOT="/data/my shards:/data/more"`): with a colon present, spaces are part of the paths. A folder means the `.rec` files directly in it (no deeper), each with its `.idx`.
-What is plainly not training data there is left out, and the launcher says so: parquet
-files (data2rec.py's input), evaluation shards named `val*`, and a `.rec` without its `.idx`.
+(`DATA_ROOT="/data/my shards:/data/more"`): with a colon present, spaces are part of the paths.
+A folder means the shards directly in it (no deeper), by the same rule as the loader's
+(src/shard_names.py: evaluation shards named `val*` and a `.rec` or `.idx` without its partner
+are left out); the launcher says what it leaves out, parquet files (data2rec.py's input) too.
 A file or prefix named explicitly is taken as it is. A `--train-data` flag, if given,
 replaces DATA_ROOT.
 """
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from src import install
 from src.errors import UserError
+from src.shard_names import DEFAULT_DATASET, IDX, REC, pair, scan_folder
 from src.training.config import TrainConfig, recipe_notices
 from src.training.params import build_parser, resolve
 
@@ -118,7 +120,7 @@ def read_env(environ: Mapping[str, str]) -> LaunchEnv:
         # each node's GPUs would start a run that hangs when the counts differ.
         raise LaunchError(f"NNODES={nnodes} needs NPROC_PER_NODE (the processes per node, the same on every "
                           "node); export NPROC_PER_NODE=<GPUs per node>")
-    return LaunchEnv(environ.get("DATA_ROOT") or "./YFCC15M", nnodes, node_rank, addr, port, nproc)
+    return LaunchEnv(environ.get("DATA_ROOT") or f"./{DEFAULT_DATASET}", nnodes, node_rank, addr, port, nproc)
 
 
 # --- GPUs -----------------------------------------------------------------------------------
@@ -203,37 +205,28 @@ def _split_data_root(spec: str) -> list[str]:
     """One path if DATA_ROOT as a whole names one; else colon-separated paths (which may hold
     spaces) when it holds a colon; else space-separated ones."""
     spec = spec.strip()
-    if spec and (Path(spec).exists() or Path(spec + ".rec").is_file()):
+    if spec and (Path(spec).exists() or pair(spec)[0].is_file()):
         return [spec]
     sep = r":+" if ":" in spec else r"\s+"
     return [part.strip() for part in re.split(sep, spec) if part.strip()]
 
 
 def _scan_folder(folder: Path, scan: ShardScan) -> None:
-    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
-    parquet = [p for p in files if p.suffix == ".parquet"]
+    parquet = [p for p in folder.iterdir() if p.is_file() and p.suffix == ".parquet"]
     if parquet:
         scan.ignored.append((folder, f"{len(parquet)} parquet file(s): data2rec.py's input, not training shards"))
-    before = len(scan.shards)
-    for rec in (p for p in files if p.suffix == ".rec"):
-        idx = rec.with_suffix(".idx")
-        if rec.name.lower().startswith("val"):
-            scan.ignored.append((rec, "named like an evaluation shard (val*); name it in DATA_ROOT to train on it"))
-        elif not idx.is_file():
-            scan.ignored.append((rec, f"no {idx.name} beside it (an unfinished or partial copy)"))
-        else:
-            scan.shards.append((rec, count_records(idx)))
-    if len(scan.shards) == before:
-        below = sorted({p.parent for p in folder.glob("*/*.rec")})
-        hint = f"; .rec files are in {', '.join(map(str, below[:3]))}: put that folder in DATA_ROOT" if below else \
-            "; convert the data with data2rec.py first"
-        raise LaunchError(f"DATA_ROOT={folder} holds no training .rec/.idx shards{hint}")
+    found = scan_folder(folder)
+    scan.shards += [(rec, count_records(idx)) for rec, idx in found.shards]
+    scan.ignored += found.left_out
+    if not found.shards:
+        below = sorted({p.parent for p in folder.glob(f"*/*{REC}")})
+        hint = (f"; {REC} files are in {', '.join(map(str, below[:3]))}: put that folder in DATA_ROOT" if below
+                else "; convert the data with data2rec.py first")
+        raise LaunchError(f"DATA_ROOT={folder} holds no training {REC}/{IDX} shards{hint}")
 
 
 def _take_file(item: str, scan: ShardScan) -> None:
-    path = Path(item)
-    rec = path.with_suffix(".rec") if path.suffix in (".rec", ".idx") else Path(item + ".rec")
-    idx = rec.with_suffix(".idx")
+    rec, idx = pair(item)
     if not rec.is_file():
         raise LaunchError(f"DATA_ROOT entry {item} is neither a folder nor a .rec file or prefix; "
                           "export DATA_ROOT=<folder of .rec/.idx shards>")

@@ -78,9 +78,10 @@ def test_inputs_prefix_folder_glob_list_agree(shards):
     "make_bad, fragment",
     [
         (lambda d: d / "nothing", "no such .rec file"),
-        (lambda d: d, "holds no .rec files"),
-        (lambda d: (write_shard(d / "a", range(3)), (d / "a.idx").unlink(), d)[-1], "no index a.idx"),
-        (lambda d: (write_shard(d / "a", range(3)), (d / "a.rec").unlink(), d)[-1], "without a matching .rec"),
+        (lambda d: d, "holds no training .rec files"),
+        (lambda d: (write_shard(d / "a", range(3)), (d / "a.idx").unlink(), d / "a")[-1], "no index a.idx"),
+        (lambda d: (write_shard(d / "a", range(3)), (d / "a.idx").unlink(), d)[-1], "(a.rec: no a.idx beside it"),
+        (lambda d: (write_shard(d / "a", range(3)), (d / "a.rec").unlink(), d)[-1], "(a.idx: no a.rec beside it"),
         (lambda d: str(d / "zz*"), "matches no .rec files"),
         (lambda d: (write_shard(d / "a", range(3)), (d / "a.idx").write_text(""), d)[-1], "lists no records"),
         (lambda d: (write_shard(d / "a", range(3)), (d / "a.rec").write_bytes(b"junk" * 9), d)[-1],

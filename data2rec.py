@@ -36,6 +36,7 @@ from src.convert import (
     MAX_WORKERS_PER_CORE,
     SOURCES,
     VALIDATE_LEVELS,
+    Validate,
     validate_level,
 )
 from src.convert.cli import DEFAULT_INPUT, DEFAULT_NAME, run
@@ -46,6 +47,14 @@ from src.fsutil import DEFAULT_MAX_FILE_BYTES
 from src.shard_names import LOCK, REPORT, STATE, shard_names_text
 
 OUT = Path("OUT")  # how the help writes the --output prefix
+
+
+def _level(name: str) -> Validate:
+    """--validate's value as its level (an old name too), or argparse's one-line error."""
+    try:
+        return validate_level(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"at most {MAX_WORKERS_PER_CORE} per usable core). Hub parquet of JPEGs at --validate "
                         "off or structure needs none: it is converted in the main process")
     g = p.add_argument_group("images")
-    g.add_argument("--validate", default=DEFAULT_VALIDATE, choices=VALIDATE_LEVELS, type=validate_level,
+    g.add_argument("--validate", default=DEFAULT_VALIDATE, choices=VALIDATE_LEVELS, type=_level,
                    help="what a stored image is guaranteed to pass. off: byte checks and header only. "
                         "structure (default): + every JPEG's markers, tables and scans in order, EOI at the "
                         "end, nothing cut off; near the speed of a copy, no decode, and a sequential JPEG's "

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from src.convert import ConvertOptions, ImageOptions, convert
+from src.convert import VALIDATE_LEVELS, ConvertOptions, ImageOptions, Validate, convert
 from src.jpeg import jpeg_info
 from src.recordio import IRHeader, MXIndexedRecordIO, pack_img
 
@@ -160,7 +160,7 @@ def data2rec_rate(parquets: list[Path], out: Path, validate: str, workers: int, 
     return n / elapsed
 
 
-LEVELS = ("off", "structure", "decode", "full")
+LEVELS = VALIDATE_LEVELS
 
 
 def main() -> int:
@@ -211,7 +211,7 @@ def main() -> int:
         out.mkdir(exist_ok=True)
         # Once untimed: a first run pays one-off costs (lazy imports, the worker pool's start-up)
         # that a long conversion does not pay per row.
-        data2rec_rate(parquets, out / "warm-up", "off", args.workers, n)
+        data2rec_rate(parquets, out / "warm-up", Validate.OFF, args.workers, n)
         methods = {"seed": lambda: seed_method(files, out), "copy": lambda: copy_method(parquets, out, n)}
         for level in levels:
             methods[f"data2rec --validate {level}"] = (

@@ -7,7 +7,7 @@ state beside the output. `convert()` runs it; `verify()` re-reads finished shard
 
 from src.lock import OutputLocked
 
-from .images import DEFAULT_VALIDATE, VALIDATE_LEVELS, ImageOptions, validate_level
+from .images import DEFAULT_VALIDATE, VALIDATE_LEVELS, ImageOptions, Validate, validate_level
 from .items import MAX_CAPTIONS
 from .pipeline import (
     DEFAULT_MAX_SKIP_FRACTION,
@@ -34,6 +34,7 @@ __all__ = [
     "SOURCES",
     "DEFAULT_VALIDATE",
     "VALIDATE_LEVELS",
+    "Validate",
     "validate_level",
     "ConvertOptions",
     "ImageOptions",

@@ -187,7 +187,7 @@ def report_or_status(args: argparse.Namespace, start: Callable[[], dict], kept: 
 
 def convert_cli(args: argparse.Namespace) -> int:
     opts = convert_options(args)
-    if args.validate == "full":
+    if opts.image.validate.decodes_in_dali:
         from src.convert.dali_check import dali_available
 
         if not dali_available():

@@ -3,7 +3,7 @@
 DALI's CPU decoder aborts the whole pipeline on one truncated JPEG, an empty payload
 or non-image bytes, and PIL (the PyTorch loader's decoder) refuses JPEGs that OpenCV
 and DALI only warn about (a bogus marker inside the scan), so this is the gate.
-Levels (`validate`), and what each one guarantees about a stored image:
+Levels (`Validate`, data2rec's --validate), and what each one guarantees about a stored image:
 
 * ``off``:       free byte checks only: non-empty, a known image signature, a JPEG ends
                  with its EOI marker, and the header parses (size, colour mode).
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 from PIL import Image
@@ -45,10 +46,56 @@ from .items import EMPTY_IMAGE, NOT_AN_IMAGE, TOO_LARGE, TRUNCATED, UNDECODABLE
 # warning-then-error at a fixed size.
 Image.MAX_IMAGE_PIXELS = None
 
-VALIDATE_LEVELS = ("off", "structure", "decode", "full")
-DEFAULT_VALIDATE = "structure"
+
+
+class Validate(str, Enum):
+    """The validation levels, weakest first; the module docstring says what each one guarantees.
+    A member is its name as a string (`Validate.OFF == "off"`), so options and resume states
+    that hold the name compare equal; the properties say what a level does, so no caller spells
+    a level to decide it."""
+
+    OFF = "off"
+    STRUCTURE = "structure"
+    DECODE = "decode"
+    FULL = "full"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, name: str) -> Validate:
+        """The level `name` means (an old name too); ValueError names the levels."""
+        try:
+            return cls(VALIDATE_ALIASES.get(name, name))
+        except ValueError:
+            raise ValueError(f"{name!r} is not a level; use one of {', '.join(VALIDATE_LEVELS)}") from None
+
+    @property
+    def walks_structure(self) -> bool:
+        """Every JPEG's markers are walked (src/jpeg.py)."""
+        return self is not Validate.OFF
+
+    @property
+    def decodes(self) -> bool:
+        """PIL decodes every JPEG that passes through: the chunk needs a worker's time."""
+        return self in (Validate.DECODE, Validate.FULL)
+
+    @property
+    def decodes_full_size(self) -> bool:
+        """PIL decodes at full size (else at 1/8 scale, the DCT-domain shortcut)."""
+        return self is Validate.FULL
+
+    @property
+    def decodes_in_dali(self) -> bool:
+        """DALI's CPU decoder decodes every stored image too (where DALI is installed)."""
+        return self is Validate.FULL
+
+
+VALIDATE_LEVELS = tuple(level.value for level in Validate)
+DEFAULT_VALIDATE = Validate.STRUCTURE
 # Names a level had before; runs and scripts that use them keep working.
-VALIDATE_ALIASES = {"quick": "decode"}
+VALIDATE_ALIASES = {"quick": Validate.DECODE.value}
+DEFAULT_MAX_PIXELS = 100_000_000  # larger images are skipped as decompression bombs (0: no limit)
 CONVERT_QUALITY = 95  # JPEG quality for images we must re-encode when the user named none
 _EOI_WINDOW = 4096  # trailing bytes searched for the EOI marker (some writers append padding)
 
@@ -73,20 +120,20 @@ class ImageRejected(Exception):
         self.detail = detail
 
 
-def validate_level(name: str) -> str:
-    """The level `name` means (an old name mapped to its current one)."""
-    return VALIDATE_ALIASES.get(name, name)
+def validate_level(name: str) -> Validate:
+    """The level `name` means (an old name mapped to its current one); ValueError names the levels."""
+    return Validate.parse(name)
 
 
 @dataclass(frozen=True)
 class ImageOptions:
-    validate: str = DEFAULT_VALIDATE
+    validate: Validate = DEFAULT_VALIDATE  # a level's name is taken too
     resize_short: int = 0  # shrink so the short side is this many pixels (0: keep size)
     quality: int | None = None  # re-encode every image at this JPEG quality
-    max_pixels: int = 100_000_000  # reject larger images (0: no limit)
+    max_pixels: int = DEFAULT_MAX_PIXELS  # reject larger images (0: no limit)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "validate", validate_level(self.validate))
+        object.__setattr__(self, "validate", Validate.parse(self.validate))
 
 
 def sniff(data: bytes | memoryview) -> str | None:
@@ -139,12 +186,13 @@ def _encode_jpeg(rgb: np.ndarray, quality: int) -> bytes:
     return buf.tobytes()
 
 
-def _decode_check(data: bytes, level: str) -> None:
-    """Decode a JPEG that will pass through, with PIL as the PyTorch loader does;
-    decode decodes gray at 1/8 scale (the DCT-domain shortcut, same entropy decoding)."""
+def _decode_check(data: bytes, level: Validate) -> None:
+    """Decode a JPEG that will pass through, with PIL as the PyTorch loader does; below full
+    size, gray at 1/8 scale (the DCT-domain shortcut, same entropy decoding)."""
+    eighth = not level.decodes_full_size
     try:
         with Image.open(io.BytesIO(data), formats=("JPEG",)) as img:
-            if level == "decode":
+            if eighth:
                 img.draft("L", (1, 1))  # the smallest scale libjpeg offers: 1/8
             img.load()
     except Exception as exc:  # PIL raises OSError, SyntaxError or ValueError for bad data
@@ -178,9 +226,10 @@ def prepare_image(data: bytes | memoryview, opts: ImageOptions) -> tuple[bytes |
         # The common case, decided without PIL: a plain 8-bit gray/colour JPEG that stays as it is.
         plain = sof in _PLAIN_SOF and comps in (1, 3) and bits == 8
         if plain and opts.quality is None and _target_size(w, h, opts.resize_short) is None:
-            fault = jpeg_structure_fault(data, _EOI_WINDOW, read_final_scan=False) if opts.validate != "off" else None
+            walk = opts.validate.walks_structure
+            fault = jpeg_structure_fault(data, _EOI_WINDOW, read_final_scan=False) if walk else None
             if fault is None:
-                if opts.validate in ("decode", "full"):
+                if opts.validate.decodes:
                     _decode_check(data, opts.validate)
                 return data, False
             if fault.kind != NO_TABLES:  # NO_TABLES decodes (libjpeg's standard tables): re-encoded below

@@ -9,6 +9,7 @@ one produce the same files.
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import os
 import sys
@@ -37,8 +38,8 @@ from src.shard_names import (
 )
 
 from .distributor import chunked, ordered_map, prefetch
-from .images import ImageOptions, validate_level
-from .items import MAX_CAPTIONS, Item, Unit
+from .images import VALIDATE_ALIASES, ImageOptions
+from .items import MAX_CAPTIONS, Item, Result, Unit
 from .report import Report, percent
 from .sources import InputError, Source, SourceOptions, make_source
 from .sources.base import UnreadableUnit
@@ -274,8 +275,9 @@ def _upgraded(fingerprint: dict) -> dict:
     """A state's fingerprint with a level's old name (`quick`) in its current form, so that a run
     begun under the old name resumes."""
     image = fingerprint.get("image")
-    if isinstance(image, dict) and isinstance(image.get("validate"), str):
-        return {**fingerprint, "image": {**image, "validate": validate_level(image["validate"])}}
+    level = image.get("validate") if isinstance(image, dict) else None
+    if isinstance(level, str) and level in VALIDATE_ALIASES:
+        return {**fingerprint, "image": {**image, "validate": VALIDATE_ALIASES[level]}}
     return fingerprint
 
 
@@ -289,11 +291,44 @@ def _validate_hint(old: dict, new: dict) -> str:
     return ""
 
 
-def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: ConvertOptions, started: float) -> dict:
-    state_path = side_file(prefix, STATE)
-    report_path = side_file(prefix, REPORT)
-    fingerprint = _fingerprint(source, units, opts)
+@dataclass
+class _Plan:
+    """Where this run starts: its resume state (loaded, or new) and this machine's share."""
 
+    state: dict
+    state_path: Path
+    mine: list[Unit]  # this machine's units, in input order
+    bases: list[int]  # the first sample id of each unit of the whole input
+
+    def items(self, source: Source) -> Iterator[Item]:
+        """This machine's items from where the state says the next shard starts, with their ids."""
+        next_slot, next_pos = self.state["next"]
+        # Units that cannot be read at all (by index, as text: the state is JSON): counted as none.
+        unreadable: dict[str, str] = self.state.setdefault("unreadable", {})
+        for slot in range(next_slot, len(self.mine)):
+            unit = self.mine[slot]
+            if str(unit.index) in unreadable:
+                continue
+            try:
+                for item in source.items(unit, next_pos if slot == next_slot else 0):
+                    item.sample_id = self.bases[unit.index] + item.pos
+                    item.slot = slot
+                    yield item
+            except UnreadableUnit as exc:  # counted, then changed: what is left of it is lost
+                unreadable[str(unit.index)] = exc.detail
+
+    def rows(self) -> tuple[int, int]:
+        """(rows of this machine done before this run, rows of this machine in all)."""
+        counts, (next_slot, next_pos) = self.state["counts"], self.state["next"]
+        done = sum(counts[u.index] for u in self.mine[:next_slot]) + next_pos
+        return done, sum(counts[u.index] for u in self.mine)
+
+
+def _plan(source: Source, units: list[Unit], prefix: Path, opts: ConvertOptions) -> _Plan:
+    """Resume the run at `prefix` when its state matches these inputs and options, else start one
+    (refusing to replace another run's shards without --overwrite)."""
+    state_path = side_file(prefix, STATE)
+    fingerprint = _fingerprint(source, units, opts)
     state = load_state(state_path) if opts.resume and not opts.overwrite else None
     if state is not None and _upgraded(state["fingerprint"]) != fingerprint:
         raise OutputError(
@@ -302,30 +337,7 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
             "to start over"
         )
     if state is None:
-        if output_shards(prefix) and not opts.overwrite:
-            raise OutputError(
-                f"{output_shards(prefix)[0]} already exists and no matching resume state was found; "
-                "pass --overwrite to replace it or choose another --output"
-            )
-        from tqdm import tqdm
-
-        slow = source.kind in ("manifest", "webdataset")  # counting reads them; parquet has metadata
-        counts, unreadable = [], {}
-        for u in tqdm(units, desc="counting items", unit="file", disable=not (opts.progress and slow),
-                      file=sys.stderr):
-            try:
-                counts.append(source.count(u))
-            except UnreadableUnit as exc:  # no rows of it get ids; the run fails at its end, naming it
-                counts.append(0)
-                unreadable[str(u.index)] = exc.detail
-        if counts and opts.id_offset + sum(counts) - 1 > MAX_ID:
-            raise InputError(
-                f"--id-offset {opts.id_offset} plus the {sum(counts)} input rows passes the largest record id "
-                f"2^64-1; use an --id-offset of at most {MAX_ID - sum(counts) + 1}"
-            )
-        _remove_outputs(prefix)
-        state = new_state(fingerprint, counts)
-        state["unreadable"] = unreadable
+        state = _new_run(source, units, prefix, opts, fingerprint)
         write_json_atomic(state_path, state)
     else:
         for shard in state["shards"]:
@@ -334,121 +346,166 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
                     f"{prefix.parent / shard['rec']} is recorded as finished in {state_path} but is gone; "
                     "pass --overwrite to convert everything again"
                 )
-        if state["complete"]:
-            final = _final(state, state["report"], prefix, started, source.notes, units)
-            write_report(report_path, final)
-            return {**final, "resumed": "already complete"}
-    _clean_temps(prefix)
-
-    counts: list[int] = state["counts"]
-    bases, total = [], opts.id_offset
-    for n in counts:
-        bases.append(total)
-        total += n
+    bases = list(itertools.accumulate(state["counts"], initial=opts.id_offset))[:-1]
     mine = [u for u in units if u.index % opts.num_machines == opts.machine_id]
     state["units"] = {"all": len(units), "this_machine": len(mine)}
-    report = Report(opts.max_examples) if state["report"] is None else Report.from_dict(state["report"], opts.max_examples)
-    next_slot, next_pos = state["next"]
+    return _Plan(state, state_path, mine, bases)
 
-    # Units that cannot be read at all (by index, as text: the state is JSON): counted as none.
-    unreadable: dict[str, str] = state.setdefault("unreadable", {})
 
-    def items() -> Iterator[Item]:
-        for slot in range(next_slot, len(mine)):
-            unit = mine[slot]
-            if str(unit.index) in unreadable:
-                continue
+def _new_run(source: Source, units: list[Unit], prefix: Path, opts: ConvertOptions,
+             fingerprint: dict) -> dict:
+    """The state of a run that starts from the beginning: every unit counted (the basis of the
+    sample ids), and the shards of an earlier run at `prefix` removed (--overwrite)."""
+    if output_shards(prefix) and not opts.overwrite:
+        raise OutputError(
+            f"{output_shards(prefix)[0]} already exists and no matching resume state was found; "
+            "pass --overwrite to replace it or choose another --output"
+        )
+    from tqdm import tqdm
+
+    slow = source.kind in ("manifest", "webdataset")  # counting reads them; parquet has metadata
+    counts, unreadable = [], {}
+    for u in tqdm(units, desc="counting items", unit="file", disable=not (opts.progress and slow),
+                  file=sys.stderr):
+        try:
+            counts.append(source.count(u))
+        except UnreadableUnit as exc:  # no rows of it get ids; the run fails at its end, naming it
+            counts.append(0)
+            unreadable[str(u.index)] = exc.detail
+    if counts and opts.id_offset + sum(counts) - 1 > MAX_ID:
+        raise InputError(
+            f"--id-offset {opts.id_offset} plus the {sum(counts)} input rows passes the largest record id "
+            f"2^64-1; use an --id-offset of at most {MAX_ID - sum(counts) + 1}"
+        )
+    _remove_outputs(prefix)
+    state = new_state(fingerprint, counts)
+    state["unreadable"] = unreadable
+    return state
+
+
+class _Committer:
+    """Makes a full shard durable (fsync), publishes it and records it in the resume state, on a
+    thread of its own while the next shard is written; at most one at a time, so the state's
+    order holds. An error there is raised on the run's thread by the next `wait()`."""
+
+    def __init__(self, state: dict, state_path: Path) -> None:
+        self.state, self.state_path = state, state_path
+        self._thread: threading.Thread | None = None
+        self._errors: list[BaseException] = []
+
+    def start(self, full: ShardWriter, resume_at: list[int], reported: dict) -> None:
+        self.wait()  # the shard before: it had this whole shard's time
+        self._thread = threading.Thread(target=self._commit, args=(full, resume_at, reported),
+                                        name="data2rec-commit", daemon=True)
+        self._thread.start()
+
+    def _commit(self, full: ShardWriter, resume_at: list[int], reported: dict) -> None:
+        try:
             try:
-                for item in source.items(unit, next_pos if slot == next_slot else 0):
-                    item.sample_id = bases[unit.index] + item.pos
-                    item.slot = slot
-                    yield item
-            except UnreadableUnit as exc:  # counted, then changed: what is left of it is lost
-                unreadable[str(unit.index)] = exc.detail
+                summary = full.commit()
+            except BaseException:
+                full.abort()
+                raise
+            self.state["shards"].append(summary)
+            self.state["next"], self.state["report"] = resume_at, reported
+            write_json_atomic(self.state_path, self.state)
+        except BaseException as exc:
+            self._errors.append(exc)
 
-    done_before = sum(counts[u.index] for u in mine[:next_slot]) + next_pos
-    my_total = sum(counts[u.index] for u in mine)
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._errors:
+            raise self._errors.pop()
+
+
+class _ShardOutput:
+    """The shards this run writes, in order: each opened when its first record comes and, once
+    full (every `shard_size` records; 0: one shard), handed to the committer."""
+
+    def __init__(self, prefix: Path, shard_size: int, plan: _Plan) -> None:
+        self.prefix, self.shard_size = prefix, shard_size
+        self.committer = _Committer(plan.state, plan.state_path)
+        self.next_shard = len(plan.state["shards"])
+        self.writer: ShardWriter | None = None
+        self.opening: tuple[Path, Path] | None = None  # a shard whose writer is being made
+
+    def write(self, item: Item, r: Result, report: Report) -> None:
+        if self.writer is None:
+            self.opening = shard_paths(self.prefix, self.next_shard if self.shard_size else None)
+            self.writer = ShardWriter(*self.opening)
+            self.next_shard += 1
+        head = caption_record_head(r.tokens, r.sample_id, item.row)
+        if r.payload is None:  # the item's own image, passed through
+            self.writer.write(r.sample_id, head, item.image, item.image_magic)
+        else:
+            self.writer.write(r.sample_id, head, r.payload)
+        if self.shard_size and self.writer.records == self.shard_size:
+            self.committer.start(self.writer, [r.slot, r.pos + 1], report.to_dict())
+            self.writer = None
+
+    def finish(self) -> None:
+        """Commit the last shard, a part-filled one included, on this thread."""
+        self.committer.wait()
+        if self.writer is not None:
+            self.committer.state["shards"].append(self.writer.commit())
+            self.writer = None
+
+    def abort(self) -> None:
+        """Keep a full shard already written; drop the unfinished one."""
+        try:
+            self.committer.wait()
+        except BaseException:
+            pass  # that shard was discarded; the first error is the one to report
+        if self.writer is not None:
+            self.writer.abort()
+        elif self.opening is not None:
+            discard_temps(*self.opening)
+
+
+def _write_shards(source: Source, plan: _Plan, prefix: Path, opts: ConvertOptions, report: Report) -> None:
+    """Convert this machine's items from where the plan starts, in input order, into shards."""
+    done_before, my_total = plan.rows()
     config = WorkerConfig(opts.image, opts.max_captions, opts.max_file_bytes)
-    workers = opts.workers or available_cores()
-    sharded = opts.shard_size > 0
-    writer: ShardWriter | None = None
-    opening: tuple[Path, Path] | None = None  # a shard whose writer is being made
-    # A full shard is made durable (fsync), published and recorded in the state on a thread of its
-    # own while the next one is written; at most one at a time, so the state's order holds.
-    committing: threading.Thread | None = None
-    commit_errors: list[BaseException] = []
-    started_shards = len(state["shards"])
+    output = _ShardOutput(prefix, opts.shard_size, plan)
     bar = _progress(my_total, done_before, opts.progress)
-
-    def commit_in_background(full: ShardWriter, resume_at: list[int], reported: dict) -> threading.Thread:
-        def run() -> None:
-            try:
-                try:
-                    summary = full.commit()
-                except BaseException:
-                    full.abort()
-                    raise
-                state["shards"].append(summary)
-                state["next"], state["report"] = resume_at, reported
-                write_json_atomic(state_path, state)
-            except BaseException as exc:  # raised on the run's thread by wait_commit()
-                commit_errors.append(exc)
-
-        thread = threading.Thread(target=run, name="data2rec-commit", daemon=True)
-        thread.start()
-        return thread
-
-    def wait_commit() -> None:
-        nonlocal committing
-        if committing is not None:
-            committing.join()
-            committing = None
-        if commit_errors:
-            raise commit_errors.pop()
-
     try:
         # The tokens are checked on the reading thread (see check_chunk_tokens).
-        chunks = prefetch(map(check_chunk_tokens, chunked(items(), opts.chunk)))
-        for chunk, results in ordered_map(chunks, config, workers):
+        chunks = prefetch(map(check_chunk_tokens, chunked(plan.items(source), opts.chunk)))
+        for chunk, results in ordered_map(chunks, config, opts.workers or available_cores()):
             for item, r in zip(chunk, results):
                 bar.update(1)
                 report.add(r)
-                if r.reason is not None:
-                    continue
-                if writer is None:
-                    opening = shard_paths(prefix, started_shards if sharded else None)
-                    writer = ShardWriter(*opening)
-                    started_shards += 1
-                head = caption_record_head(r.tokens, r.sample_id, item.row)
-                if r.payload is None:  # the item's own image, passed through
-                    writer.write(r.sample_id, head, item.image, item.image_magic)
-                else:
-                    writer.write(r.sample_id, head, r.payload)
-                if sharded and writer.records == opts.shard_size:
-                    wait_commit()  # the shard before: it had this whole shard's time
-                    committing = commit_in_background(writer, [r.slot, r.pos + 1], report.to_dict())
-                    writer = None
+                if r.reason is None:
+                    output.write(item, r, report)
             bar.set_postfix(written=report.written, skipped=report.seen - report.written, refresh=False)
-        wait_commit()
-        if writer is not None:
-            state["shards"].append(writer.commit())
-            writer = None
+        output.finish()
     except BaseException:
-        try:
-            wait_commit()  # a full shard, already written, is kept
-        except BaseException:
-            pass  # that shard was discarded; the first error is the one to report
-        if writer is not None:
-            writer.abort()
-        elif opening is not None:
-            discard_temps(*opening)
+        output.abort()
         raise
     finally:
         bar.close()
-    state["next"] = [len(mine), 0]
+
+
+def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: ConvertOptions,
+                    started: float) -> dict:
+    """The run, once it holds the output's lock: plan it (resume or start), write the shards,
+    then mark the state complete and write the report."""
+    plan = _plan(source, units, prefix, opts)
+    state, report_path = plan.state, side_file(prefix, REPORT)
+    if state["complete"]:
+        final = _final(state, state["report"], prefix, started, source.notes, units)
+        write_report(report_path, final)
+        return {**final, "resumed": "already complete"}
+    _clean_temps(prefix)
+    saved = state["report"]
+    report = Report(opts.max_examples) if saved is None else Report.from_dict(saved, opts.max_examples)
+    _write_shards(source, plan, prefix, opts, report)
+    state["next"] = [len(plan.mine), 0]
     state["report"] = report.to_dict()
     state["complete"] = True
-    write_json_atomic(state_path, state)
+    write_json_atomic(plan.state_path, state)
     final = _final(state, state["report"], prefix, started, source.notes, units)
     write_report(report_path, final)
     return final

@@ -150,7 +150,7 @@ def is_light(items: list[Item], config: WorkerConfig) -> bool:
     through, and JPEGs are checked from their headers and last bytes (a few microseconds, where
     sending 64 KB to a worker process costs tens); other image formats are re-encoded there."""
     image = config.image
-    if image.validate not in ("off", "structure") or image.resize_short or image.quality is not None:
+    if image.validate.decodes or image.resize_short or image.quality is not None:
         return False
     return all(item.error is not None or (item.tokens is not None and item.image is not None
                                           and item.image[: len(JPEG_SIGNATURE)] == JPEG_SIGNATURE) for item in items)
@@ -220,6 +220,6 @@ def process_chunk(items: list[Item]) -> list[Result]:
     if not any(item.tokens_checked for item in items):  # the pipeline checks them as it reads
         check_chunk_tokens(items)
     results = [_process_safely(item) for item in items]
-    if _config.image.validate == "full":
+    if _config.image.validate.decodes_in_dali:
         _dali_full_check(items, results)
     return results

@@ -14,7 +14,7 @@ from PIL import Image
 
 from src.caption_record import InvalidCaptions, check_captions
 from src.convert.captions import CaptionRejected, check_tokens, tokenize_captions
-from src.convert.images import VALIDATE_LEVELS, ImageOptions, ImageRejected, prepare_image, sniff
+from src.convert.images import VALIDATE_LEVELS, ImageOptions, ImageRejected, Validate, prepare_image, sniff
 from src.convert.sources import InputError, SourceOptions, detect_kind, make_source
 from src.convert.sources.base import UnreadableUnit
 from src.convert.sources.folder import caption_candidates
@@ -39,6 +39,21 @@ def _open(data: bytes) -> Image.Image:
 
 
 # ---------------------------------------------------------------- images
+
+
+def test_validate_levels_are_one_enum_that_says_what_each_does(capsys):
+    from data2rec import build_parser
+
+    assert [str(v) for v in Validate] == list(VALIDATE_LEVELS) == ["off", "structure", "decode", "full"]
+    assert Validate.parse("quick") is Validate.DECODE and ImageOptions(validate="quick").validate is Validate.DECODE
+    assert ImageOptions().validate is Validate.STRUCTURE and f"{Validate.FULL}" == "full" == Validate.FULL
+    does = {v: (v.walks_structure, v.decodes, v.decodes_full_size, v.decodes_in_dali) for v in Validate}
+    assert does == {Validate.OFF: (False, False, False, False), Validate.STRUCTURE: (True, False, False, False),
+                    Validate.DECODE: (True, True, False, False), Validate.FULL: (True, True, True, True)}
+    assert build_parser().parse_args(["--validate", "quick", "x"]).validate is Validate.DECODE
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--validate", "fast", "x"])
+    assert "--validate: 'fast' is not a level; use one of off, structure, decode, full" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("level", VALIDATE_LEVELS)

@@ -21,7 +21,7 @@ from PIL import Image
 
 import src.jpeg as jpeg_module
 from src.convert import OutputError, convert
-from src.convert.images import ImageOptions, ImageRejected, _decode_check, prepare_image
+from src.convert.images import ImageOptions, ImageRejected, Validate, _decode_check, prepare_image
 from src.jpeg import BROKEN, NO_TABLES, TRUNCATED, JpegFault, jpeg_structure_fault
 from tests._data2rec_helpers import jpeg, picture
 from tests.convert.test_data2rec import quiet
@@ -120,7 +120,7 @@ def _old_default(data: bytes) -> bool:
     try:
         _, converted = prepare_image(data, ImageOptions(validate="off"))
         if not converted:
-            _decode_check(data, "decode")
+            _decode_check(data, Validate.DECODE)
         return True
     except ImageRejected:
         return False

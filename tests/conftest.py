@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-# The suite runs on two xdist workers sharing the cores: one intra-op thread in each test process
-# and in every process it starts, or the workers' thread pools contend for the same cores (about
-# 40 CPU-s of the whole run, measured). Set before torch is first imported; a user's value stays.
+# The suite runs on xdist workers sharing the cores (one more than the cores, see
+# pytest_xdist_auto_num_workers below): one intra-op thread in each test process and in every
+# process it starts, or the workers' thread pools contend for the same cores (about 40 CPU-s of
+# the whole run, measured). Set before torch is first imported; a user's value stays.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402

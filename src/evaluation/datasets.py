@@ -11,7 +11,8 @@ so that evaluation code does not care which on-disk layout it came from:
 - `read_caption_json`    ALBEF/BLIP retrieval test JSON (coco_test.json, flickr30k_test.json) + image folder
 - `read_coco_captions`   COCO caption JSON, CLIP_benchmark's coco_test_karpathy.json (via `read_split_json`)
 - `read_flickr_txt`      CLIP_benchmark's flickr30k_test_karpathy.txt (IMAGE.jpg,caption lines)
-- `read_manifest`        CSV/TSV/JSONL manifest (image column + label column, or caption columns)
+- `read_manifest_classification` / `read_manifest_retrieval`
+                         CSV/TSV/JSONL manifest (image column + label column, or caption columns)
 
 The paper's other classification datasets, in torchvision's layouts, are read by
 src/evaluation/paper_datasets.py on top of these types.

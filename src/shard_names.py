@@ -183,7 +183,7 @@ def scan_folder(folder: Path) -> FolderShards:
             why = "named like an evaluation shard (val*); name it explicitly to train on it"
             scan.left_out.append((rec, why))
         elif idx is None:
-            why = f"no {stem.name}{IDX} beside it (an unfinished or partial copy); rebuild it with data2rec.py"
+            why = f"no {stem.name}{IDX} beside it (an unfinished or partial copy); rebuild it with data2rec"
             scan.left_out.append((rec, why))
         else:
             scan.shards.append((rec, idx))

@@ -45,8 +45,8 @@ def test_output_names_of_a_run_and_of_a_split():
 
 
 def test_finished_shards_and_side_files_are_found_by_the_same_names(tmp_path):
-    for name in ("o.rec", "o.idx", "o-00000.rec", "o-00001.rec", "o-00001.idx", "o-m002-00000.rec",
-                 "o-m002.state.json", "o.state.json", "o-00002.rec.tmp", "o-x.rec", "oo.rec", "o-m2.state.json"):
+    for name in ("o.rec", "o.idx", "o-00000.rec", "o-00001.rec", "o-00001.idx", "o-m002-00000.rec", "o-x.rec",
+                 "o-m002.state.json", "o.state.json", "o-00002.rec.tmp", "oo.rec", "o-m2.state.json"):
         (tmp_path / name).write_bytes(b"")
     o = tmp_path / "o"
     assert [p.name for p in output_shards(o)] == ["o-00000.rec", "o-00001.rec", "o.rec"]
@@ -94,7 +94,7 @@ def test_the_launcher_and_the_loader_take_the_same_shards_of_a_folder(tmp_path, 
 
 def test_a_folder_with_no_training_shard_fails_in_both_with_the_reason(tmp_path):
     write_shard(tmp_path / "val", range(3))
-    with pytest.raises(ShardError, match=r"holds no training \.rec files \(val\.rec: named like an evaluation"):
+    with pytest.raises(ShardError, match=r"no training \.rec files \(val\.rec: named like an evaluation"):
         resolve_shards(tmp_path)
     with pytest.raises(launch.LaunchError, match=r"holds no training \.rec/\.idx shards"):
         launch.find_shards(str(tmp_path))

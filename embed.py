@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     # Torch and the model load only once the arguments parse, so --help answers at once.
     from src.devices import resolve_device
     from src.errors import UserError, report
-    from src.evaluation.embed import run_embed
+    from src.evaluation.export_embeddings import run_embed
 
     try:
         device = resolve_device(args.device)

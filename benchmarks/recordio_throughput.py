@@ -5,7 +5,7 @@ writer can reach), a straightforward pure-Python writer that checks every
 4-byte word for the magic (what the fast path avoids), and optionally real
 MXNet 1.9.1 (`--mxnet-python .cache/venvs/mxnet/bin/python`).
 
-    .venv/bin/python -m benchmarks.recordio [--records 1000] [--size 45000]
+    .venv/bin/python -m benchmarks.recordio_throughput [--records 1000] [--size 45000]
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Memory traffic of one eager training step, per training pair, by op class and source line.
 
-    python -m benchmarks.traffic --config RWKV_CLIP_B32 --batch 512 --precision bf16 --wkv-impl fla
-    python -m benchmarks.traffic --save benchmarks/results/traffic_b32_before.json
-    python -m benchmarks.traffic --baseline benchmarks/results/traffic_b32_before.json
-    python -m benchmarks.traffic --mix-impl triton --baseline benchmarks/results/traffic_b32_before.json
+    python -m benchmarks.step_traffic --config RWKV_CLIP_B32 --batch 512 --precision bf16 --wkv-impl fla
+    python -m benchmarks.step_traffic --save benchmarks/results/traffic_b32_before.json
+    python -m benchmarks.step_traffic --baseline benchmarks/results/traffic_b32_before.json
+    python -m benchmarks.step_traffic --mix-impl triton --baseline benchmarks/results/traffic_b32_before.json
 
 Counted on this machine's CPU by src/training/traffic.py (FakeTensors under CUDA autocast
 rules: no GPU, no arithmetic). Bytes are read + written; MB are 10^6 bytes. Times are
@@ -29,7 +29,7 @@ from src.errors import UserError
 from src.errors import report as report_error
 from src.open_alip.choices import MIX_IMPLS
 
-PROG = "benchmarks.traffic"
+PROG = "benchmarks.step_traffic"
 FUSIBLE = ("elementwise", "cast", "copy")  # what fusion (eager cuts, torch.compile) can remove
 
 

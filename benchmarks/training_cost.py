@@ -1,7 +1,7 @@
 """What training RWKV-CLIP costs: FLOPs and memory per sample, the fit on a GPU, run time.
 
-    python -m benchmarks.cost_model --config RWKV_CLIP_B32
-    python -m benchmarks.cost_model --config RWKV_CLIP_B16 --gpu h200 --mfu 0.3
+    python -m benchmarks.training_cost --config RWKV_CLIP_B32
+    python -m benchmarks.training_cost --config RWKV_CLIP_B16 --gpu h200 --mfu 0.3
 
 Everything is measured on this machine's CPU by src/training/cost_model.py (FakeTensors:
 no GPU, no arithmetic); the time predictions assume a model-FLOPs utilisation (MFU) of
@@ -20,7 +20,7 @@ from src.errors import UserError
 from src.errors import report as report_error
 from src.open_alip.wkv import WKV_IMPL_CHOICES
 
-PROG = "benchmarks.cost_model"
+PROG = "benchmarks.training_cost"
 
 # One YFCC15M epoch as the authors count it, and the paper's recipe and reported run.
 YFCC15M_PAIRS = 15_061_515

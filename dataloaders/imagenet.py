@@ -1,4 +1,5 @@
-"""The training/evaluation data loader: `.rec/.idx` shards -> (images, caption token ids).
+"""The training loader (named imagenet.py, as in the original repository): `.rec/.idx` shards ->
+(images, caption token ids), for training and for evaluation on shards.
 
 `build_loader` returns an iterable the trainer consumes as
 `for images, tokens in loader`: images float32 [B, 3, S, S] normalised with the

@@ -4,7 +4,7 @@
 `encode_text` (RWKV_CLIP, or one wrapped by DDP or torch.compile) and a dataset spec, and
 return plain dicts, so the same code serves the CLIs (zero_shot.py, retrieval.py), the
 demo and train.py's epoch-end hook. Which reader reads a dataset is specs.py's; the embeddings
-are embedding.py's; the maths (class embeddings, metrics) the model library's
+are encode.py's; the maths (class embeddings, metrics) the model library's
 (src/open_alip/zero_shot.py). Metrics are in percent. Images that cannot be read are left out
 and listed under "skipped_images" (src/evaluation/images.py).
 
@@ -26,7 +26,7 @@ from src.evaluation.clip_benchmark_protocol import (
     clip_benchmark_retrieval_metrics,
 )
 from src.evaluation.datasets import ClassificationData, EvalDataError, ImageSource
-from src.evaluation.embedding import (
+from src.evaluation.encode import (
     encode_images,
     encoded_batches,
     eval_mode,

@@ -1,7 +1,7 @@
 """torch.compile with a fallback: a compiler failure costs speed, never the run.
 
 The recipes compile by default (the eager step moves several times the memory traffic,
-benchmarks/traffic.py), so a missing C++/Triton toolchain or a compiler bug must not stop
+benchmarks/step_traffic.py), so a missing C++/Triton toolchain or a compiler bug must not stop
 training. The failure can come when the model is wrapped (an unknown backend) or at the
 first compiled call (dynamo tracing, the backend, a lazily compiled backward); either way
 the run logs one warning and continues with the eager model.

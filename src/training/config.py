@@ -58,7 +58,7 @@ _PAPER_B32: dict[str, Any] = {
     "precision": "bf16",
     "workers": 10,
     # Fused element-wise kernels: the eager step moves several times the bytes
-    # (benchmarks/traffic.py). A compiler failure falls back to eager (src/training/loop.py).
+    # (benchmarks/step_traffic.py). A compiler failure falls back to eager (src/training/loop.py).
     "compile": True,
 }
 
@@ -205,7 +205,7 @@ class TrainConfig:
     mix_impl: str = setting(
         "torch", group=SPEED, choices=MIX_IMPLS,
         help="token-shift mixes (src/open_alip/mix.py): torch runs them as eager ops; triton fuses each mix site "
-             "into one kernel pair (CUDA; 2.6x less element-wise traffic per B/32 pair by benchmarks/traffic.py; "
+             "into one kernel pair (CUDA; 2.6x less element-wise traffic per B/32 pair by benchmarks/step_traffic.py; "
              "opt-in until timed on a GPU)")
     compile: bool = setting(False, group=SPEED,
                             help="torch.compile the model (DDP included; the recipes: on, --no-compile turns it off); "

@@ -104,7 +104,7 @@ def test_traffic_counts_each_mix_site_as_one_op_at_the_model_line():
     eager = count_traffic("RWKV_CLIP_tiny", batch=4, wkv_impl="bi_triton")
     fused = count_traffic("RWKV_CLIP_tiny", batch=4, wkv_impl="bi_triton", mix_impl="triton")
     fusible = ("elementwise", "cast", "copy")
-    # B/32 at batch 512: 2.5x less (benchmarks/traffic.py); the tiny model, measured: 1.49x.
+    # B/32 at batch 512: 2.5x less (benchmarks/step_traffic.py); the tiny model, measured: 1.49x.
     assert fused.per_pair(*fusible) < 0.75 * eager.per_pair(*fusible)
     assert fused.per_pair("matmul", "wkv") == eager.per_pair("matmul", "wkv")
     ops = {op for _, op in fused.by_op}

@@ -1,5 +1,5 @@
 """The cost model (src/training/cost_model.py, measuring through step_trace.py), the planner
-(src/training/planner.py) and their CLI (benchmarks/cost_model.py).
+(src/training/planner.py) and their CLI (benchmarks/training_cost.py).
 
 Measurements run on FakeTensors; these tests hold them to an independent FLOP count, to
 runs on real tensors, to direct runs at other batch sizes and depths, and check that
@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks import cost_model as cli
+from benchmarks import training_cost as cli
 from src.open_alip import get_model_config
 from src.training import cost_model as cm
 from src.training import planner
@@ -221,7 +221,7 @@ def test_cli_prints_the_costs_of_the_tiny_model(capsys, monkeypatch):
         assert expected in out
     assert cli.main(["--config", "no_such_model"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("benchmarks.cost_model: error: model config 'no_such_model'") and err.count("\n") == 1
+    assert err.startswith("benchmarks.training_cost: error: model config 'no_such_model'") and err.count("\n") == 1
 
 
 def test_cli_measures_the_fla_wkv():
@@ -229,7 +229,7 @@ def test_cli_measures_the_fla_wkv():
     # here), and fla's custom op then runs on FakeTensors through its shape-only kernel.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.cost_model", "--config", "RWKV_CLIP_tiny", "--wkv-impl", "fla"],
+        [sys.executable, "-m", "benchmarks.training_cost", "--config", "RWKV_CLIP_tiny", "--wkv-impl", "fla"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr

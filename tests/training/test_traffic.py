@@ -1,4 +1,4 @@
-"""The memory-traffic count (src/training/traffic.py) and its CLI (benchmarks/traffic.py).
+"""The memory-traffic count (src/training/traffic.py) and its CLI (benchmarks/step_traffic.py).
 
 Hand-checkable ops are held to their exact byte counts; a whole training step of the
 tiny model is checked per class, and the WKV is checked to come from the analytic
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks import traffic as cli
+from benchmarks import step_traffic as cli
 from src.open_alip import get_model_config
 from src.open_alip.wkv import wkv_traffic_bytes
 from src.training.step_trace import autocast, autocast_rules, fake_mode
@@ -127,4 +127,4 @@ def test_the_cli_prints_classes_lines_and_times_and_compares_with_a_saved_baseli
     # A baseline counted for another batch is refused in one line.
     assert cli.main(["--config", str(config), "--batch", "3", "--baseline", str(saved)]) != 0
     err = capsys.readouterr().err
-    assert err.startswith("benchmarks.traffic: error: --baseline") and err.count("\n") == 1
+    assert err.startswith("benchmarks.step_traffic: error: --baseline") and err.count("\n") == 1

@@ -149,8 +149,8 @@ def time_training(results: Results, section: str | None, budget: Budget, case: d
 
 def section_predict(results: Results, budget: Budget, kept: Kept, device: torch.device) -> None:
     """The cost model's and the planner's predicted peak beside each measured one."""
-    from src.training.cost_model import estimate_cost
-    from src.training.planner import plan_micro_batch
+    from src.perf.cost_model import estimate_cost
+    from src.perf.planner import plan_micro_batch
 
     measured = [c for c in kept.cases if "peak_bytes" in c or c.get("error") == "OOM"]
     if not measured:
@@ -181,7 +181,7 @@ def section_predict(results: Results, budget: Budget, kept: Kept, device: torch.
             row["error"] = f"{type(exc).__name__}: {first_line(exc)}"
         results.add_case("predict", row)
     results.set("predict", note="predicted: parameters, gradients, AdamW, activations, loss and one batch "
-                                "(src/training/cost_model.py); measured: torch.cuda.max_memory_allocated")
+                                "(src/perf/cost_model.py); measured: torch.cuda.max_memory_allocated")
 
 
 # Kernel names to kinds, first match wins: fla's and our WKV kernels, then matrix products

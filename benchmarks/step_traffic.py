@@ -5,7 +5,7 @@
     python -m benchmarks.step_traffic --baseline benchmarks/results/traffic_b32_before.json
     python -m benchmarks.step_traffic --mix-impl triton --baseline benchmarks/results/traffic_b32_before.json
 
-Counted on this machine's CPU by src/training/traffic.py (FakeTensors under CUDA autocast
+Counted on this machine's CPU by src/perf/traffic.py (FakeTensors under CUDA autocast
 rules: no GPU, no arithmetic). Bytes are read + written; MB are 10^6 bytes. Times are
 the bytes at the H200's ~4.3 TB/s, a floor for a memory-bound step, not a measurement.
 
@@ -43,7 +43,7 @@ def _ms(nbytes: float, bandwidth: float) -> str:
 
 def wkv_per_layer(report) -> list[tuple[str, float, float]]:
     """(tower, fla bytes, bi_triton bytes) per layer and training pair, from the recorded calls."""
-    from src.training.traffic import WKV_TRAFFIC
+    from src.perf.traffic import WKV_TRAFFIC
 
     out = []
     seen = set()
@@ -57,7 +57,7 @@ def wkv_per_layer(report) -> list[tuple[str, float, float]]:
 
 
 def render(report, top: int, baseline: dict | None) -> list[str]:
-    from src.training.traffic import CLASSES, H200_BANDWIDTH
+    from src.perf.traffic import CLASSES, H200_BANDWIDTH
 
     bw = H200_BANDWIDTH
     b = report.batch
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from src.fsutil import atomic_write_json
-    from src.training.traffic import count_traffic
+    from src.perf.traffic import count_traffic
 
     try:
         baseline = _load_baseline(args.baseline, args) if args.baseline else None

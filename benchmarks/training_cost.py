@@ -3,7 +3,7 @@
     python -m benchmarks.training_cost --config RWKV_CLIP_B32
     python -m benchmarks.training_cost --config RWKV_CLIP_B16 --gpu h200 --mfu 0.3
 
-Everything is measured on this machine's CPU by src/training/cost_model.py (FakeTensors:
+Everything is measured on this machine's CPU by src/perf/cost_model.py (FakeTensors:
 no GPU, no arithmetic); the time predictions assume a model-FLOPs utilisation (MFU) of
 the GPU's dense bf16 peak, which is a stated assumption, not a measurement. The paper's
 own run gives the MFU it implies for comparison. Memory figures are in GB (10^9 bytes).
@@ -75,8 +75,8 @@ def _gb(n: float) -> str:
 
 
 def report(cost, args: argparse.Namespace) -> list[str]:
-    from src.training.cost_model import analytic_flops
-    from src.training.planner import plan_micro_batch, usable_bytes
+    from src.perf.cost_model import analytic_flops
+    from src.perf.planner import plan_micro_batch, usable_bytes
 
     gpu = GPU_SPECS[args.gpu]
     lines = [
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         # The fla kernels can then run on the CPU: its custom op's shape-only kernel on
         # FakeTensors, the Triton kernels in the interpreter. fla reads this on import.
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from src.training.cost_model import estimate_cost
+    from src.perf.cost_model import estimate_cost
 
     try:
         cost = estimate_cost(args.config, wkv_impl=args.wkv_impl, precision=args.precision)

@@ -197,7 +197,7 @@ def test_the_check_finds_a_stale_name(tmp_path):
     stale = tmp_path / "stale.md"
     stale.write_text("- **The record layout**: written by `src/convert/writer.py` (`pack_record`), read by\n"
                      "  `dataloaders/base.py:select_captions`; `src/inputs.py`, `read_manifest` are gone.\n"
-                     "- `src/training/`: the planner (`planner.py`, `nowhere.py`).\n")
+                     "- `src/training/`: the schedules (`schedule.py`, `nowhere.py`).\n")
     doc = str(stale)
     assert sorted(_problems(doc)) == sorted([
         f"{doc}: `pack_record` is named nowhere in the code",

@@ -13,7 +13,7 @@ FLOORS = {
     "src.open_alip": 1, "src.recordio": 1, "src.caption_record": 1,
     "src.errors": 1, "src.fsutil": 1, "src.devices": 1, "src.jpeg": 1, "src.install": 1,
     "src.lock": 1, "src.shard_names": 1, "src.figures": 1,
-    "dataloaders": 2,
+    "dataloaders": 2, "src.perf": 2,
     "src.convert": 3, "src.training": 3, "src.evaluation": 3,
     "src.demo": 4,  # runs every stage, as the CLIs do
 }

@@ -4,7 +4,7 @@
     cost.flops_per_sample                  # forward+backward model FLOPs of one pair
     cost.step_bytes(micro=256, accum=2, world_size=8, checkpointing=False)["total"]
 
-The planner that picks a micro-batch from these figures is src/training/planner.py.
+The planner that picks a micro-batch from these figures is src/perf/planner.py.
 
 How the numbers are obtained (on the CPU, no GPU needed, deterministic):
 
@@ -17,7 +17,7 @@ How the numbers are obtained (on the CPU, no GPU needed, deterministic):
   the WKV implementation is subtracted and the recurrent form is counted analytically
   (`wkv_flops`).
 * Memory is read off the graph: a dispatch mode adds every storage the ops create and
-  a weakref finaliser removes it when it dies (src/training/step_trace.py). That gives the bytes
+  a weakref finaliser removes it when it dies (src/perf/step_trace.py). That gives the bytes
   alive after the forward pass (what backward keeps: "retained"), the live total after
   every op of forward+backward (the peak), and, through saved-tensor hooks, the bytes
   autograd saves for backward ("saved", the figure usually quoted). Parameters and
@@ -60,7 +60,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from src.errors import UserError
 from src.open_alip import ClipLoss, get_model_config
 from src.open_alip.wkv import resolve_wkv_impl, wkv
-from src.training.step_trace import (
+from src.perf.step_trace import (
     AUTOCAST_DTYPES,
     MEASURE_LOCK,
     TOWERS,

@@ -5,7 +5,7 @@
                             global_batch=4096, world_size=8)
     print(plan.explanation)                # micro-batch, accumulation, checkpointing, why
 
-The memory a step needs comes from the cost model (src/training/cost_model.py,
+The memory a step needs comes from the cost model (src/perf/cost_model.py,
 `CostModel.step_bytes`); what is not modelled there (allocator fragmentation, the CUDA
 context, NCCL and DALI workspaces) is what HEADROOM and RESERVED_BYTES keep free.
 """
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from src.training.cost_model import CostModel, CostModelError, estimate_cost
+from src.perf.cost_model import CostModel, CostModelError, estimate_cost
 
 __all__ = ["HEADROOM", "MIN_EFFICIENT_MICRO", "RESERVED_BYTES", "CostModelError", "MicroBatchPlan",
            "plan_micro_batch", "usable_bytes"]

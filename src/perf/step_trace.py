@@ -7,7 +7,7 @@ every storage the ops create and a weakref finaliser removes it when it dies
 (`LiveBytes`): that gives the bytes alive after the forward pass, the live total after
 every op, and FLOPs by torch's FlopCounterMode formulas; saved-tensor hooks give the
 bytes autograd saves for backward (`SavedBytes`). CUDA autocast's float32 ops can be
-imitated on the CPU (`cuda_autocast_rules`). src/training/cost_model.py turns these
+imitated on the CPU (`cuda_autocast_rules`). src/perf/cost_model.py turns these
 measurements into costs per sample.
 """
 

@@ -6,7 +6,7 @@
 
 A training step on a GPU is bound by memory traffic wherever it is not a matmul, and
 traffic can be counted without a GPU. The step runs on FakeTensors (shape-only tensors:
-the real autograd graph and autocast casts, no arithmetic) as src/training/step_trace.py
+the real autograd graph and autocast casts, no arithmetic) as src/perf/step_trace.py
 runs it for the cost model, under CUDA autocast's rules (its float32 ops, e.g. pow), in
 training mode: forward, the CLIP loss, backward, gradient clipping and a fused AdamW
 step. A dispatch mode counts every aten op the eager step would launch:
@@ -59,11 +59,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from src.errors import UserError
 from src.open_alip import ClipLoss, get_model_config
 from src.open_alip import wkv as wkv_module
 from src.open_alip.choices import MIX_IMPLS
-from src.training.errors import TrainingError
-from src.training.step_trace import (
+from src.perf.step_trace import (
     MEASURE_LOCK,
     autocast,
     autocast_rules,
@@ -105,7 +105,7 @@ _FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided
 _OVERWRITE = {"copy_", "fill_", "zero_"}
 
 
-class TrafficError(TrainingError, ValueError):
+class TrafficError(UserError, ValueError):
     """Bad input to the traffic count; the message says what to change."""
 
 

@@ -100,7 +100,7 @@ def plan_for_device(
 ) -> tuple[BatchPlan, bool, str | None]:
     """(plan, gradient checkpointing, a line saying why) for this run on `device`.
 
-    `batch_size` None is `--batch-size auto`: on a GPU the planner (src/training/planner.py)
+    `batch_size` None is `--batch-size auto`: on a GPU the planner (src/perf/planner.py)
     picks the largest micro-batch that its measured per-sample memory says fits the GPU, and
     turns on gradient checkpointing when that is cheaper than accumulating; the global batch
     stays exact. A given `--batch-size N` is used as it is.
@@ -118,7 +118,7 @@ def plan_for_device(
                             "or give --batch-size N")
     import torch
 
-    from src.training.planner import CostModelError, plan_micro_batch
+    from src.perf.planner import CostModelError, plan_micro_batch
 
     target = global_batch if global_batch is not None else AUTO_CPU_BATCH * world_size
     if target < world_size:

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from src.open_alip.wkv import wkv
-from src.training.cost_model import tower_wkv_shape
-from src.training.step_trace import AUTOCAST_DTYPES, TOWERS
+from src.perf.cost_model import tower_wkv_shape
+from src.perf.step_trace import AUTOCAST_DTYPES, TOWERS
 
 TUNED_IMPLS = ("fla", "fla_chunk")  # the implementations an autotuner configures
 _FLA_MODULES = ("fla.ops.rwkv6.fused_recurrent", "fla.ops.rwkv6.chunk")

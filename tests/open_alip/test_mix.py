@@ -17,7 +17,7 @@ import torch
 
 from src.open_alip import create_model
 from src.open_alip.mix import fused_mixes
-from src.training.traffic import count_traffic
+from src.perf.traffic import count_traffic
 from tests._mix_cases import CASES
 from tests._repo import REPO
 from tests._wkv_fla_cases import run_report

@@ -1,5 +1,5 @@
-"""The cost model (src/training/cost_model.py, measuring through step_trace.py), the planner
-(src/training/planner.py) and their CLI (benchmarks/training_cost.py).
+"""The cost model (src/perf/cost_model.py, measuring through step_trace.py), the planner
+(src/perf/planner.py) and their CLI (benchmarks/training_cost.py).
 
 Measurements run on FakeTensors; these tests hold them to an independent FLOP count, to
 runs on real tensors, to direct runs at other batch sizes and depths, and check that
@@ -18,9 +18,9 @@ import torch
 
 from benchmarks import training_cost as cli
 from src.open_alip import get_model_config
-from src.training import cost_model as cm
-from src.training import planner
-from src.training import step_trace as trace
+from src.perf import cost_model as cm
+from src.perf import planner
+from src.perf import step_trace as trace
 from tests._repo import REPO
 
 GB = 10**9

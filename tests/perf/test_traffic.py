@@ -1,4 +1,4 @@
-"""The memory-traffic count (src/training/traffic.py) and its CLI (benchmarks/step_traffic.py).
+"""The memory-traffic count (src/perf/traffic.py) and its CLI (benchmarks/step_traffic.py).
 
 Hand-checkable ops are held to their exact byte counts; a whole training step of the
 tiny model is checked per class, and the WKV is checked to come from the analytic
@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from benchmarks import step_traffic as cli
 from src.open_alip import get_model_config
 from src.open_alip.wkv import wkv_traffic_bytes
-from src.training.step_trace import autocast, autocast_rules, fake_mode
-from src.training.traffic import (
+from src.perf.step_trace import autocast, autocast_rules, fake_mode
+from src.perf.traffic import (
     CLASSES,
     TrafficCounter,
     TrafficError,

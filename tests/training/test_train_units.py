@@ -466,8 +466,8 @@ def test_batch_size_auto_on_a_gpu_follows_the_cost_model(monkeypatch, gib, world
     # No GPU can run here: torch is made to report a GPU of `gib` GiB; the cost model itself
     # measures on FakeTensors and needs none.
     from src.open_alip import get_model_config
+    from src.perf.planner import plan_micro_batch
     from src.training import batching
-    from src.training.planner import plan_micro_batch
 
     class Properties:
         total_memory = gib << 30

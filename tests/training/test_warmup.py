@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from src.open_alip import get_model_config
-from src.training.cost_model import BATCHES, wkv_batches
+from src.perf.cost_model import BATCHES, wkv_batches
 from src.training.warmup import autotuners, forget_tuning, warm_wkv
 
 TINY = dict(n_layer=1, image_depth=1, n_embd=32, image_embed_dims=32, head_size=16, image_num_heads=2,

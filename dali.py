@@ -18,7 +18,9 @@ import argparse
 import os
 import sys
 
+from dataloaders.limits import BACKENDS, DEFAULT_MAX_BAD_RECORDS, READER_WORKERS_HELP
 from dataloaders.smoke_cli import max_workers, run
+from src.errors import flag_of
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,16 +51,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=4, metavar="N",
                    help=f"CPU threads (DALI) or worker processes (torch); default 4, at most {max_workers()} here")
     p.add_argument("--eval", action="store_true", help="evaluation transform (resize + centre crop, no shuffle)")
-    p.add_argument("--backend", choices=("dali", "torch"), default="dali",
+    p.add_argument("--backend", choices=BACKENDS, default=BACKENDS[0],
                    help="dali (default) or the pure-PyTorch fallback")
     p.add_argument("--seed", type=int, default=0, help="shuffle/augmentation seed (default 0)")
     p.add_argument("--save-grid", metavar="FILE.png", help="write a grid of the first batch's images and captions")
     p.add_argument("--max-bad-records", type=int, default=0, metavar="N",
                    help="records that cannot be read or decoded to skip before failing (default 0: any one fails "
-                        "the check; train.py skips up to 100)")
-    p.add_argument("--reader-workers", type=int, metavar="N",
-                   help="processes reading records for the DALI loader, as train.py's flag; 0 reads in a thread "
-                        "(default: 2 where each local process has 4 or more cores, else 0)")
+                        f"the check; train.py skips up to {DEFAULT_MAX_BAD_RECORDS})")
+    p.add_argument("--reader-workers", type=int, metavar="N", help=READER_WORKERS_HELP + "; as train.py's flag")
     p.add_argument("--cache-dir", metavar="DIR",
                    help="where to cache the record index (default $RWKV_CLIP_CACHE or ~/.cache/rwkv-clip)")
     args = p.parse_args(argv)
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("no shards given: use --data PATH, or --data-dir DIR [--rec-file NAME]")
     for name in ("batch_size", "steps", "input_size"):
         if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
+            p.error(f"{flag_of(name)} must be at least 1")
     if args.time_steps is None:
         args.time_steps = args.steps
     elif args.time_steps < 0:

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from src.convert import (
+    DEFAULT_MAX_PIXELS,
     DEFAULT_MAX_SKIP_FRACTION,
     DEFAULT_VALIDATE,
     MAX_CAPTIONS,
@@ -105,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quality", type=int, default=None, metavar="Q",
                    help="re-encode every image as JPEG quality Q (default: JPEGs pass through; "
                         "other formats are converted at 95)")
-    g.add_argument("--max-pixels", type=int, default=100_000_000, metavar="N",
-                   help="skip images with more pixels than this (default 100M; 0: no limit)")
+    g.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N",
+                   help=f"skip images with more pixels than this (default {DEFAULT_MAX_PIXELS / 1e6:g}M; 0: no limit)")
     g.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES, metavar="N",
                    help=f"skip image and caption files larger than this (default {DEFAULT_MAX_FILE_BYTES >> 20} MiB; "
                         "0: no limit); only regular files are read: a FIFO or device is skipped, never waited on")

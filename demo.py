@@ -52,7 +52,7 @@ def _unwritable(output: Path) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from src.demo.pipeline import Demo, DemoSettings, format_summary
-    from src.errors import UserError
+    from src.errors import UserError, flag_of
 
     settings = DemoSettings.quick(args.output) if args.quick else DemoSettings(output=args.output)
     settings.seed = args.seed
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, name)
         if value is not None:
             if value < 1:
-                print(f"demo.py: error: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
+                print(f"demo.py: error: {flag_of(name)} must be at least 1", file=sys.stderr)
                 return 2
             setattr(settings, name, value)
     if settings.train_samples < settings.batch_size * settings.processes:

@@ -26,9 +26,18 @@ import torch
 
 from benchmarks.corpora import write_colour_records
 from src.open_alip import ClipLoss, create_model
+from src.training.config import RECIPES
 from src.training.distributed import DistEnv
 from src.training.loop import Trainer
 from src.training.schedule import Schedule
+
+# The optimiser settings of the paper's recipe, read from the recipe train.py runs.
+RECIPE = RECIPES["rwkv_clip_b32_yfcc15m"].values
+
+
+def _adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=RECIPE["weight_decay"],
+                             betas=(RECIPE["beta1"], RECIPE["beta2"]), eps=RECIPE["eps"])
 
 
 def _batches(n: int, batch: int, side: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -53,7 +62,7 @@ def _rate(step, batches, batch: int, warmup: int) -> float:
 def bench_bare(cfg: dict, precision: str, batches, batch: int, warmup: int) -> float:
     torch.manual_seed(0)
     model = create_model(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.2)
+    opt = _adamw(model)
     loss_fn = ClipLoss()
     dtype = {"bf16": torch.bfloat16}.get(precision)
 
@@ -70,8 +79,8 @@ def bench_bare(cfg: dict, precision: str, batches, batch: int, warmup: int) -> f
 def bench_trainer(cfg: dict, precision: str, batches, batch: int, warmup: int, accum: int = 1) -> float:
     torch.manual_seed(0)
     model = create_model(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.2)
-    schedule = Schedule("cosine", 1e-3, total_steps=len(batches), warmup=0.1)
+    opt = _adamw(model)
+    schedule = Schedule(RECIPE["lr_scheduler"], RECIPE["lr"], total_steps=len(batches), warmup=RECIPE["warmup"])
     env = DistEnv(0, 0, 1, torch.device("cpu"), None)
     trainer = Trainer(model, opt, schedule, ClipLoss(), env, precision=precision, accum_freq=accum)
     half = batch // accum

@@ -19,15 +19,18 @@ from dataclasses import dataclass
 from src.errors import UserError
 from src.errors import report as report_error
 from src.open_alip.wkv import WKV_IMPL_CHOICES
+from src.training.config import PAPER_GPUS, RECIPES
 
 PROG = "benchmarks.training_cost"
 
-# One YFCC15M epoch as the authors count it, and the paper's recipe and reported run.
+# One YFCC15M epoch as the authors count it, and the paper's recipe (its owner, the recipe object
+# train.py runs) and reported run.
 YFCC15M_PAIRS = 15_061_515
-EPOCHS = 32
-GPUS = 8
-GLOBAL_BATCH = 4096
-PAPER_HOURS = 26.0  # B/32, 32 epochs, 8 x A100
+PAPER_RECIPE = RECIPES["rwkv_clip_b32_yfcc15m"].values
+EPOCHS = PAPER_RECIPE["epochs"]
+GPUS = PAPER_GPUS
+GLOBAL_BATCH = PAPER_RECIPE["global_batch_size"]
+PAPER_HOURS = 26.0  # B/32, EPOCHS epochs, GPUS x A100
 PAPER_GPU = "a100"
 # The issue's own count per B/32 sample, forward+backward (image + text).
 ISSUE_GFLOP = {"image": 24.0, "text": 15.0}

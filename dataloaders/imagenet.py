@@ -59,6 +59,7 @@ from dataloaders.base import (
     dist_env,
     select_captions,
 )
+from dataloaders.limits import BACKENDS, READER_MIN_CORES, READER_WORKERS
 from dataloaders.read_ahead import BatchReader, ReaderDiedError
 from dataloaders.records import probe_shards
 from dataloaders.resize import CropResizer
@@ -80,11 +81,8 @@ PREFETCH_DEPTH = 3
 # setting is ignored). DALI's own tuning for A100; measure with benchmarks/gpu.py before changing.
 HW_DECODER_LOAD = 0.65
 READ_AHEAD = 2  # batches read (from disk, by the reader processes) before DALI asks for them
-# Processes reading records for each loader (dataloaders/read_ahead.py); 0 reads in a thread of
-# the training process, which then shares the GIL with the training loop. Processes pay off where
-# each rank has cores to spare for them; on a small machine they only add copies and switches.
-READER_WORKERS = 2
-READER_MIN_CORES = 4  # per process on the node (torchrun's LOCAL_WORLD_SIZE) for "auto" to use them
+# Processes reading records for each loader (READER_WORKERS, dataloaders/limits.py); 0 reads in a
+# thread of the training process, which then shares the GIL with the training loop.
 
 
 def auto_reader_workers() -> int:
@@ -465,8 +463,8 @@ def build_loader(
     indexed (or the cached index is read) and probed, but no pipeline or worker starts
     before the first iteration.
     """
-    if backend not in ("dali", "torch"):
-        raise ValueError(f"backend {backend!r}: use dali or torch")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r}: use {' or '.join(BACKENDS)}")
     shardset = load_shards(data, cache_dir=cache_dir)
     probe_shards(shardset)
     rank, world_size = dist_env(rank, world_size)

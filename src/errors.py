@@ -18,6 +18,11 @@ class UserError(Exception):
     exit_code = 2
 
 
+def flag_of(name: str) -> str:
+    """The command-line flag of a setting, as every CLI spells it: `batch_size` -> `--batch-size`."""
+    return "--" + name.replace("_", "-")
+
+
 def report(prog: str, error: UserError) -> int:
     """Print `error` the way every CLI does and return its exit status."""
     import sys

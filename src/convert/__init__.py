@@ -7,7 +7,14 @@ state beside the output. `convert()` runs it; `verify()` re-reads finished shard
 
 from src.lock import OutputLocked
 
-from .images import DEFAULT_VALIDATE, VALIDATE_LEVELS, ImageOptions, Validate, validate_level
+from .images import (
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_VALIDATE,
+    VALIDATE_LEVELS,
+    ImageOptions,
+    Validate,
+    validate_level,
+)
 from .items import MAX_CAPTIONS
 from .pipeline import (
     DEFAULT_MAX_SKIP_FRACTION,
@@ -32,6 +39,7 @@ __all__ = [
     "MAX_ID",
     "MAX_WORKERS_PER_CORE",
     "SOURCES",
+    "DEFAULT_MAX_PIXELS",
     "DEFAULT_VALIDATE",
     "VALIDATE_LEVELS",
     "Validate",

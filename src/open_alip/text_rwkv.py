@@ -107,17 +107,19 @@ class Block(nn.Module):
 
 
 class TextRWKV(nn.Module):
-    """`tokens [B, ctx_len] -> [B, n_embd]`: mean of the L2-normalised token features."""
+    """`tokens [B, ctx_len] -> [B, n_embd]`: mean of the L2-normalised token features. The sizes are
+    the model config's (model_configs/*.json, through model.py), their one owner."""
 
     def __init__(
         self,
-        vocab_size: int = 49408,
-        n_embd: int = 640,
-        dim_att: int = 640,
-        dim_ffn: int = 2240,
-        n_layer: int = 6,
-        head_size: int = 64,
-        head_size_divisor: int = 8,
+        *,
+        vocab_size: int,
+        n_embd: int,
+        dim_att: int,
+        dim_ffn: int,
+        n_layer: int,
+        head_size: int,
+        head_size_divisor: int,
         dropout: float = 0.0,
         with_cp: bool = False,
         text_initialization: bool = True,

@@ -122,16 +122,18 @@ def resize_pos_embed(pos_embed: torch.Tensor, src: tuple[int, int], dst: tuple[i
 
 
 class VisionRWKV(nn.Module):
-    """`images [B, 3, S, S] -> [B, embed_dims]`: mean of the final-normed patch features."""
+    """`images [B, 3, S, S] -> [B, embed_dims]`: mean of the final-normed patch features. The sizes
+    are the model config's (model_configs/*.json, through model.py), their one owner."""
 
     def __init__(
         self,
-        img_size: int = 224,
-        patch_size: int = 32,
-        embed_dims: int = 640,
-        depth: int = 12,
-        num_heads: int = 8,
-        hidden_rate: int = 5,
+        *,
+        img_size: int,
+        patch_size: int,
+        embed_dims: int,
+        depth: int,
+        num_heads: int,
+        hidden_rate: int,
         drop_path_rate: float = 0.0,
         with_cp: bool = False,
     ):

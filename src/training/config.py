@@ -22,18 +22,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dataloaders.limits import DEFAULT_MAX_BAD_RECORDS
+from dataloaders.limits import BACKENDS, DEFAULT_MAX_BAD_RECORDS, READER_WORKERS_HELP
+from src.errors import flag_of
 from src.open_alip.choices import MIX_IMPLS, WKV_IMPL_CHOICES
 from src.training.errors import TrainingError
 from src.training.schedule import SCHEDULES
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 DECAY_DTYPES = ("fp32", "bf16")
-
-def flag_of(name: str) -> str:
-    """The train.py flag of a setting."""
-    return "--" + name.replace("_", "-")
-
 
 # --- the paper's run ------------------------------------------------------------------------
 
@@ -139,11 +135,9 @@ class TrainConfig:
         None, group=DATA, check=AT_LEAST_1,
         help="samples per epoch; checked against the records (default: all records)")
     workers: int = setting(4, group=DATA, check=AT_LEAST_1, help="loader threads per process")
-    data_backend: str = setting("dali", group=DATA, choices=("dali", "torch"), help="loader implementation")
+    data_backend: str = setting(BACKENDS[0], group=DATA, choices=BACKENDS, help="loader implementation")
     reader_workers: int | None = setting(
-        None, group=DATA, metavar="N", check=NOT_NEGATIVE,
-        help="processes per rank reading records for the DALI loader, off the training thread's GIL; 0 reads "
-             "in a thread (default: 2 where each local process has 4 or more cores, else 0)")
+        None, group=DATA, metavar="N", check=NOT_NEGATIVE, help=READER_WORKERS_HELP)
     max_bad_records: int = setting(
         DEFAULT_MAX_BAD_RECORDS, group=DATA, metavar="N", check=NOT_NEGATIVE,
         help="records the loader may skip as undecodable (each is named once in the log and counted in the "

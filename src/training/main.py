@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from src.errors import flag_of
 from src.fsutil import atomic_write_json
 from src.lock import OutputLock, OutputLocked
 from src.open_alip.model import unwrap_model
@@ -428,7 +429,7 @@ def _setting_changes(ckpt: dict[str, Any], cfg: TrainConfig, schedule: Schedule,
     old_format = saved is None
     saved = saved if saved is not None else ckpt.get("args", {})
     now = cfg.to_json()
-    changed = [f"--{k.replace('_', '-')} {now[k]} (was {saved[k]})"
+    changed = [f"{flag_of(k)} {now[k]} (was {saved[k]})"
                for k in _RESUME_MAY_CHANGE if k in saved and saved[k] != now[k]]
     notices = []
     if changed:

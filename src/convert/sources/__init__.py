@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .base import FLAG_OPTIONS, IMAGE_EXTS, InputError, Source, SourceOptions, flag_name, is_hidden
+from src.errors import flag_of
+
+from .base import FLAG_OPTIONS, IMAGE_EXTS, InputError, Source, SourceOptions, is_hidden
 from .folder import FolderSource
 from .manifest import MANIFEST_EXTS, ManifestSource
 from .parquet import ParquetSource
@@ -77,7 +79,7 @@ def check_options_apply(kind: str, options: SourceOptions) -> None:
             shown = ",".join(value) if isinstance(value, tuple) else value
             applies = [k for k, cls in SOURCES.items() if option in cls.uses]
             raise InputError(
-                f"{flag_name(option)} {shown} does not apply to {kind} input (only to {' and '.join(applies)} "
+                f"{flag_of(option)} {shown} does not apply to {kind} input (only to {' and '.join(applies)} "
                 f"input); leave it out, or check the input path and --format"
             )
 

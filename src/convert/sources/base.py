@@ -41,12 +41,8 @@ class SourceOptions:
     folder_chunk: int = 10_000  # images per unit of a folder input
 
 
-# The SourceOptions a user sets by flag, each data2rec.py's `--` + the name with dashes.
+# The SourceOptions a user sets by flag, each data2rec.py's flag_of(name) (src/errors.py).
 FLAG_OPTIONS = ("image_column", "caption_columns", "image_root", "caption_dir")
-
-
-def flag_name(option: str) -> str:
-    return "--" + option.replace("_", "-")
 
 
 class Source(ABC):

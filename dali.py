@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-bad-records", type=int, default=0, metavar="N",
                    help="records that cannot be read or decoded to skip before failing (default 0: any one fails "
                         f"the check; train.py skips up to {DEFAULT_MAX_BAD_RECORDS})")
-    p.add_argument("--reader-workers", type=int, metavar="N", help=READER_WORKERS_HELP + "; as train.py's flag")
+    p.add_argument("--reader-workers", type=int, metavar="N",
+                   help=READER_WORKERS_HELP + "; as train.py's flag")
     p.add_argument("--cache-dir", metavar="DIR",
                    help="where to cache the record index (default $RWKV_CLIP_CACHE or ~/.cache/rwkv-clip)")
     args = p.parse_args(argv)

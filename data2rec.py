@@ -71,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(or one folder of images with .txt captions); none: ./{DEFAULT_INPUT}, written to "
                         f"{shard_names_text(DEFAULT_INPUT / DEFAULT_NAME, sharded=False)}")
     p.add_argument("--output", "-o",
-                   help=f"output prefix: writes {shard_names_text(OUT, sharded=False)}, or {shard_names_text(OUT)} "
-                        f"with --shard-size, plus {OUT}{REPORT} and {OUT}{STATE} (and {OUT}{LOCK} while running)")
+                   help=f"output prefix: writes {shard_names_text(OUT, sharded=False)}, or "
+                        f"{shard_names_text(OUT)} with --shard-size, plus {OUT}{REPORT} and {OUT}{STATE} "
+                        f"(and {OUT}{LOCK} while running)")
     p.add_argument("--format", default="auto", choices=["auto", *SOURCES],
                    help="input kind (default: detected from the paths)")
     g = p.add_argument_group("sharding and parallelism")
@@ -107,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-encode every image as JPEG quality Q (default: JPEGs pass through; "
                         "other formats are converted at 95)")
     g.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N",
-                   help=f"skip images with more pixels than this (default {DEFAULT_MAX_PIXELS / 1e6:g}M; 0: no limit)")
+                   help=f"skip images with more pixels than this (default {DEFAULT_MAX_PIXELS / 1e6:g}M; "
+                        "0: no limit)")
     g.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES, metavar="N",
                    help=f"skip image and caption files larger than this (default {DEFAULT_MAX_FILE_BYTES >> 20} MiB; "
                         "0: no limit); only regular files are read: a FIFO or device is skipped, never waited on")

@@ -80,7 +80,8 @@ def bench_trainer(cfg: dict, precision: str, batches, batch: int, warmup: int, a
     torch.manual_seed(0)
     model = create_model(cfg)
     opt = _adamw(model)
-    schedule = Schedule(RECIPE["lr_scheduler"], RECIPE["lr"], total_steps=len(batches), warmup=RECIPE["warmup"])
+    schedule = Schedule(RECIPE["lr_scheduler"], RECIPE["lr"], total_steps=len(batches),
+                        warmup=RECIPE["warmup"])
     env = DistEnv(0, 0, 1, torch.device("cpu"), None)
     trainer = Trainer(model, opt, schedule, ClipLoss(), env, precision=precision, accum_freq=accum)
     half = batch // accum

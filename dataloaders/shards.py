@@ -123,7 +123,8 @@ def find_rec_file(data_dir: str | os.PathLike[str] | None, rec_file: str) -> Pat
     where = " nor in the working folder ".join(str((p.parent if p.is_absolute() else Path.cwd() / p.parent).resolve())
                                               for p in tried)
     raise ShardError(f"--rec-file {rec_file}: not found in {where}; give the name of a {REC} file in "
-                     f"--data-dir (data2rec.py writes {DEFAULT_OUTPUT_NAME}{REC} by default) or a path to one")
+                     f"--data-dir (data2rec.py writes {DEFAULT_OUTPUT_NAME}{REC} by default) or a path to "
+                     "one")
 
 
 def default_cache_dir() -> Path:

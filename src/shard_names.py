@@ -32,6 +32,7 @@ STATE = ".state.json"
 LOCK = ".lock"
 PROBE = ".probe" + TMP_SUFFIX  # the write test a conversion makes before it starts
 ONEPASS_STATE = ".onepass.json"
+_ONEPASS_WORK = ".onepass"
 
 # The guide's `python data2rec.py`: the dataset folder the download makes, and the output name in
 # it that the launcher's DATA_ROOT and dali.py --data-dir YFCC15M --rec-file datarec.rec read.
@@ -67,6 +68,11 @@ def machine_prefix(prefix: Path, machine_id: int) -> Path:
 def side_file(prefix: Path, suffix: str) -> Path:
     """A side file of the run at `prefix`: `side_file(prefix, REPORT)` is OUT.report.json."""
     return prefix.with_name(prefix.name + suffix)
+
+
+def onepass_work(prefix: Path) -> Path:
+    """The hidden folder beside the output where --from-hub downloads and converts: `.OUT.onepass/`."""
+    return prefix.with_name(f".{prefix.name}{_ONEPASS_WORK}")
 
 
 def shard_paths(prefix: Path, shard: int | None) -> tuple[Path, Path]:

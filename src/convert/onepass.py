@@ -28,7 +28,16 @@ from src.errors import UserError
 from src.fsutil import atomic_write_json, fsync_dir
 from src.lock import OutputLock
 from src.open_alip.urls import redact_urls
-from src.shard_names import IDX, ONEPASS_STATE, REC, REPORT, output_shards, shard_paths, side_file
+from src.shard_names import (
+    IDX,
+    ONEPASS_STATE,
+    REC,
+    REPORT,
+    onepass_work,
+    output_shards,
+    shard_paths,
+    side_file,
+)
 
 from .items import Unit
 from .pipeline import (
@@ -228,7 +237,7 @@ class _Run:
     def __init__(self, hub: HubOptions, output: str | Path, opts: ConvertOptions, say: Callable[[str], None]):
         self.hub, self.opts, self.say = hub, opts, say
         self.prefix = output_prefix(output)
-        self.work = self.prefix.with_name(f".{self.prefix.name}.onepass")
+        self.work = onepass_work(self.prefix)
         self.state_path = side_file(self.prefix, ONEPASS_STATE)
         self.report_path = side_file(self.prefix, REPORT)
         self.started = time.monotonic()

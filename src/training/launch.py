@@ -220,7 +220,8 @@ def _scan_folder(folder: Path, scan: ShardScan) -> None:
     scan.ignored += found.left_out
     if not found.shards:
         below = sorted({p.parent for p in folder.glob(f"*/*{REC}")})
-        hint = (f"; {REC} files are in {', '.join(map(str, below[:3]))}: put that folder in DATA_ROOT" if below
+        where = ", ".join(map(str, below[:3]))
+        hint = (f"; {REC} files are in {where}: put that folder in DATA_ROOT" if below
                 else "; convert the data with data2rec.py first")
         raise LaunchError(f"DATA_ROOT={folder} holds no training {REC}/{IDX} shards{hint}")
 

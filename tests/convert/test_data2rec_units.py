@@ -45,15 +45,19 @@ def test_validate_levels_are_one_enum_that_says_what_each_does(capsys):
     from data2rec import build_parser
 
     assert [str(v) for v in Validate] == list(VALIDATE_LEVELS) == ["off", "structure", "decode", "full"]
-    assert Validate.parse("quick") is Validate.DECODE and ImageOptions(validate="quick").validate is Validate.DECODE
+    assert Validate.parse("quick") is Validate.DECODE
+    assert ImageOptions(validate="quick").validate is Validate.DECODE
     assert ImageOptions().validate is Validate.STRUCTURE and f"{Validate.FULL}" == "full" == Validate.FULL
     does = {v: (v.walks_structure, v.decodes, v.decodes_full_size, v.decodes_in_dali) for v in Validate}
-    assert does == {Validate.OFF: (False, False, False, False), Validate.STRUCTURE: (True, False, False, False),
-                    Validate.DECODE: (True, True, False, False), Validate.FULL: (True, True, True, True)}
+    assert does == {Validate.OFF: (False, False, False, False),
+                    Validate.STRUCTURE: (True, False, False, False),
+                    Validate.DECODE: (True, True, False, False),
+                    Validate.FULL: (True, True, True, True)}
     assert build_parser().parse_args(["--validate", "quick", "x"]).validate is Validate.DECODE
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--validate", "fast", "x"])
-    assert "--validate: 'fast' is not a level; use one of off, structure, decode, full" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--validate: 'fast' is not a level; use one of off, structure, decode, full" in err
 
 
 @pytest.mark.parametrize("level", VALIDATE_LEVELS)

@@ -10,8 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from src.evaluation.cli import WEIGHTS_HELP
-from src.evaluation.model_loader import MODEL_NAME_HELP
+from src.evaluation.cli import add_model_options, add_run_options
 
 EPILOG = """\
 inputs:
@@ -45,23 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    p.add_argument("--model-name", "--config", dest="model_name", default=None, help=MODEL_NAME_HELP)
-    p.add_argument("--model-weight", "--pretrained", dest="weights", default=None, metavar="WEIGHTS", help=WEIGHTS_HELP)
-    p.add_argument("--random-init", action="store_true",
-                   help="embed with untrained random weights (for testing a setup, never for real use)")
+    add_model_options(p, "embed with untrained random weights (for testing a setup, never for real use)")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--images", type=Path, help="a folder of images, or a .txt/.csv/.tsv/.jsonl list of them")
     what.add_argument("--texts", type=Path, help="a UTF-8 text file, one text per line")
     p.add_argument("--image-column", default=None, help="the image column of a CSV/TSV/JSONL manifest")
     p.add_argument("--output", required=True, type=Path, help="embeddings file OUT.npy (OUT.index.json goes beside it)")
     p.add_argument("--batch-size", type=int, default=64, help="inputs per forward pass (default 64)")
-    p.add_argument("--workers", type=int, default=4, help="image decoding processes (default 4; 0 decodes in this one)")
-    p.add_argument("--device", default="auto", help="auto (GPU if present), cpu, cuda or cuda:N")
-    p.add_argument("--wkv-impl", default="auto", metavar="IMPL",
-                   help="WKV implementation: auto (fla's kernels on a GPU when fla-core imports, else chunked) "
-                        "or a name from WKV_IMPL_CHOICES in src/open_alip/wkv.py")
-    p.add_argument("--cache-dir", type=Path, default=None, help="hub cache folder for hf-hub: weights (default: HF_HOME's)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_run_options(p, "image decoding processes (default 4; 0 decodes in this one)")
     return p
 
 
@@ -75,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         device = resolve_device(args.device)
         summary = run_embed(
-            model_name=args.model_name,
-            weights=args.weights,
+            model_name=args.config,
+            weights=args.checkpoint,
             output=args.output,
             images=args.images,
             texts=args.texts,

@@ -1,5 +1,5 @@
-"""What the evaluation CLIs (zero_shot.py, retrieval.py) share: their common options, loading the
-model, and recording each dataset's result. Their runs are src/evaluation/commands.py.
+"""What the evaluation CLIs (zero_shot.py, retrieval.py) share: their common options (the model and
+run options embed.py takes too), loading the model, and recording each dataset's result. Their runs are src/evaluation/commands.py.
 
 Torch and the model code are imported only once a run starts, so that `--help` answers at once.
 """
@@ -35,6 +35,27 @@ PROTOCOL_HELP = (
     "its class names), comparable with `clip_benchmark eval` (docs/evaluation.md) (default: %(default)s)"
 )
 
+def add_model_options(p: argparse.ArgumentParser, random_init_help: str) -> None:
+    """--model-name, --model-weight and --random-init, as every inference CLI spells them."""
+    p.add_argument("--model-name", "--config", dest="config", default=None, help=MODEL_NAME_HELP)
+    p.add_argument("--model-weight", "--pretrained", dest="checkpoint", default=None, metavar="WEIGHTS",
+                   help=WEIGHTS_HELP)
+    p.add_argument("--random-init", action="store_true", help=random_init_help)
+
+
+def add_run_options(p: argparse.ArgumentParser, workers_help: str = "image decoding processes (default 4)") -> None:
+    """--workers, --device, --wkv-impl, --cache-dir and --no-progress, as every inference CLI spells them."""
+    p.add_argument("--workers", type=int, default=4, help=workers_help)
+    p.add_argument("--device", default="auto", help="auto (GPU if present), cpu, cuda or cuda:N")
+    p.add_argument("--wkv-impl", default="auto", metavar="IMPL",
+                   help="WKV implementation: auto (fla's kernels on a GPU when fla-core imports, else chunked) "
+                        "or a name from WKV_IMPL_CHOICES in src/open_alip/choices.py (an unknown name is refused "
+                        "with the list)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="hub cache folder for hf-hub: weights (default: huggingface_hub's, under HF_HOME)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
 def build_parser(
     prog: str, description: str, epilog: str, add_dataset_options: Callable[[argparse.ArgumentParser], None]
 ) -> argparse.ArgumentParser:
@@ -44,12 +65,8 @@ def build_parser(
         prog=prog, description=description, epilog=epilog + WEIGHTS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    p.add_argument("--model-name", "--config", dest="config", default=None, help=MODEL_NAME_HELP)
-    p.add_argument("--model-weight", "--pretrained", dest="checkpoint", default=None, metavar="WEIGHTS",
-                   help=WEIGHTS_HELP)
-    p.add_argument("--random-init", action="store_true",
-                   help="evaluate randomly initialised weights (a baseline); without it a missing "
-                        "--model-weight is an error")
+    add_model_options(p, "evaluate randomly initialised weights (a baseline); without it a missing "
+                         "--model-weight is an error")
     p.add_argument("--datasets", "--dataset", dest="datasets", nargs="+", default=None,
                    help="NAME=PATH items (space- or comma-separated); see below")
     p.add_argument("--data-root", type=Path, default=None,
@@ -61,15 +78,7 @@ def build_parser(
                    help="folder for the per-dataset JSON results, checked writable before anything runs "
                         "(default: eval_results)")
     p.add_argument("--batch-size", type=int, default=128, help="images per forward pass (default 128)")
-    p.add_argument("--workers", type=int, default=4, help="image decoding processes (default 4)")
-    p.add_argument("--device", default="auto", help="auto (GPU if present), cpu, cuda or cuda:N")
-    p.add_argument("--wkv-impl", default="auto", metavar="IMPL",
-                   help="WKV implementation: auto (fla's kernels on a GPU when fla-core imports, else chunked) "
-                        "or a name from WKV_IMPL_CHOICES in src/open_alip/choices.py (an unknown name is refused "
-                        "with the list)")
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="hub cache folder for hf-hub: weights (default: huggingface_hub's, under HF_HOME)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_run_options(p)
     return p
 
 

@@ -333,8 +333,8 @@ def create_model_and_transforms(
     if wkv_impl is not None:
         try:
             model.set_wkv_impl(wkv_impl)
-        except ValueError as exc:
-            raise OpenAlipError(" ".join(str(exc).split())) from None
+        except ValueError as exc:  # still a ValueError for callers, as set_wkv_impl raises it
+            raise ModelConfigError(" ".join(str(exc).split()), key="wkv_impl") from None
     if weights is not None:
         load_weights(model, weights, str(pretrained or model_name), model_name=model_label)
         del weights

@@ -229,3 +229,100 @@ def write_imagenet_rec(folder: Path, labels: list[int], label_array: bool = Fals
         writer.write_idx(i, pack(header, tiny_jpeg(colour, (40 + 3 * i, 30 + i))))
     writer.close()
     return folder / "val.rec"
+
+
+# -- the training and validation splits a linear probe reads -------------------------------------
+
+
+def _cifar_batch(path: Path, labels: list[int], labels_key: bytes, shade: int) -> None:
+    data = np.stack([np.full(3072, (shade + 25 * i) % 256, np.uint8) for i in range(len(labels))])
+    with open(path, "wb") as f:
+        pickle.dump({b"data": data, labels_key: labels}, f)
+
+
+def write_probe_splits(root: Path, name: str) -> dict[str, tuple[list, list[int]]]:
+    """Add the training split (and the validation split, where the dataset has one) to the layout
+    `name`'s writer left under `root`; returns {split: (images in listing order, labels)}: paths,
+    or for CIFAR the number of images."""
+    if name in ("cifar10", "cifar100"):
+        if name == "cifar10":
+            base, files, key = root / "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], b"labels"
+        else:
+            base, files, key = root / "cifar-100-python", ["train"], b"fine_labels"
+        labels = []
+        for n, file in enumerate(files):
+            batch = [(3 * n + j) % 10 for j in range(2)]
+            _cifar_batch(base / file, batch, key, 40 * n)
+            labels += batch
+        return {"train": ([None] * len(labels), labels)}
+    if name == "food101":
+        base = root / "food-101"
+        meta = json.loads((base / "meta" / "test.json").read_text())
+        train = {c: [] for c in meta}
+        train.update({"ramen": ["ramen/40"], "apple_pie": ["apple_pie/8", "apple_pie/9"]})
+        (base / "meta" / "train.json").write_text(json.dumps(train))
+        index = {c: i for i, c in enumerate(sorted(meta))}
+        items = [(item, index[c]) for c, items in train.items() for item in items]
+        return {"train": ([_image(base / "images" / f"{i}.jpg") for i, _ in items], [lab for _, lab in items])}
+    if name == "pets":
+        base = root / "oxford-iiit-pet"
+        lines = [("Bengal_8", 6, 1, 2), ("Abyssinian_3", 1, 1, 1)]
+        (base / "annotations" / "trainval.txt").write_text("".join(f"{a} {b} {c} {d}\n" for a, b, c, d in lines))
+        return {"train": ([_image(base / "images" / f"{a}.jpg") for a, *_ in lines], [b - 1 for _, b, _, _ in lines])}
+    if name == "flowers":
+        base = root / "flowers-102"  # write_flowers's setid.mat: trnid [1], valid [3]; labels 5 and 1
+        return {"train": ([_image(base / "jpg" / "image_00001.jpg")], [4]),
+                "val": ([_image(base / "jpg" / "image_00003.jpg")], [0])}
+    if name == "stanford_car":
+        base = root / "stanford_cars"
+        rows = [{"bbox_x1": 1, "bbox_y1": 1, "bbox_x2": 5, "bbox_y2": 5, "class": c, "fname": f"{n:05d}.jpg"}
+                for n, c in [(8, 2), (9, 196)]]
+        savemat(base / "devkit" / "cars_train_annos.mat", {"annotations": _mat_struct(rows)})
+        return {"train": ([_image(base / "cars_train" / r["fname"]) for r in rows], [r["class"] - 1 for r in rows])}
+    if name == "dtd":
+        data = root / "dtd" / "dtd"
+        classes = sorted(line.split("/")[0] for line in (data / "labels" / "test1.txt").read_text().split())
+        out = {}
+        for split, lines in (("train", ["lined/lined_0002.jpg", "banded/banded_0001.jpg"]),
+                             ("val", ["zigzagged/zigzagged_0003.jpg"])):
+            (data / "labels" / f"{split}1.txt").write_text("\n".join(lines) + "\n")
+            out[split] = ([_image(data / "images" / line) for line in lines],
+                          [classes.index(line.split("/")[0]) for line in lines])
+        return out
+    if name == "aircraft":
+        data = root / "fgvc-aircraft-2013b" / "data"
+        variants = (data / "variants.txt").read_text().splitlines()
+        out = {}
+        for split, lines in (("train", [("0001111", "DHC-1"), ("0002222", "V-3")]), ("val", [("0003333", "V-0")])):
+            (data / f"images_variant_{split}.txt").write_text("".join(f"{i} {v}\n" for i, v in lines))
+            out[split] = ([_image(data / "images" / f"{i}.jpg") for i, _ in lines], [variants.index(v) for _, v in lines])
+        return out
+    raise ValueError(f"no split writer for {name}")
+
+
+def write_imagenet_train(root: Path, labelled: dict[int, int]) -> tuple[list[Path], list[int]]:
+    """torchvision's ROOT/train/: 1000 synset folders (named n00000000.. in class order), `labelled`
+    {class: image count} of them holding images."""
+    paths, labels = [], []
+    for label in range(1000):
+        folder = root / "train" / f"n{label:08d}"
+        folder.mkdir(parents=True)
+        for i in range(labelled.get(label, 0)):
+            paths.append(_image(folder / f"img_{i}.JPEG"))
+            labels.append(label)
+    return paths, labels
+
+
+def write_own_splits(root: Path, colours: list[tuple[int, int, int]], counts: dict[str, int],
+                     noise: float = 10.0, seed: int = 0, size: int = 16) -> Path:
+    """A dataset of your own: root/<split>/class<k>/<i>.png, `counts[split]` noisy images of each
+    colour (one class per colour)."""
+    rng = np.random.default_rng(seed)
+    for split, count in counts.items():
+        for k, colour in enumerate(colours):
+            folder = root / split / f"class{k}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                pixels = np.asarray(colour, np.float64)[None, None] + rng.normal(0, noise, (size, size, 3))
+                Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(folder / f"{i}.png")
+    return root

@@ -50,12 +50,27 @@ def base_python() -> str:
     return getattr(sys, "_base_executable", None) or sys.executable
 
 
-def oracle_python(name: str, packages: tuple[str, ...] | list[str], pip_args: tuple[str, ...] = ()) -> Path:
-    """Return the python of venv `name` holding `packages`, building it on first use."""
+def project_torch_site() -> tuple[Path, str]:
+    """The site-packages folder holding the torch this process runs (the project's .venv when the
+    tests run), and that torch's version."""
+    import torch
+
+    return Path(torch.__file__).parent.parent, torch.__version__
+
+
+def oracle_python(name: str, packages: tuple[str, ...] | list[str], pip_args: tuple[str, ...] = (),
+                  share_torch: bool = False) -> Path:
+    """Return the python of venv `name` holding `packages`, building it on first use.
+
+    `share_torch`: the venv also sees the project's site-packages, after its own (a `.pth` line),
+    so it imports the project's torch instead of installing a second one (a CUDA build from PyPI
+    is gigabytes); its own packages still come first."""
     VENV_ROOT.mkdir(parents=True, exist_ok=True)
     venv = VENV_ROOT / name
     python = venv / "bin" / "python"
-    wanted = hashlib.sha256("\n".join([*packages, "--", *pip_args]).encode()).hexdigest()
+    shared = project_torch_site() if share_torch else None
+    recipe = [*packages, "--", *pip_args, "--", *(map(str, shared) if shared else [])]
+    wanted = hashlib.sha256("\n".join(recipe).encode()).hexdigest()
     stamp = venv / ".packages.sha256"
     with open(VENV_ROOT / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -66,6 +81,10 @@ def oracle_python(name: str, packages: tuple[str, ...] | list[str], pip_args: tu
             [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *pip_args, *packages],
             check=True,
         )
+        if shared:
+            site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  check=True, capture_output=True, text=True).stdout.strip()
+            (Path(site) / "project_torch.pth").write_text(f"{shared[0]}\n")
         stamp.write_text(wanted + "\n")
     return python
 
@@ -76,11 +95,12 @@ def mxnet_python() -> Path:
 
 
 def run_oracle(python: Path, code: str, *args: str, timeout: float = 600,
-               cwd: Path | None = None) -> subprocess.CompletedProcess:
+               cwd: Path | None = None, options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """Run `code` in the oracle interpreter (from `cwd`, whose modules it can then import, as
-    `python -c` puts the working folder first on its path); raise with its stderr on failure."""
+    `python -c` puts the working folder first on its path), with interpreter `options` (e.g. "-O");
+    raise with its stderr on failure."""
     proc = subprocess.run(
-        [str(python), "-c", code, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
+        [str(python), *options, "-c", code, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
     )
     if proc.returncode != 0:
         raise AssertionError(f"oracle failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -174,17 +194,21 @@ class ReferenceTokenizer:
 #
 # clip_benchmark 1.6.2 (the newest release) in its own venv, without its dependencies: its
 # command line imports torchvision and open_clip at module level, and torchvision's wheels are
-# CUDA builds, so neither is installed. What is installed is what its zero-shot metric modules
-# (clip_benchmark.metrics.zeroshot_classification / zeroshot_retrieval) import, plus this
-# repository's model code's own needs (CPU torch from the local wheel, numpy 2 as in the project).
+# CUDA builds, so neither is installed. What is installed is what its metric modules
+# (clip_benchmark.metrics.zeroshot_classification / zeroshot_retrieval / linear_probe) import, and
+# this repository's model code's own needs (numpy 2 as in the project); torch is the project's own
+# (`share_torch`), not a second copy.
 CLIP_BENCHMARK_VERSION = "1.6.2"
 CLIP_BENCHMARK_PACKAGES = (
     f"clip_benchmark=={CLIP_BENCHMARK_VERSION}", "scikit-learn", "joblib", "cloudpickle", "narwhals", "threadpoolctl", "scipy",
-    "numpy>=2", "tqdm", "pillow", "torch==2.13.0", "typing-extensions", "filelock", "sympy", "mpmath",
+    "numpy>=2", "tqdm", "pillow", "typing-extensions", "filelock", "sympy", "mpmath",
     "networkx", "jinja2", "MarkupSafe", "fsspec", "ftfy==6.3.1", "wcwidth", "regex==2026.11.19", "safetensors",
 )
+# Named apart from the venv of the list that installed its own torch: two checkouts with the two
+# lists would otherwise rebuild one shared venv in turn (RWKV_CLIP_TEST_VENVS).
+CLIP_BENCHMARK_VENV = "clip-benchmark-2"
 
 
 def clip_benchmark_python() -> Path:
-    """Python of a venv holding CLIP_benchmark's zero-shot metric code (see above)."""
-    return oracle_python("clip-benchmark", CLIP_BENCHMARK_PACKAGES, pip_args=("--no-deps",))
+    """Python of a venv holding CLIP_benchmark's metric code (see above)."""
+    return oracle_python(CLIP_BENCHMARK_VENV, CLIP_BENCHMARK_PACKAGES, pip_args=("--no-deps",), share_torch=True)

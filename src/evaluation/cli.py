@@ -57,10 +57,11 @@ def add_run_options(p: argparse.ArgumentParser, workers_help: str = "image decod
 
 
 def build_parser(
-    prog: str, description: str, epilog: str, add_dataset_options: Callable[[argparse.ArgumentParser], None]
+    prog: str, description: str, epilog: str, add_dataset_options: Callable[[argparse.ArgumentParser], None],
+    protocols: tuple[tuple[str, ...], str, str] = (("original", "standard", "clip_benchmark"), "standard", PROTOCOL_HELP),
 ) -> argparse.ArgumentParser:
     """The common options, with the CLI's own dataset options placed after --data-root (where --help
-    has always listed them)."""
+    has always listed them); `protocols` is the CLI's (choices, default, help) of --protocol."""
     p = argparse.ArgumentParser(
         prog=prog, description=description, epilog=epilog + WEIGHTS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
@@ -72,8 +73,7 @@ def build_parser(
     p.add_argument("--data-root", type=Path, default=None,
                    help="folder for bare NAME items: torchvision's root for the paper's datasets, else ROOT/NAME")
     add_dataset_options(p)
-    p.add_argument("--protocol", choices=("original", "standard", "clip_benchmark"), default="standard",
-                   help=PROTOCOL_HELP)
+    p.add_argument("--protocol", choices=protocols[0], default=protocols[1], help=protocols[2])
     p.add_argument("--output-dir", "--output", dest="output", type=Path, default=Path("eval_results"),
                    help="folder for the per-dataset JSON results, checked writable before anything runs "
                         "(default: eval_results)")

@@ -34,7 +34,7 @@ def format_table(results: Sequence[dict]) -> str:
     extra = ["chance_top1"] if any("chance_top1" in r for r in results) else []
     rows = []
     for r in results:
-        values = [f"{r['metrics'][k]:.2f}" if k in r["metrics"] else "-" for k in keys]
+        values = [f"{r['metrics'][k]:.2f}" if r["metrics"].get(k) is not None else "-" for k in keys]
         values += [f"{r['chance_top1']:.2f}" if "chance_top1" in r else "-" for _ in extra]
         rows.append([r["dataset"], *values])
     return format_rows(["dataset", *keys, *extra], rows)

@@ -11,7 +11,8 @@ Two things about 1.6.2 (the newest release) change what the wrapper passes or re
 process only (site-packages are not touched):
 - its `metrics.zeroshot_classification.accuracy` calls `float()` on a one-element numpy array,
   which numpy 2 refuses (TypeError); `use_compatible_accuracy` swaps in a function with the same
-  result (the share of images whose label is among the top-k logits) that numpy 1 and 2 accept.
+  result (the share of images whose label is among the top-k logits) that numpy 1 and 2 accept,
+  in that module and in `metrics.linear_probe`, which imports it by name.
 - it runs the model under `torch.autocast` unless `--no_amp` is given (bfloat16 on CPU, float16 on
   CUDA). The wrapper passes `--no_amp` unless `--amp` is given, so that its numbers are the fp32
   numbers zero_shot.py computes, and says which precision it used.
@@ -74,10 +75,11 @@ def compatible_accuracy(output: Any, target: Any, topk: Sequence[int] = (1,)) ->
     return [hits[:, :k].any(dim=1).sum().item() / len(target) for k in topk]
 
 
-def use_compatible_accuracy(zeroshot_classification: ModuleType | Any) -> Any:
-    """Make the module's `evaluate` use `compatible_accuracy`; returns the function it replaced."""
-    replaced = zeroshot_classification.accuracy
-    zeroshot_classification.accuracy = compatible_accuracy
+def use_compatible_accuracy(module: ModuleType | Any) -> Any:
+    """Make the module's `evaluate` (zeroshot_classification's, linear_probe's) use
+    `compatible_accuracy`; returns the function it replaced."""
+    replaced = module.accuracy
+    module.accuracy = compatible_accuracy
     return replaced
 
 
@@ -198,6 +200,7 @@ def run_clip_benchmark(argv: Sequence[str]) -> int:
     argv = prepare_argv(argv)
     try:
         import clip_benchmark.cli as cli
+        import clip_benchmark.metrics.linear_probe as linear_probe
         import clip_benchmark.metrics.zeroshot_classification as zeroshot_classification
         import clip_benchmark.models as models
     except ImportError as exc:
@@ -206,7 +209,7 @@ def run_clip_benchmark(argv: Sequence[str]) -> int:
             "(it is not a dependency of this toolkit)"
         ) from None
     register(models)
-    replaced = use_compatible_accuracy(zeroshot_classification)
+    replaced = use_compatible_accuracy(zeroshot_classification), use_compatible_accuracy(linear_probe)
     if argv and argv[0] == "eval":
         print(f"clip_benchmark_eval.py: precision {precision_of(argv)} "
               "(fp32 unless --amp; --amp is CLIP_benchmark's autocast: bfloat16 on CPU, float16 on CUDA)",
@@ -222,7 +225,7 @@ def run_clip_benchmark(argv: Sequence[str]) -> int:
         raise ClipBenchmarkError(last.split("ClipBenchmarkError: ", 1)[-1]) from None
     finally:
         sys.argv = saved
-        zeroshot_classification.accuracy = replaced
+        zeroshot_classification.accuracy, linear_probe.accuracy = replaced
     if skipped:
         print(skip_notice("clip_benchmark_eval.py:", skipped) + "\nclip_benchmark_eval.py: its metrics are over the "
               "images that could be read", file=sys.stderr)

@@ -31,11 +31,11 @@ CB_SCRIPT = r"""
 import json, os, sys
 import numpy as np, torch
 import clip_benchmark.metrics.linear_probe as lp
-from src.evaluation.clip_bench import compatible_accuracy
+from src.evaluation.clip_bench import use_compatible_accuracy
 
 torch.Tensor.cuda = lambda self, *args, **kwargs: self  # no GPU here (module doc)
 torch.nn.Module.cuda = lambda self, *args, **kwargs: self
-lp.accuracy = compatible_accuracy  # 1.6.2's accuracy() fails under numpy 2; clip_benchmark_eval.py swaps it too
+use_compatible_accuracy(lp)  # 1.6.2's accuracy() fails under numpy 2: clip_benchmark_eval.py's replacement
 root, folders, epochs = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 feature_dir = os.path.join(root, "features", "model")
 os.makedirs(feature_dir)

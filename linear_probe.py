@@ -51,8 +51,6 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         VAL_FRACTION,
     )
 
-    p.add_argument("--classnames", nargs="*", default=None, metavar="NAME=FILE",
-                   help="class-name file for a dataset of your own (.txt one per line, or .json)")
     p.add_argument("--list-datasets", action="store_true",
                    help="print the linear-probe datasets (classes, split sizes, validation, metric, layout) and exit")
     p.add_argument("--feature-cache", type=Path, default=None, metavar="DIR",

@@ -245,7 +245,8 @@ def _probe(args: argparse.Namespace, name: str, data: Path, cache: Path, output:
     """One linear_probe.py run: (its result, wall seconds, CPU seconds)."""
     import linear_probe
 
-    argv = ["--model-name", args.model_name, "--model-weight", args.model_weight, "--device", args.device,
+    model = ["--model-name", args.model_name] if args.model_name else []
+    argv = [*model, "--model-weight", args.model_weight, "--device", args.device,
             "--workers", str(args.workers), "--batch-size", str(args.batch_size), "--no-progress",
             "--datasets", f"{name}={data}", "--feature-cache", str(cache), "--output-dir", str(output)]
     start, cpu = time.perf_counter(), _cpu_seconds()
@@ -259,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-weight", required=True, help="weights to probe (e.g. make demo's last checkpoint)")
-    p.add_argument("--model-name", default="RWKV_CLIP_demo", help="model config (default %(default)s)")
+    p.add_argument("--model-name", default=None,
+                   help="model config (default: the one the weights record, as linear_probe.py)")
     p.add_argument("--datasets", default=",".join(LINEAR_PROBE_DATASETS),
                    help="comma-separated names (default: all ten)")
     p.add_argument("--scale", type=float, default=1.0, help="share of each split's real size (default 1)")

@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ######################### Model #########################
-model_name=${MODEL_NAME:-RWKV_CLIP_B32}          # shipped config name or a JSON config file
+model_name=${MODEL_NAME:-}  # empty: the config the weights record (or the shipped one they fit); else a name or JSON
 model_weight=${MODEL_WEIGHT:-MODEL_WEIGHT_PATH}  # .pt/.safetensors file or hf-hub:ORG/REPO[/FILE]
 batch_size=${BATCH_SIZE:-256}                    # images per forward pass while extracting features
 protocol=${PROTOCOL:-paper}                      # paper (L-BFGS, CLIP's sweep) or clip_benchmark
@@ -23,6 +23,9 @@ data_root=${DATA_ROOT:-}
 device=${DEVICE:-auto}
 workers=${WORKERS:-8}
 PYTHON=${PYTHON:-.venv/bin/python}
+
+model_args=()
+[ -n "$model_name" ] && model_args=(--model-name "$model_name")
 
 # A local file must exist; hf-hub:ORG/REPO[/FILE] is fetched (and checked) by the Python loader.
 if [[ "$model_weight" != hf-hub:* && ! -f "$model_weight" ]]; then
@@ -59,7 +62,7 @@ fi
 echo "######################## Linear Probe Start ########################"
 echo "datasets: ${datasets[*]}"
 "$PYTHON" linear_probe.py \
-    --model-name "$model_name" \
+    "${model_args[@]}" \
     --model-weight "$model_weight" \
     --protocol "$protocol" \
     --batch-size "$batch_size" \

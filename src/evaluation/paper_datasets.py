@@ -287,11 +287,11 @@ def read_flowers(folder: Path, split: str = "test") -> ClassificationData:
     _check_split("flowers", split, TRAIN_VAL_TEST)
     setid_file = folder / "setid.mat"
     # loadmat's squeeze_me makes a one-element array a scalar: np.asarray(...).reshape(-1) undoes it
-    test_ids = [int(i) for i in np.asarray(_mat(setid_file, "flowers")[FLOWERS_SETID_KEYS[split]]).reshape(-1)]
+    ids = [int(i) for i in np.asarray(_mat(setid_file, "flowers")[FLOWERS_SETID_KEYS[split]]).reshape(-1)]
     per_image = [int(x) for x in np.asarray(_mat(folder / "imagelabels.mat", "flowers")["labels"]).reshape(-1)]
     images: list[ImageSource] = []
     labels: list[int] = []
-    for image_id in test_ids:
+    for image_id in ids:
         if not 1 <= image_id <= len(per_image):
             raise EvalDataError(f"flowers: {setid_file} names image {image_id}, imagelabels.mat has {len(per_image)}")
         images.append(folder / "jpg" / f"image_{image_id:05d}.jpg")

@@ -81,7 +81,7 @@ def linear_probe(args: argparse.Namespace) -> int:
             check_output_dir(cache_dir)
         except EvalDataError:
             raise EvalDataError(f"--feature-cache {cache_dir}: cannot write there; pass a writable folder") from None
-        device, model = prepare(args)
+        device, model = prepare(args, PROG)
         print(f"[linear_probe] weights {args.checkpoint or 'random init'}: hashing them for the feature cache",
               flush=True)
         extraction = Extraction(model, weights_digest(model), dict(model.config), Path(cache_dir),

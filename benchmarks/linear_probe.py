@@ -9,6 +9,11 @@ class, hard-linked for the rest, so the tree costs little disk while every image
 decoded. Extraction time is therefore what real images of that size cost; the probe's fits run on
 features of generated images, which real data may make slower to fit (more L-BFGS iterations).
 
+`--solver ROWSxDIMxCLASSES` times the paper protocol's solver alone on random features of that shape
+written to a memory-mapped file (ImageNet's training split: 1281167x640x1000): seconds per L-BFGS
+iteration and the memory the fit took beside the file's size (on the CPU the process's anonymous
+memory, which leaves out the file's pages; on a GPU torch's peak allocation).
+
 For each dataset it runs linear_probe.py twice with the same weights and a fresh feature cache:
 the first run extracts and probes, the second reads the cached features and probes again; it
 prints images per split, extraction and probe seconds, fits and seconds per fit, both wall times
@@ -16,6 +21,7 @@ and their ratio, and writes them to --output (JSON).
 
   python -m benchmarks.linear_probe --model-weight demo_out/train/checkpoints/epoch_008.pt
   python -m benchmarks.linear_probe --model-weight W --model-name RWKV_CLIP_B32 --datasets dtd,flowers --scale 0.1
+  python -m benchmarks.linear_probe --solver 1281167x640x1000 --device cuda
 """
 
 from __future__ import annotations
@@ -256,10 +262,63 @@ def _probe(args: argparse.Namespace, name: str, data: Path, cache: Path, output:
     return json.loads((output / f"linear_probe_{name}.json").read_text()), wall, cpu
 
 
+def _anonymous_kb() -> tuple[int, int]:
+    """(anonymous resident memory now, peak resident memory) of this process, in kB (Linux)."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return int(fields["RssAnon"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def solver(args: argparse.Namespace) -> int:
+    """--solver: the fit alone on a memory-mapped random feature file (module doc)."""
+    import torch
+
+    from src.evaluation.logistic import Rows, fit_logistic, place
+
+    try:
+        rows, dim, classes = (int(v) for v in args.solver.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--solver {args.solver}: give ROWSxDIMxCLASSES, e.g. 1281167x640x1000") from None
+    device = torch.device(args.device)
+    with tempfile.TemporaryDirectory(prefix="probe-solver-", dir=args.data) as folder:
+        path = Path(folder) / "features.f32"
+        features = np.lib.format.open_memmap(path.with_suffix(".npy"), mode="w+", dtype=np.float32, shape=(rows, dim))
+        rng = np.random.default_rng(0)
+        step = max(1, (1 << 24) // dim)
+        labels = rng.integers(0, classes, rows)
+        centres = rng.normal(size=(classes, dim)).astype(np.float32)
+        for start in range(0, rows, step):  # class centres plus noise, L2-normalised, written chunk by chunk
+            block = centres[labels[start:start + step]] + rng.normal(size=(min(step, rows - start), dim)).astype(np.float32)
+            features[start:start + step] = block / np.linalg.norm(block, axis=1, keepdims=True)
+        features.flush()
+        del features
+        mapped = torch.from_numpy(np.load(path.with_suffix(".npy"), mmap_mode="c"))
+        before, _ = _anonymous_kb()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        placed = place(Rows(mapped, torch.from_numpy(labels)), device)
+        placed_s = time.perf_counter() - start
+        fit = fit_logistic([placed], classes, 1e-2, device, max_iter=args.max_iter)
+        after, peak = _anonymous_kb()
+        size_gb = rows * dim * 4 / 1e9
+        print(f"[bench] solver: {rows:,} x {dim} features ({size_gb:.2f} GB, memory-mapped), {classes} classes, "
+              f"on {device}: placed in {placed_s:.1f} s; {fit.iterations} L-BFGS iterations, {fit.evaluations} "
+              f"evaluations in {fit.seconds:.1f} s ({fit.seconds / max(fit.evaluations, 1):.2f} s per evaluation)")
+        if device.type == "cuda":
+            print(f"[bench] solver: peak GPU memory {torch.cuda.max_memory_allocated(device) / 1e9:.2f} GB")
+        else:
+            print(f"[bench] solver: anonymous memory {before / 1e6:.2f} -> {after / 1e6:.2f} GB "
+                  f"(peak resident, file pages included: {peak / 1e6:.2f} GB)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-weight", required=True, help="weights to probe (e.g. make demo's last checkpoint)")
+    p.add_argument("--model-weight", default=None, help="weights to probe (e.g. make demo's last checkpoint)")
+    p.add_argument("--solver", default=None, metavar="ROWSxDIMxCLASSES",
+                   help="time the solver alone on random memory-mapped features of this shape")
+    p.add_argument("--max-iter", type=int, default=10, help="--solver: L-BFGS iterations at most (default %(default)s)")
     p.add_argument("--model-name", default=None,
                    help="model config (default: the one the weights record, as linear_probe.py)")
     p.add_argument("--datasets", default=",".join(LINEAR_PROBE_DATASETS),
@@ -276,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip the second, cached run (it repeats every fit: the probe seconds again)")
     p.add_argument("--output", type=Path, default=None, help="write the timings as JSON here")
     args = p.parse_args(argv)
+    if args.solver:
+        return solver(args)
+    if not args.model_weight:
+        p.error("--model-weight is required (or --solver)")
     names = [n.strip() for n in args.datasets.split(",") if n.strip()]
     unknown = sorted(set(names) - set(GENERATORS))
     if unknown:

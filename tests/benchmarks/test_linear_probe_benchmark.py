@@ -32,3 +32,11 @@ def test_generated_layouts_probe_and_time_a_first_and_a_cached_run(tmp_path, cap
         assert entry["cached_wall_seconds"] > 0 and entry["first_cpu_seconds"] > 0
     assert "cached run s" in out and "[bench] dtd: first run" in out
     assert (tmp_path / "data" / "dtd" / ".generated").read_text() == "0.004"  # kept, reused by a rerun
+
+
+def test_solver_mode_times_a_fit_on_memory_mapped_features(tmp_path, capsys):
+    assert bench.main(["--solver", "20000x16x8", "--max-iter", "4", "--data", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "[bench] solver: 20,000 x 16 features (0.00 GB, memory-mapped), 8 classes, on cpu" in out
+    assert "s per evaluation" in out and "anonymous memory" in out
+    assert list(tmp_path.iterdir()) == []  # the feature file is gone

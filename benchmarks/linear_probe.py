@@ -350,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, report = [], {"model": args.model_name, "weights": args.model_weight, "device": args.device,
                         "scale": args.scale, "workers": args.workers, "batch_size": args.batch_size,
                         "cpus": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
-                        "machine": platform.processor() or platform.machine(), "datasets": {}}
+                        "machine": platform.processor() or platform.machine(),
+                        "load_average_at_start": os.getloadavg(), "datasets": {}}
     try:
         for name in names:
             start = time.perf_counter()
@@ -389,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(format_rows(["dataset", "train/val/test", "extract s", "probe s", "fits", "s/fit", "first run s",
                        "CPU s", "cached run s", "ratio"], rows))
+    report["load_average_at_end"] = os.getloadavg()
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(report, indent=1) + "\n")

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from src.evaluation.datasets import ClassificationData, EvalDataError, RecordImage
-from src.evaluation.embedding import encoded_batches, eval_mode, image_batches
+from src.evaluation.encode import encoded_batches, eval_mode, image_batches
 from src.evaluation.images import PIL_PREPROCESSING, skipped_list
 from src.evaluation.logistic import Rows
 from src.fsutil import atomic_write_json

@@ -1,4 +1,4 @@
-"""benchmarks/linear_probe.py: its generated datasets read as linear_probe.py reads the real ones,
+"""benchmarks/linear_probe_time.py: its generated datasets read as linear_probe.py reads the real ones,
 and the timings of a first and a cached run come out, with the JSON written."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from benchmarks import linear_probe as bench
+from benchmarks import linear_probe_time as bench
 from src.open_alip.model import get_model_config
 from tests import _eval_layouts as layouts
 

@@ -19,9 +19,9 @@ the first run extracts and probes, the second reads the cached features and prob
 prints images per split, extraction and probe seconds, fits and seconds per fit, both wall times
 and their ratio, and writes them to --output (JSON).
 
-  python -m benchmarks.linear_probe --model-weight demo_out/train/checkpoints/epoch_008.pt
-  python -m benchmarks.linear_probe --model-weight W --model-name RWKV_CLIP_B32 --datasets dtd,flowers --scale 0.1
-  python -m benchmarks.linear_probe --solver 1281167x640x1000 --device cuda
+  python -m benchmarks.linear_probe_time --model-weight demo_out/train/checkpoints/epoch_008.pt
+  python -m benchmarks.linear_probe_time --model-weight W --model-name RWKV_CLIP_B32 --datasets dtd,flowers --scale 0.1
+  python -m benchmarks.linear_probe_time --solver 1281167x640x1000 --device cuda
 """
 
 from __future__ import annotations

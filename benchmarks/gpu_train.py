@@ -1,6 +1,7 @@
 """benchmarks/gpu.py's training sections: the real training step (src.training.loop.Trainer,
-built by src.training.main.build_training_step as train.py builds it) timed on generated
-batches; the planner's predicted peak beside the measured one; a profile of one step.
+built by src.training.main.build_training_step as train.py builds it, its WKV kernels tuned at
+the micro-batch as train.py tunes them) timed on generated batches; the planner's predicted
+peak beside the measured one; a profile of one step.
 
 Every function here also runs on the CPU (the tests' tiny configuration); only the memory
 counters need CUDA.
@@ -12,23 +13,23 @@ import gc
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from benchmarks.gpu_report import Budget, Results, first_line
+from benchmarks.gpu_report import Budget, Check, Results, first_line
 
 MODELS = {"B32": "RWKV_CLIP_B32", "B16": "RWKV_CLIP_B16", "tiny": "RWKV_CLIP_tiny"}
+TRAIN_SECTIONS = ("train_compiled", "train_eager", "train_fused", "train_fused_compiled", "b16")
 
 
 @dataclass
 class Kept:
-    """What one section leaves for a later one: the compiled step for the profile."""
+    """A Trainer kept after its timing, for the profile of one more step."""
 
     step: Any = None  # a callable running one more optimizer step
     label: str = ""
-    cases: list[dict[str, Any]] = field(default_factory=list)  # every training case measured
 
     def drop(self) -> None:
         if self.step is not None:
@@ -78,18 +79,48 @@ def generated_batch(batch: int, size: int, ctx_len: int, device: torch.device):
     return images.to(device), tokens.to(device)
 
 
+def section_train(check: Check, results: Results, budget: Budget, *, section: str, compile: bool,
+                  fused: bool = False, model: str | None = None, profile: bool = False) -> None:
+    """One training case of the check: B/32 (or `model`) at --batch, bf16, --wkv-impl (default
+    auto, as the recipes) with eager token-shift mixes, or `fused`: our own kernels (bi_triton,
+    --mix-impl triton); `compile`: inductor, as the recipes. `profile`: then one more step under
+    torch.profiler, its kernels in the section's "profile" table."""
+    args, cpu = check.args, check.cpu_test
+    wkv, mixes = ("bi_triton", "triton") if fused else (args.wkv_impl, "torch")
+    case = {"model": model or ("tiny" if cpu else "B32"), "batch": 8 if cpu else args.batch, "wkv": wkv,
+            "mixes": mixes, "compile": compile, "backend": "aot_eager" if cpu else "inductor"}
+    kept = Kept()
+    try:
+        time_training(results, section, budget, case, kept, check.device, 2 if cpu else args.steps, keep=profile,
+                      fla_missing=check.fla_missing)
+        if profile:
+            section_profile(results, section, kept, check.device)
+    finally:
+        kept.drop()
+
+
 def time_training(results: Results, section: str | None, budget: Budget, case: dict[str, Any], kept: Kept,
-                  device: torch.device, steps: int = 10, keep: bool = False) -> dict[str, Any]:
-    """Build the run's Trainer for `case` and time its steps, the first and second apart
-    (compile, autotune) from the steady step time; the case goes to `section` of the report
-    (if one is named) and is returned. `keep`: leave the Trainer in `kept` for the profile."""
+                  device: torch.device, steps: int = 10, keep: bool = False,
+                  fla_missing: str | None = None) -> dict[str, Any]:
+    """Build the run's Trainer for `case`, tune its WKV kernels at the micro-batch, and time its
+    steps, the first and second apart (compile, autotune) from the steady step time; the case
+    goes to `section` of the report (if one is named) and is returned. Each phase is noted in
+    the report as it starts, so a section killed at its bound says where it was. `keep`: leave
+    the Trainer in `kept` for the profile."""
     from src.training.distributed import DistEnv
     from src.training.main import build_training_step
+    from src.training.warmup import tuning_choices, warm_wkv
+
+    def phase(text: str) -> None:
+        if section:
+            results.set(section, phase=text)
 
     env = DistEnv(0, 0, 1, device, None)
     trainer = micro = None
+    asked = case["wkv"]
     try:
         free_memory()
+        phase("building the model")
         started = time.perf_counter()
         cfg = train_config(case["model"], case["batch"], case["wkv"], case["compile"], device,
                            backend=case.get("backend", "inductor"), precision=case.get("precision", "bf16"),
@@ -98,7 +129,15 @@ def time_training(results: Results, section: str | None, budget: Budget, case: d
         # A compiler failure is this measurement's result, not a reason to time the eager step.
         trainer.eager_fallback = None
         case["build_s"] = round(time.perf_counter() - started, 2)
+        case["wkv"] = "/".join(sorted({m.wkv_impl for m in trainer.raw_model.modules() if hasattr(m, "wkv_impl")}))
+        if fla_missing and asked == "auto":
+            case["note"] = f"fla missing: auto ran {case['wkv']}"
         case["checkpointing"] = any(getattr(m, "with_cp", False) for m in trainer.raw_model.modules())
+        phase("tuning the WKV kernels at the micro-batch")
+        tuned = warm_wkv(cfg.model, case["wkv"], plan.micro_batch, device, cfg.precision)
+        if tuned is not None:
+            case["tune_s"] = round(tuned, 2)
+            case["tuned"] = tuning_choices(plan.micro_batch)
         micro = [generated_batch(plan.micro_batch, cfg.model["input_size"], cfg.model["ctx_len"], device)]
         step_no = 0
 
@@ -111,8 +150,11 @@ def time_training(results: Results, section: str | None, budget: Budget, case: d
             return time.perf_counter() - t0
 
         # The first step compiles (torch.compile) and autotunes (Triton); the second shows a recompile.
+        phase("first step (compile, autotune)" if case["compile"] else "first step (autotune)")
         case["first_step_s"] = round(one_step(), 2)
+        phase("second step")
         case["second_step_s"] = round(one_step(), 3)
+        phase("timed steps")
         timed = []
         while len(timed) < steps and budget.allows(2 * max(timed or [case["second_step_s"]])):
             timed.append(one_step())
@@ -128,7 +170,7 @@ def time_training(results: Results, section: str | None, budget: Budget, case: d
             case["peak_bytes"] = torch.cuda.max_memory_allocated(device)
             case["peak_gb"] = gb(case["peak_bytes"])
         if keep:
-            kept.step, kept.label = one_step, f"{case['model']} batch {case['batch']} " + (
+            kept.step, kept.label = one_step, f"{case['model']} batch {case['batch']} {case['wkv']} " + (
                 "compiled" if case["compile"] else "eager")
     except Exception as exc:
         case["error"] = "OOM" if is_oom(exc) else f"{type(exc).__name__}: {first_line(exc)}"
@@ -140,23 +182,32 @@ def time_training(results: Results, section: str | None, budget: Budget, case: d
             if case["compile"]:
                 torch._dynamo.reset()  # drops compiled graphs and their hold on the model
             free_memory()
-    kept.cases.append(case)
     if section:
         results.add_case(section, case)
     print(f"[{section or 'profile'}] {case}", flush=True)
     return case
 
 
-def section_predict(results: Results, budget: Budget, kept: Kept, device: torch.device) -> None:
+def measured_cases(results: Results) -> list[dict[str, Any]]:
+    """The training cases of this run's report that measured a peak (or ran out of memory)."""
+    cases = []
+    for name in TRAIN_SECTIONS:
+        for case in results.data["sections"].get(name, {}).get("cases", []):
+            if "peak_bytes" in case or case.get("error") == "OOM":
+                cases.append(case)
+    return cases
+
+
+def section_predict(check: Check, results: Results, budget: Budget) -> None:
     """The cost model's and the planner's predicted peak beside each measured one."""
     from src.perf.cost_model import estimate_cost
     from src.perf.planner import plan_micro_batch
 
-    measured = [c for c in kept.cases if "peak_bytes" in c or c.get("error") == "OOM"]
+    measured = measured_cases(results)
     if not measured:
         results.set("predict", note="no training case measured a peak in this run (CUDA only)")
         return
-    memory = torch.cuda.get_device_properties(device).total_memory
+    memory = torch.cuda.get_device_properties(check.device).total_memory
     for case in measured:
         row = {k: case.get(k) for k in ("model", "batch", "wkv", "compile", "checkpointing")}
         if not budget.allows(5.0):
@@ -215,14 +266,15 @@ def kernel_table(times: list[tuple[str, float, int]], top: int = 15) -> tuple[li
     return rows, {k: round(v, 4) for k, v in sorted(shares.items(), key=lambda kv: -kv[1])}
 
 
-def section_profile(results: Results, budget: Budget, kept: Kept, device: torch.device) -> None:
-    """torch.profiler over one step of the kept (compiled, if it ran) Trainer: its top kernels
-    and the shares of matrix products, element-wise work and the WKV."""
+def section_profile(results: Results, section: str, kept: Kept, device: torch.device) -> None:
+    """torch.profiler over one more step of the kept Trainer: its top kernels (the section's
+    "profile" table) and the shares of matrix products, element-wise work and the WKV."""
     from torch.profiler import ProfilerActivity, profile
 
     if kept.step is None:
-        results.set("profile", note="no training step was kept to profile (the compiled case did not run)")
+        results.set(section, profile={"note": "not profiled: the step did not run"})
         return
+    results.set(section, phase="profiling one step")
     kept.step()  # one more step outside the profile: nothing left to compile or tune
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
@@ -238,9 +290,8 @@ def section_profile(results: Results, budget: Budget, kept: Kept, device: torch.
         if us > 0:
             times.append((event.key, float(us), int(event.count)))
     rows, shares = kernel_table(times)
-    for row in rows:
-        results.add_case("profile", row)
-    results.set("profile", step=kept.label, shares=shares, kernel_ms=round(sum(t[1] for t in times) / 1e3, 2),
-                note="one optimizer step; kinds by kernel name: " + ", ".join(k for k, _ in KINDS)
-                + f", {OTHER_KIND} (the rest); the WKV's share counts fla's and bi_triton's kernels (chunked's "
-                "matrix products count as gemm)")
+    results.set(section, tables={"profile": rows}, shares=shares, profile={
+        "step": kept.label, "kernel_ms": round(sum(t[1] for t in times) / 1e3, 2),
+        "note": "one optimizer step; kinds by kernel name: " + ", ".join(k for k, _ in KINDS)
+        + f", {OTHER_KIND} (the rest); the WKV's share counts fla's and bi_triton's kernels (chunked's "
+        "matrix products count as gemm)"})

@@ -73,3 +73,34 @@ def run_guarded(fn, rank: int, out: Path, *args) -> None:
 
 def grads_of(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def run_ranks(module: str, args: list[str], world_size: int = 2, timeout: float = 240.0,
+              env: dict[str, str] | None = None) -> list[tuple[int, str, str]]:
+    """`python -m module *args` as `world_size` ranks of one gloo group, torchrun-style variables
+    set for each; (exit code, stdout, stderr) per rank. Ranks that outlive `timeout` (a hang:
+    ranks waiting in different collectives) are killed and the test fails saying so."""
+    import subprocess
+    import sys
+
+    from tests._repo import REPO
+
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        rank_env = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+                    "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                    "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=rank_env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            results.append((proc.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        tails = [err[-1500:] for _, _, err in results] + [p.communicate()[1][-1500:] for p in procs[len(results):]]
+        raise AssertionError(f"the ranks did not finish in {timeout:g} s (a hang); stderr tails: {tails}") from None
+    return results

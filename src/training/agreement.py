@@ -1,7 +1,8 @@
 """What every rank must agree on before the first collective: the training data each one
-found and the output folder each one writes. A disagreement left unchecked shows up only as
-collectives that wait until --dist-timeout (different epoch lengths) or as a resume that finds
-no checkpoint; checked here, it stops every rank at start with one line naming the ranks."""
+found, the output folder each one writes and the batch plan each one follows. A disagreement
+left unchecked shows up only as collectives that wait until --dist-timeout (different epoch
+lengths, micro-batches or accumulation counts) or as a resume that finds no checkpoint;
+checked here, it stops every rank at start with one line naming the ranks."""
 
 from __future__ import annotations
 
@@ -90,3 +91,25 @@ def check_shared_output(output: Path, env: DistEnv) -> None:
         raise TrainingError(
             f"--output {output} is not one folder all ranks see: {', '.join(blind)} cannot read what rank 0 "
             f"wrote there; pass a folder on storage every node shares")
+
+
+def check_same_plan(plan, checkpointing: bool, env: DistEnv) -> None:
+    """Every rank takes the same micro-batch, accumulation and checkpointing, or all stop.
+
+    `--batch-size auto` plans for the smallest GPU of all ranks (batching.plan_for_device), so
+    this holds by construction; checked anyway, since ranks that differ in anything the plan
+    depends on (a flag, the cost model's version on another node) would otherwise meet in
+    all-gathers of different sizes and wait until --dist-timeout."""
+    mine = (plan.micro_batch, plan.accum_freq, bool(checkpointing))
+    plans = gather_object(mine, env)
+    odd = [r for r, p in enumerate(plans) if p != plans[0]]
+    if not odd:
+        return
+
+    def said(r: int) -> str:
+        micro, accum, cp = plans[r]
+        return f"rank {r}: micro-batch {micro} x accumulation {accum}, checkpointing {'on' if cp else 'off'}"
+
+    raise TrainingError(
+        f"ranks planned different batches ({said(0)}; {said(odd[0])}; ranks differing from rank 0: "
+        f"{', '.join(map(str, odd))}); give every rank the same flags and software, or set --batch-size N")

@@ -11,7 +11,10 @@ Without `--global-batch-size`, the global batch is what the flags multiply to:
 `--batch-size` x processes x `--accum-freq`.
 
 `per_process_max` is the one number that depends on the GPU's memory: `--batch-size N`, or
-with `--batch-size auto` the cost model's choice for this GPU (`plan_for_device`).
+with `--batch-size auto` the cost model's choice (`plan_for_device`). Every process must take
+the same micro-batch and accumulation, or the loss's all-gathers stop matching and the run
+hangs until --dist-timeout: with GPUs of different sizes (80 GB beside 141 GB, MIG slices)
+`auto` plans for the smallest GPU of all the processes.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from src.training.config import PAPER_PER_GPU_BATCH
+from src.training.distributed import DistEnv, gather_object
 from src.training.errors import TrainingError
 
 # `--batch-size auto` without a GPU: the recipe's per-GPU batch, as the limit of a micro-batch.
@@ -97,13 +101,16 @@ def plan_batches(
 def plan_for_device(
     *, model_config: dict, wkv_impl: str, precision: str, device, world_size: int,
     global_batch: int | None, accum_freq: int | None, batch_size: int | None, force_checkpointing: bool,
+    env: DistEnv | None = None,
 ) -> tuple[BatchPlan, bool, str | None]:
     """(plan, gradient checkpointing, a line saying why) for this run on `device`.
 
     `batch_size` None is `--batch-size auto`: on a GPU the planner (src/perf/planner.py)
     picks the largest micro-batch that its measured per-sample memory says fits the GPU, and
     turns on gradient checkpointing when that is cheaper than accumulating; the global batch
-    stays exact. A given `--batch-size N` is used as it is.
+    stays exact. A given `--batch-size N` is used as it is. With `env` (a collective: every
+    process calls it) `auto` plans for the smallest GPU memory of all the processes, so that
+    all of them take the same plan.
     """
     if batch_size is not None:
         plan = plan_batches(per_process_max=batch_size, world_size=world_size, global_batch=global_batch,
@@ -124,7 +131,9 @@ def plan_for_device(
     if target < world_size:
         raise TrainingError(f"--global-batch-size {target} is smaller than the {world_size} processes; "
                             "give at least one sample per process")
-    memory = torch.cuda.get_device_properties(device).total_memory
+    local = torch.cuda.get_device_properties(device).total_memory
+    memories = gather_object(local, env) if env is not None else [local]
+    memory = min(memories)
     try:
         # Planned for the part that splits evenly; plan_batches below announces any shortfall.
         chosen = plan_micro_batch(
@@ -136,4 +145,15 @@ def plan_for_device(
         raise TrainingError(f"--batch-size auto: {exc}; give --batch-size N") from exc
     plan = plan_batches(per_process_max=chosen.micro_batch, world_size=world_size, global_batch=target,
                         accum_freq=None)
-    return plan, force_checkpointing or chosen.grad_checkpointing, f"--batch-size auto: {chosen.explanation}"
+    why = f"--batch-size auto: {_smallest(memories)}{chosen.explanation}"
+    return plan, force_checkpointing or chosen.grad_checkpointing, why
+
+
+def _smallest(memories: list[int]) -> str:
+    """What the log says when the processes' GPUs differ in memory (nothing when they do not)."""
+    if len(set(memories)) < 2:
+        return ""
+    low, high = min(memories), max(memories)
+    return (f"planned for the smallest GPU of the {len(memories)} processes (rank {memories.index(low)}: "
+            f"{low / 1e9:.1f} GB; the largest {high / 1e9:.1f} GB), so that every process takes the same "
+            "micro-batch and accumulation: ")

@@ -11,6 +11,12 @@ Nothing here waits for the device: the loss stays a device tensor, and a non-fin
 is only recorded (on the device) with its step. The caller reads it with
 `raise_if_nonfinite()` on logging steps and before every save, so a NaN never reaches a
 checkpoint and the host never stalls on a per-step `.item()`.
+
+A compiled model that fails to compile falls back to the eager one. In a distributed run
+the ranks decide that together in their first step (`_agree_on_compile`), before any
+collective: each compiles its step with gradient sync off, they gather who failed, and all
+fall back or none does. After that a compiler failure (a recompile) stops the run, since one
+rank falling back alone would desynchronise DDP.
 """
 
 from __future__ import annotations
@@ -23,8 +29,13 @@ import torch
 from torch import nn
 
 from src.open_alip.model import unwrap_model
-from src.training.compiled import NOT_COMPILER_ERRORS, warn_compile_failed
-from src.training.distributed import DistEnv, all_reduce_mean
+from src.training.compiled import (
+    NOT_COMPILER_ERRORS,
+    backward_compiled_with_forward,
+    describe,
+    warn_compile_failed,
+)
+from src.training.distributed import DistEnv, all_reduce_mean, gather_object
 from src.training.errors import NonFiniteLossError
 from src.training.schedule import Schedule
 
@@ -80,11 +91,16 @@ class Trainer:
         scaler: torch.amp.GradScaler | None = None,
         eager_fallback: nn.Module | None = None,
         compile_backend: str = "",
+        compile_failure: BaseException | None = None,
     ) -> None:
         self.model = model
         # `model` compiled: the same model uncompiled, taken if the compiler fails.
         self.eager_fallback = eager_fallback
         self.compile_backend = compile_backend
+        # Compiling was asked for in a distributed run: the first step decides it for all ranks.
+        # `compile_failure`: wrapping the model failed on this rank (it is `model` itself).
+        self._compile_failure = compile_failure
+        self._agree_pending = env.distributed and (eager_fallback is not None or compile_failure is not None)
         self.raw_model = unwrap_model(model)
         self.optimizer = optimizer
         self.schedule = schedule
@@ -151,7 +167,51 @@ class Trainer:
                 self._backward(loss)
         return loss.detach()
 
+    def _compile_without_collectives(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> BaseException | None:
+        """Compile this step's graphs (forward, backward, and accumulation's gradient-free
+        forward) by running the model once with DDP's gradient sync off; the error, if the
+        compiler fails. Nothing here is a collective: the model has no buffers to broadcast, and
+        without sync DDP starts no all-reduce (the outputs are dropped, no backward runs)."""
+        images, tokens = micro[0]
+        rng = _rng_snapshot(self.device)  # the step proper draws the same drop-path masks
+        no_sync = self.ddp.no_sync() if self.ddp is not None else contextlib.nullcontext()
+        try:
+            with no_sync, backward_compiled_with_forward():
+                if len(micro) > 1:
+                    with torch.no_grad(), self._autocast():
+                        self.model(images, tokens, normalize=False)
+                with self._autocast():
+                    self.model(images, tokens, normalize=False)
+        except NOT_COMPILER_ERRORS:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a compiler failure, decided below with the other ranks
+            return exc
+        finally:
+            _rng_restore(rng, self.device)
+        return None
+
+    def _agree_on_compile(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Every rank compiles (or found wrapping failed), then all learn who failed: all fall
+        back to the eager model, with one warning from rank 0 naming the ranks, or none does."""
+        self._agree_pending = False
+        failure = self._compile_failure
+        if failure is None and self.eager_fallback is not None:
+            failure = self._compile_without_collectives(micro)
+        failures = gather_object(None if failure is None else describe(failure), self.env)
+        failed = [rank for rank, text in enumerate(failures) if text]
+        if failed:
+            if self.env.is_master:
+                ranks = ", ".join(map(str, failed))
+                warn_compile_failed(failures[failed[0]], self.compile_backend,
+                                    f" on rank{'s' if len(failed) > 1 else ''} {ranks} of {self.env.world_size}")
+            if self.eager_fallback is not None:
+                self.model = self.eager_fallback
+            self.optimizer.zero_grad(set_to_none=True)
+        self.eager_fallback = None
+
     def _forward_backward_or_eager(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        if self._agree_pending:
+            self._agree_on_compile(micro)
         if self.eager_fallback is None:
             return self._forward_backward(micro)
         try:

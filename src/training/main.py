@@ -25,9 +25,9 @@ from src.fsutil import atomic_write_json
 from src.lock import OutputLock, OutputLocked
 from src.open_alip.model import unwrap_model
 from src.training import checkpoint as ckpt_io
-from src.training.agreement import build_on_every_rank, check_same_data, check_shared_output
+from src.training.agreement import build_on_every_rank, check_same_data, check_same_plan, check_shared_output
 from src.training.batching import BatchPlan, plan_for_device
-from src.training.compiled import compile_model
+from src.training.compiled import try_compile, warn_compile_failed
 from src.training.config import TrainConfig, recipe_notices
 from src.training.distributed import DistEnv, barrier, broadcast_object, cleanup, init_distributed, wrap_ddp
 from src.training.errors import NonFiniteLossError, TrainingError
@@ -37,7 +37,7 @@ from src.training.progress import Progress
 from src.training.schedule import FORMER_MEANING, ONECYCLE, Schedule
 from src.training.state import TrainState
 from src.training.summary import draw_loss_curve, log_summary
-from src.training.warmup import warm_wkv
+from src.training.warmup import tuning_choices, warm_wkv
 
 # Called at the end of each epoch on every rank as hook(model, epochs_done, config, plan, env),
 # with the unwrapped model in eval mode under no_grad, the run's settings and its batch plan
@@ -84,10 +84,11 @@ def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resum
     plan, checkpointing, why = plan_for_device(
         model_config=cfg.model, wkv_impl=wkv_impl, precision=cfg.precision, device=env.device,
         world_size=env.world_size, global_batch=cfg.global_batch_size, accum_freq=cfg.accum_freq,
-        batch_size=cfg.batch_size, force_checkpointing=bool(cfg.model.get("with_cp")),
+        batch_size=cfg.batch_size, force_checkpointing=bool(cfg.model.get("with_cp")), env=env,
     )
     if why:
         LOG.info("%s", why)
+    check_same_plan(plan, checkpointing, env)
     check_shared_output(cfg.output, env)
     # First: a wrong data path fails before the model is built, on every rank at once.
     loader = build_on_every_rank(lambda: _build_loader(cfg, plan, env), env)
@@ -97,7 +98,11 @@ def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resum
     model = _build_model(cfg, env, wkv_impl, checkpointing)
     warmed = warm_wkv(cfg.model, wkv_impl, plan.micro_batch, env.device, cfg.precision)
     if warmed is not None:
-        LOG.info("WKV kernels (%s) tuned at the micro-batch %d in %.1f s", wkv_impl, plan.micro_batch, warmed)
+        chosen = tuning_choices(plan.micro_batch)
+        LOG.info("WKV kernels (%s) tuned at the micro-batch %d in %.1f s%s", wkv_impl, plan.micro_batch, warmed,
+                 ":" if chosen else " (no autotuner chose anything)")
+        for line in chosen:
+            LOG.info("  %s", line)
     optimizer = _build_optimizer(cfg, model, env)
     schedule = Schedule(cfg.lr_scheduler, cfg.lr, steps_per_epoch * cfg.epochs, cfg.warmup)
     state = TrainState(model, optimizer, make_grad_scaler(cfg.precision, env.device), loader, env)
@@ -340,8 +345,9 @@ def build_training_step(cfg: TrainConfig, env: DistEnv, total_steps: int) -> tup
     plan, checkpointing, _ = plan_for_device(
         model_config=cfg.model, wkv_impl=wkv_impl, precision=cfg.precision, device=env.device,
         world_size=env.world_size, global_batch=cfg.global_batch_size, accum_freq=cfg.accum_freq,
-        batch_size=cfg.batch_size, force_checkpointing=bool(cfg.model.get("with_cp")),
+        batch_size=cfg.batch_size, force_checkpointing=bool(cfg.model.get("with_cp")), env=env,
     )
+    check_same_plan(plan, checkpointing, env)
     seed_everything(cfg.seed, env.rank)
     model = _build_model(cfg, env, wkv_impl, checkpointing)
     optimizer = _build_optimizer(cfg, model, env)
@@ -360,7 +366,9 @@ def _make_trainer(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Opt
     # static_graph: every step runs the same graph, except that accumulation's non-final
     # passes skip the gradient sync, which static graphs do not allow for.
     eager_model = wrap_ddp(model, env, static_graph=plan.accum_freq == 1)
-    train_model = compile_model(eager_model, cfg.compile_backend) if cfg.compile else eager_model
+    train_model, failure = try_compile(eager_model, cfg.compile_backend) if cfg.compile else (eager_model, None)
+    if failure is not None and not env.distributed:  # a distributed run decides with the other ranks
+        warn_compile_failed(failure, cfg.compile_backend)
     loss_fn = ClipLoss(local_loss=cfg.local_loss, gather_with_grad=cfg.gather_with_grad,
                        rank=env.rank, world_size=env.world_size)
     if cfg.local_loss and not cfg.gather_with_grad and env.world_size > 1:
@@ -368,7 +376,7 @@ def _make_trainer(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Opt
     return Trainer(train_model, optimizer, schedule, loss_fn, env, precision=cfg.precision,
                    grad_clip_norm=cfg.grad_clip_norm, accum_freq=plan.accum_freq, scaler=scaler,
                    eager_fallback=eager_model if train_model is not eager_model else None,
-                   compile_backend=cfg.compile_backend)
+                   compile_backend=cfg.compile_backend, compile_failure=failure if env.distributed else None)
 
 
 def _announce(cfg: TrainConfig, env: DistEnv, plan: BatchPlan, model: nn.Module, loader,

@@ -1,10 +1,17 @@
-"""Warm the WKV kernels at the run's own micro-batch before the first training step.
+"""Tune the WKV kernels at the run's own micro-batch before the first training step.
 
-fla's Triton autotuner keys its choice on the head sizes only, not on the batch, so the first
-call decides the configuration for the whole run. If that first call is the planner's small
-measurement, the choice fits a launch of a few samples and is reused at hundreds (and cached
-on disk too). Here the remembered choices are forgotten and the kernels run once, forward and
-backward, at the shapes the run will use: the choice that stays is made at the real batch.
+fla-core 0.6.0 keys its Triton autotuners' choice on tile and head sizes only (BK and BV are 32 for both
+towers' heads of 80 and 64), not on the batch, the tokens or the heads, and caches each choice
+on disk by that key (FLA_CACHE_RESULTS, on by default). Left so, the first call of the
+process, or of any earlier run on the machine, decides the configuration for both towers at
+every batch: a launch of a few samples (the planner's measurement) would choose for one of
+hundreds, and the image tower's 49 tokens for the text tower's 77. So before tuning, each of
+fla's RWKV-6 autotuners is keyed on the launch's shape as well (`key_tuning_by_shape`: B, T
+and H where the kernel takes them), which separates the towers and the batches in memory and
+on disk alike; a kernel that takes no batch argument (the dw kernel, the chunked ones) keeps
+no choice on disk at all. Then the choices in memory are forgotten and the kernels run once,
+forward and backward, at the shapes the run will use. What was chosen is written to
+train.log (`tuning_choices`).
 """
 
 from __future__ import annotations
@@ -22,6 +29,51 @@ from src.perf.step_trace import AUTOCAST_DTYPES, TOWERS
 
 TUNED_IMPLS = ("fla", "fla_chunk")  # the implementations an autotuner configures
 _FLA_MODULES = ("fla.ops.rwkv6.fused_recurrent", "fla.ops.rwkv6.chunk")
+# Kernel arguments added to each autotuner's key: batch, tokens, heads (the head size is in BK/BV/K).
+SHAPE_ARGS = ("B", "T", "H")
+
+
+def _loaded_autotuners() -> list[Any]:
+    found = []
+    for name in _FLA_MODULES:
+        module = sys.modules.get(name)
+        found += autotuners(module) if module else []
+    return found
+
+
+def key_tuning_by_shape() -> int:
+    """Add SHAPE_ARGS to the key of every loaded fla RWKV-6 autotuner that lacks them, so that a
+    choice (in memory and in Triton's on-disk cache, whose name hashes the key) holds for one
+    launch shape only; one whose kernel takes no batch argument stops caching on disk, where a
+    choice made at another batch would be read back. Returns how many autotuners changed;
+    calling it again changes none."""
+    changed = 0
+    for tuner in _loaded_autotuners():
+        extra = [a for a in SHAPE_ARGS if a in tuner.arg_names and a not in tuner.keys]
+        if extra:
+            tuner.keys = [*tuner.keys, *extra]
+        no_batch = "B" not in tuner.arg_names and getattr(tuner, "cache_results", False)
+        if no_batch:
+            tuner.cache_results = False
+        changed += bool(extra or no_batch)
+    return changed
+
+
+def tuning_choices(micro_batch: int | None = None) -> list[str]:
+    """One line per choice the loaded fla RWKV-6 autotuners hold (those at `micro_batch` when
+    given): the kernel, the launch shape it was chosen for, the configuration."""
+    lines = []
+    for tuner in _loaded_autotuners():
+        name = getattr(getattr(tuner, "base_fn", None), "__name__", type(tuner).__name__)
+        for key, config in tuner.cache.items():
+            # Triton's key: the values of `keys` in order, then the dtypes of the tensor arguments.
+            named = dict(zip(tuner.keys, key))
+            if micro_batch is not None and named.get("B", micro_batch) != micro_batch:
+                continue
+            shape = " ".join(f"{k}={v}" for k, v in named.items())
+            dtypes = ",".join(sorted({str(v).replace("torch.", "") for v in key[len(named):]}))
+            lines.append(f"{name} [{shape}{' ' + dtypes if dtypes else ''}]: {config}")
+    return sorted(lines)
 
 
 def forget_tuning() -> int:
@@ -58,6 +110,13 @@ def warm_wkv(model_cfg: Mapping[str, Any], impl: str, micro_batch: int, device: 
     when there is nothing to tune (a CPU run, an implementation without an autotuner)."""
     if not force and (device.type != "cuda" or impl not in TUNED_IMPLS):
         return None
+    if impl in TUNED_IMPLS:
+        from src.open_alip.wkv_fla import fla_problem
+
+        problem = fla_problem(device)  # imports fla's kernels, whose autotuners get the shape keys
+        if problem is not None:
+            raise ValueError(f"wkv implementation {impl!r} cannot run on {device.type}: {problem}")
+        key_tuning_by_shape()
     forget_tuning()
     act = AUTOCAST_DTYPES.get(precision, torch.float32)
     started = time.perf_counter()

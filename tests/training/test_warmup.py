@@ -34,3 +34,24 @@ def test_warm_up_runs_at_the_micro_batch_and_skips_where_nothing_is_tuned():
 def test_the_planner_measures_a_real_gpu_wkv_at_a_batch_of_64_or_more():
     assert min(wkv_batches("cuda", fake=False)) >= 64
     assert wkv_batches("cpu", fake=True) == BATCHES == wkv_batches("cpu", fake=False)
+
+
+def test_fla_tunes_at_the_micro_batch_for_each_tower_apart():
+    # Under Triton's interpreter in a child process; only the GPU's clock is a stand-in there
+    # (tests/training/_tuning_cases.py): fla's real autotuner chooses among two configurations.
+    from tests._wkv_fla_cases import run_report
+
+    report = run_report("tests.training._tuning_cases")
+    keys = report["keys"]
+    assert keys["fused_recurrent_rwkv6_fwd_kernel"] == ["BK", "BV", "B", "T", "H"]
+    assert keys["fused_recurrent_rwkv6_bwd_kernel_dw"] == ["K", "T", "H"]  # takes no batch: no choice on disk
+    assert report["changed_again"] == 0
+    for micro in (3, 5):
+        # The image tower (4 tokens) and the text tower (12) each got a choice of their own, at this
+        # micro-batch only: the earlier micro-batch's choices were forgotten before tuning.
+        cache = report[f"fwd_cache_{micro}"]
+        assert sorted((c["B"], c["T"], c["H"]) for c in cache) == [(str(micro), "12", "2"), (str(micro), "4", "2")]
+        assert all(c["num_warps"] == 2 for c in cache)  # the faster of the two, by the stand-in clock
+        lines = [line for line in report["choices"][str(micro)] if line.startswith("fused_recurrent_rwkv6_fwd_kernel")]
+        assert lines == [f"fused_recurrent_rwkv6_fwd_kernel [BK=16 BV=16 B={micro} T={t} H=2 float32]: num_warps: 2, "
+                         "num_ctas: 1, num_stages: 3, maxnreg: None" for t in (12, 4)]

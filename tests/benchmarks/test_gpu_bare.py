@@ -16,6 +16,8 @@ import re
 import shutil
 import subprocess
 
+import pytest
+
 from benchmarks import gpu_setup
 from tests import _bare_env
 from tests._repo import REPO
@@ -36,6 +38,7 @@ def _bare_run(python, args: list[str], site, cwd=REPO, **kwargs) -> subprocess.C
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_the_check_runs_on_a_bare_machine_with_exactly_the_carried_wheels(tmp_path):
     python, held = _bare_env.build(tmp_path / "bare")
     assert not {"numpy", "einops", "packaging", "fla-core", "pillow"} & set(held)

@@ -197,6 +197,7 @@ def test_two_gloo_processes_under_torchrun_compiled_with_accumulation(data, tmp_
     assert sorted(losses) == [1, 2, 3] and all(math.isfinite(v) for v in losses.values())
     log = (output / "train.log").read_text()
     assert "2 process(es)" in log and "compiled (aot_eager)" in log
+    assert "torch.compile" not in log.replace("compiled (aot_eager)", "")  # the ranks agreed: no fallback
     assert "global batch 8 = 2 per micro-batch x 2 process(es) x accumulation 2" in log
 
 

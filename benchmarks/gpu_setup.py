@@ -58,8 +58,8 @@ FLA = "fla-core"
 # the sections that need no fla still run.
 CHECK_MODULES = (
     "numpy", "triton", "benchmarks.gpu_report", "benchmarks.gpu_train", "benchmarks.gpu_kernels",
-    "benchmarks.gpu_extras", "benchmarks.wkv", "src.training.main", "src.training.cost_model",
-    "src.training.planner", "src.open_alip.factory", "src.open_alip.wkv_bi_triton", "src.open_alip.mix",
+    "benchmarks.gpu_extras", "benchmarks.wkv", "src.training.main", "src.perf.cost_model",
+    "src.perf.planner", "src.open_alip.factory", "src.open_alip.wkv_bi_triton", "src.open_alip.mix",
     "torch.profiler",
 )
 FLA_MODULES = ("fla.ops.rwkv6",)

@@ -22,7 +22,7 @@ def _ranks(mode: str, arg) -> list[dict]:
 
 def test_gpus_of_different_memory_get_one_plan_made_for_the_smallest():
     from src.open_alip import get_model_config
-    from src.training.planner import plan_micro_batch
+    from src.perf.planner import plan_micro_batch
 
     gibs = [8, 5]  # alone, these plan 1024 x 4 and 128 x 32 of the 4,096 per rank
     ranks = _ranks("plan", gibs)

@@ -164,6 +164,9 @@ def run_child(name: str, command: list[str], bound_s: float, results: Results) -
     except subprocess.TimeoutExpired:
         Children.kill()
         code, killed = proc.returncode, True
+    except BaseException:  # Ctrl-C: the child's own session does not get it, so it would run on
+        Children.kill()
+        raise
     finally:
         Children.current = None
     seconds = round(time.monotonic() - started, 1)

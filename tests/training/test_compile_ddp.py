@@ -10,8 +10,8 @@ the compiler sees) and the text tower has one block (it has no stochastic depth)
 
 Inductor's C++ for the CPU is built as one file per graph (its C++ wrapper) without optimization
 or vectorization: the same graphs, lowered the same way, in a third of the time (gcc on a few
-hundred separate -O3 kernels otherwise takes minutes). It still takes about 90 CPU-seconds per
-rank, so the test is marked slow."""
+hundred separate -O3 kernels otherwise takes minutes). It still takes about two CPU-minutes per
+rank with Inductor's cache cold, so the test is marked slow."""
 
 import json
 

@@ -38,15 +38,21 @@ from .triton_env import constant_under_compile, device_guard, kernel_problem
 Tensor = torch.Tensor
 
 
+BLOCK = 16  # tokens per program: the smallest tl.dot tile, and the in-block pairs' cost grows with it
+LEVELS = BLOCK.bit_length() - 1  # levels of the in-block pair hierarchy (log2 BLOCK)
+# Matrix products in exact float32 (FMA, no tensor cores): kernel_static's estimate meets the
+# goals without them, and tf32 (even tf32x3) is not what the interpreter checks.
+DOT_PRECISION = "ieee"
+DW_ROWS, DW_COLS = 64, 32  # the dlogd kernel's tile: tokens per step, channels per program
+
+
 def warps(size: int) -> tuple[int, int]:
     """Warps per program of the forward and the backward kernel for head size `size`.
 
-    Chosen by register use when compiled for sm_90 (Triton 3.7): head size 80 needs
-    128 registers a thread in the forward at 8 warps (222 at 4) and in the backward,
-    which holds two N x N states, at 16 warps (255, the limit, at 8); head size 64
-    needs 64 and 128 at 8 warps. Not yet timed on a GPU.
+    Chosen by register use when compiled for sm_90 (Triton 3.7, benchmarks/kernel_static.py):
+    the in-block pairs hold [BLOCK, BLOCK, part] float32 tiles. Not yet timed on a GPU.
     """
-    return 8, (16 if size > 64 else 8)
+    return (4, 8) if size > 32 else (4, 4)
 
 
 # device type -> why the kernels cannot run there (None: they can). Filled on first use.
@@ -83,16 +89,22 @@ def _problem_for(device_type: str) -> str | None:
 
 
 def split_head_size(size: int) -> tuple[int, int]:
-    """Two powers of two NA + NB >= `size` that the kernels tile a head with.
+    """Two powers of two NA + NB >= `size`, each at least 16 (tl.dot's smallest side), that the
+    kernels tile a head with.
 
-    NA is the largest power of two below `size` and NB the smallest that covers the
-    rest: 80 = 64 + 16 and 64 = 32 + 32 exactly; other sizes mask the lanes past `size`.
+    NA is the largest power of two below `size` and NB the smallest that covers the rest:
+    80 = 64 + 16 and 64 = 32 + 32 exactly; other sizes mask the lanes past `size`.
     """
     if size < 1:
         raise ValueError(f"head size must be positive, got {size}")
     first = 1 if size == 1 else 1 << ((size - 1).bit_length() - 1)
     rest = max(size - first, 1)
-    return first, 1 << (rest - 1).bit_length()
+    return max(first, 16), max(1 << (rest - 1).bit_length(), 16)
+
+
+def blocks(time: int) -> int:
+    """Programs per (batch element, head): blocks of BLOCK tokens."""
+    return max(1, -(-time // BLOCK))
 
 
 def _launch_shape(r: Tensor, u: Tensor) -> tuple[int, int, int, int]:
@@ -111,11 +123,13 @@ def wkv_bi_triton_op(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, w_ma
     batch, time, heads, size = _launch_shape(r, u)
     r, k, v, w, u = (t.contiguous() for t in (r, k, v, w, u))
     y = torch.empty(r.shape, dtype=torch.float32, device=r.device)
-    if batch * heads:  # T = 0 runs no step; an empty grid does not launch
+    if batch * heads * time:  # an empty grid does not launch
         first, rest = split_head_size(size)
+        nblk = blocks(time)
         with device_guard(r):
-            _kernels().wkv_bi_forward_kernel[(batch * heads,)](
-                r, k, v, w, u, y, time, w_max, H=heads, N=size, NA=first, NB=rest, num_warps=warps(size)[0]
+            _kernels().wkv_bi_forward_kernel[(batch * heads * nblk,)](
+                r, k, v, w, u, y, time, nblk, w_max,
+                H=heads, N=size, NA=first, NB=rest, BLOCK=BLOCK, LEVELS=LEVELS, DOT=DOT_PRECISION, num_warps=warps(size)[0],
             )  # fmt: skip
     return y
 
@@ -133,17 +147,29 @@ def wkv_bi_triton_backward_op(
     batch, time, heads, size = _launch_shape(r, u)
     grad, r, k, v, w, u = (t.contiguous() for t in (grad, r, k, v, w, u))
     dr, dk, dv, dw = (torch.empty_like(t) for t in (r, k, v, w))
-    # The first pass's float32 terms of dw: dw's own buffer when it is float32.
-    carry = dw if dw.dtype == torch.float32 else torch.empty(w.shape, dtype=torch.float32, device=w.device)
-    du_part = torch.empty(batch, heads, size, dtype=torch.float32, device=r.device)
-    if batch * heads:
+    nblk = blocks(time)
+    du_part = torch.zeros(batch * heads, nblk, size, dtype=torch.float32, device=r.device)
+    if batch * heads * time:
         first, rest = split_head_size(size)
+        # Each token's two terms of the log-decay gradient, summed over the sequence by the dw kernel.
+        terms = torch.empty((2, *r.shape), dtype=torch.float32, device=r.device)
         with device_guard(r):
-            _kernels().wkv_bi_backward_kernel[(batch * heads,)](
-                r, k, v, w, u, grad, dr, dk, dv, dw, carry, du_part, time, w_max,
-                H=heads, N=size, NA=first, NB=rest, num_warps=warps(size)[1],
+            grid = (batch * heads * nblk,)
+            meta = dict(H=heads, N=size, NA=first, NB=rest, BLOCK=BLOCK, LEVELS=LEVELS, DOT=DOT_PRECISION)
+            _kernels().wkv_bi_backward_dr_kernel[grid](
+                k, v, w, u, grad, r, dr, terms[0], terms[1], time, nblk, w_max, num_warps=warps(size)[1], **meta
             )  # fmt: skip
-    return dr, dk, dv, dw, du_part.sum(0).to(u.dtype)
+            _kernels().wkv_bi_backward_dkv_kernel[grid](
+                r, k, v, w, u, grad, dk, dv, terms[0], terms[1], du_part, time, nblk, w_max,
+                num_warps=warps(size)[1], **meta,
+            )  # fmt: skip
+            channels = heads * size
+            _kernels().wkv_bi_dw_kernel[(batch, -(-channels // DW_COLS))](
+                w, terms[0], terms[1], dw, time, channels, w_max, ROWS=DW_ROWS, COLS=DW_COLS, num_warps=4,
+            )  # fmt: skip
+    # A fixed order over batch and blocks: du is the same on every run (atomics would not be).
+    du = du_part.reshape(batch, heads, nblk, size).sum((0, 2))
+    return dr, dk, dv, dw, du.to(u.dtype)
 
 
 @wkv_bi_triton_backward_op.register_fake
@@ -191,3 +217,40 @@ def traffic_bytes(
 def _cast(n: int, itemsize: int) -> int:
     """The float32 sum of n elements written, and converted to `itemsize` bytes if not float32."""
     return 4 * n + (0 if itemsize == 4 else (4 + itemsize) * n)
+
+
+def static_launches(batch: int, time: int, heads: int, size: int, dtype: str, w_dtype: str) -> list[tuple]:
+    """The kernels one forward and backward launch at these shapes, for benchmarks/kernel_static.py:
+    (name, pass, kernel, {argument: (Triton type, value)}, warps, programs, trips of each loop of
+    the compiled code, tokens one program walks in them). `dtype` is the Triton type of r, k, v, u
+    and of the output gradient's dtype's buffers ("bf16"), `w_dtype` w's."""
+    k = _kernels()
+    first, rest = split_head_size(size)
+    nblk = blocks(time)
+    const = {"H": heads, "N": size, "NA": first, "NB": rest, "BLOCK": BLOCK, "LEVELS": LEVELS,
+             "DOT": DOT_PRECISION}
+    const = {name: ("constexpr", value) for name, value in const.items()}
+    inputs = {name: (f"*{dtype}", None) for name in ("r", "k", "v", "u")} | {"w": (f"*{w_dtype}", None)}
+    scalars = {"T": ("i32", time), "NBLK": ("i32", nblk), "w_max": ("fp32", 1.0)}
+    forward = inputs | {"y": ("*fp32", None)} | scalars | const
+    grads = {"gy": ("*fp32", None), "xs": ("*fp32", None), "ys": ("*fp32", None)}
+    backward_dr = inputs | grads | {"dr": (f"*{dtype}", None)} | scalars | const
+    backward_dkv = (inputs | grads | {n: (f"*{dtype}", None) for n in ("dk", "dv")} | {"du_part": ("*fp32", None)}
+                    | scalars | const)
+    channels = heads * size
+    dw = ({"w": (f"*{w_dtype}", None), "xs": ("*fp32", None), "ys": ("*fp32", None), "dw": (f"*{w_dtype}", None),
+           "T": ("i32", time), "C": ("i32", channels), "w_max": ("fp32", 1.0)}
+          | {"ROWS": ("constexpr", DW_ROWS), "COLS": ("constexpr", DW_COLS)})
+    fw, bw = warps(size)
+    programs = batch * heads * nblk
+    # A program walks the other blocks: on the left in one loop, on the right in the other; on
+    # average half of them each (every program walks nblk - 1 blocks in all).
+    half = (nblk - 1) / 2
+    walked = (nblk - 1) * BLOCK
+    return [
+        ("forward", "fwd", k.wkv_bi_forward_kernel, forward, fw, programs, [half, half], walked),
+        ("backward_dr", "bwd", k.wkv_bi_backward_dr_kernel, backward_dr, bw, programs, [half, half], walked),
+        ("backward_dkv", "bwd", k.wkv_bi_backward_dkv_kernel, backward_dkv, bw, programs, [half, half], walked),
+        ("backward_dw", "bwd", k.wkv_bi_dw_kernel, dw, 4, batch * -(-channels // DW_COLS),
+         [-(-time // DW_ROWS)], time),
+    ]

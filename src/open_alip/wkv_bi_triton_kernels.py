@@ -3,21 +3,42 @@
 Imported on first use only: Triton decides at decoration time whether a kernel is
 interpreted (TRITON_INTERPRET=1), and importing the model must not import Triton.
 
-One program owns one (batch element, head) and its whole N x N state, so every
-reduction (over key channels for y and dv, over value channels for dr and dk) ends
-inside the program: nothing is written as a partial per tile and summed later.
-The head size N is split into two power-of-two parts, NA + NB >= N (80 = 64 + 16,
-64 = 32 + 32, both exact), and every N x N matrix is held as its four blocks
-[NA, NA], [NA, NB], [NB, NA], [NB, NB]; lanes at or past N are masked to zero.
-Triton tiles must be powers of two, and one 128-wide tile for N = 80 would carry
-2.56 times the state and arithmetic of the four exact blocks.
+Blocked, not recurrent. Time is cut into blocks of BLOCK tokens and one program owns one
+block of one (batch element, head). With D(s, t) the product of the decays strictly between
+s and t, its rows t get
 
-Both directions run in one program, one after the other, with t stepped by index
-arithmetic (no flipped copies). The first pass writes its half of each result into
-the final buffer and the second pass reads it back, adds its own half and writes
-the result; a barrier between the passes makes the first pass's stores visible to
-every thread of the program, and one per step of the second pass keeps a thread from
-overwriting a row that another has not read yet.
+    y_t = sum_{s != t} (r_t * k_s * D(s, t)) . v_s  +  (r_t * u * k_t) . v_t
+
+from every source block in turn: a BLOCK x BLOCK matrix of pair weights times the source
+block's values, both as matrix products (tl.dot). Nothing is carried from step to step but
+a vector of log-decay sums, so a program walks the other blocks without a barrier per token,
+and there are T / BLOCK times more programs than (batch, head) pairs.
+
+Every decay is the exponential of a sum of log-decays over an interval, never of a difference
+of prefix sums (which would cancel, or overflow once factored): for a source block j left of
+the target block i,
+
+    log D(s, t) = suffix_j(s) + gap + prefix_i(t)
+
+with suffix_j(s) the log-decays after s to the end of block j, gap those of the blocks between,
+prefix_i(t) those from the start of block i to before t: each a sum of terms of one sign, and
+each factor exp(.) <= 1, so the pair weight factors into (r_t e^{prefix_i(t)}) . (k_s
+e^{suffix_j(s) + gap}), one matrix product. Sources right of the target mirror this. In-block
+prefix and suffix sums are scans of the log-decays loaded one row shifted (a scan of row t - 1
+is the sum strictly before t), so no subtraction enters them.
+
+Pairs inside one block have no boundary between them to factor at. There the interval sums
+are differences of the block's prefix sums taken in float64 (exact to ~1e-16 of the block's
+total, which is at most BLOCK x 105) and carried into float32 as a pair hi + lo, so the
+[BLOCK, BLOCK, channels] differences are float32 additions; one exp per pair and channel.
+
+The head size N is held as two power-of-two parts NA + NB >= N, each at least 16 (80 = 64 + 16,
+64 = 32 + 32); lanes at or past N are masked to zero.
+
+The backward's first kernel gives every program its block's dr, dk, dv in full (final values,
+stored once in their inputs' dtypes) and the block's share of du; the gradient of the
+log-decays needs a running sum over the whole sequence, which the second kernel takes (see
+`wkv_bi_backward_kernel`).
 """
 
 from __future__ import annotations
@@ -27,86 +48,44 @@ import triton.language as tl
 
 from .triton_env import interpreter_requested
 
-# The helpers below are inlined into the kernels when compiled. Triton's interpreter
-# instead re-patches triton.language on every call of a jitted function (about a
-# millisecond each, dozens of calls per time step), so there they are plain functions,
-# run by the interpreted kernel with the language already patched.
+# The helpers below are inlined into the kernels when compiled. Triton's interpreter instead
+# re-patches triton.language on every call of a jitted function (about a millisecond each), so
+# there they are plain functions, run by the interpreted kernel with the language already patched.
 _helper = (lambda fn: fn) if interpreter_requested() else triton.jit
-# tl.sum is such a jitted function too; its plain function does the same reduction.
+# tl.sum and tl.cumsum are such jitted functions too; their plain functions do the same.
 _sum = tl.sum.fn if interpreter_requested() else tl.sum
+_cumsum = tl.cumsum.fn if interpreter_requested() else tl.cumsum
 
 
 @_helper
-def _load2(ptr, oa, ob, ma, mb):
-    """One row of N channels as its two parts, in float32."""
-    a = tl.load(ptr + oa, mask=ma, other=0.0).to(tl.float32)
-    b = tl.load(ptr + ob, mask=mb, other=0.0).to(tl.float32)
+def _program(T, NBLK, H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's (batch * H + head) index, its block, the offset of the head's t = 0 row,
+    the row stride, the two parts' channel offsets and masks, and the block's rows."""
+    pid = tl.program_id(0)
+    block = pid % NBLK
+    bh = pid // NBLK
+    row = H * N
+    base = (bh // H).to(tl.int64) * T * row + (bh % H) * N
+    oa = tl.arange(0, NA)
+    ob = NA + tl.arange(0, NB)
+    rows = block * BLOCK + tl.arange(0, BLOCK)
+    return bh, block, base, row, oa, ob, oa < N, ob < N, rows
+
+
+@_helper
+def _rows(ptr, base, row, rows, ok, oa, ob, ma, mb):
+    """Rows `rows` (where `ok`) of one head as its two channel parts, in float32."""
+    at = base + rows[:, None].to(tl.int64) * row
+    a = tl.load(ptr + at + oa[None, :], mask=ok[:, None] & ma[None, :], other=0.0).to(tl.float32)
+    b = tl.load(ptr + at + ob[None, :], mask=ok[:, None] & mb[None, :], other=0.0).to(tl.float32)
     return a, b
 
 
 @_helper
-def _store2(ptr, oa, ob, ma, mb, a, b):
-    tl.store(ptr + oa, a.to(ptr.dtype.element_ty), mask=ma)
-    tl.store(ptr + ob, b.to(ptr.dtype.element_ty), mask=mb)
-
-
-@_helper
-def _vec_mat(xa, xb, maa, mab, mba, mbb):
-    """sum_j x[j] M[j, i], by parts of i."""
-    ya = _sum(xa[:, None] * maa, 0) + _sum(xb[:, None] * mba, 0)
-    yb = _sum(xa[:, None] * mab, 0) + _sum(xb[:, None] * mbb, 0)
-    return ya, yb
-
-
-@_helper
-def _mat_vec(maa, mab, mba, mbb, xa, xb):
-    """sum_i M[j, i] x[i], by parts of j."""
-    ya = _sum(maa * xa[None, :], 1) + _sum(mab * xb[None, :], 1)
-    yb = _sum(mba * xa[None, :], 1) + _sum(mbb * xb[None, :], 1)
-    return ya, yb
-
-
-@_helper
-def _decay_add(maa, mab, mba, mbb, da, db, pa, pb, qa, qb):
-    """diag(d) M + p q^T."""
-    return (
-        maa * da[:, None] + pa[:, None] * qa[None, :],
-        mab * da[:, None] + pa[:, None] * qb[None, :],
-        mba * db[:, None] + pb[:, None] * qa[None, :],
-        mbb * db[:, None] + pb[:, None] * qb[None, :],
-    )
-
-
-@_helper
-def _program(T, H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr):
-    """This program's (batch, head) index, the offset of its t = 0 row, the elements per
-    step and the two parts' channel offsets and masks."""
-    pid = tl.program_id(0)
-    row = H * N
-    base = (pid // H).to(tl.int64) * T * row + (pid % H) * N
-    oa = tl.arange(0, NA)
-    ob = NA + tl.arange(0, NB)
-    return pid, base, row, oa, ob, oa < N, ob < N
-
-
-@_helper
-def _zero_state(NA: tl.constexpr, NB: tl.constexpr):
-    return (
-        tl.zeros([NA, NA], dtype=tl.float32),
-        tl.zeros([NA, NB], dtype=tl.float32),
-        tl.zeros([NB, NA], dtype=tl.float32),
-        tl.zeros([NB, NB], dtype=tl.float32),
-    )
-
-
-@_helper
-def _load_step(r, k, v, w, off, oa, ob, ma, mb):
-    """Row t of r, k, v and w, by parts."""
-    ra, rb = _load2(r + off, oa, ob, ma, mb)
-    ka, kb = _load2(k + off, oa, ob, ma, mb)
-    va, vb = _load2(v + off, oa, ob, ma, mb)
-    wa, wb = _load2(w + off, oa, ob, ma, mb)
-    return ra, rb, ka, kb, va, vb, wa, wb
+def _store_rows(ptr, base, row, rows, ok, oa, ob, ma, mb, a, b):
+    at = base + rows[:, None].to(tl.int64) * row
+    tl.store(ptr + at + oa[None, :], a.to(ptr.dtype.element_ty), mask=ok[:, None] & ma[None, :])
+    tl.store(ptr + at + ob[None, :], b.to(ptr.dtype.element_ty), mask=ok[:, None] & mb[None, :])
 
 
 @_helper
@@ -115,147 +94,396 @@ def _log_decay(w, w_max):
     return -tl.exp(tl.minimum(w, w_max))
 
 
+@_helper
+def _log_decays(w, base, row, rows, ok, oa, ob, ma, mb, w_max):
+    """The log-decays of rows `rows`, 0 where not `ok` (a decay of 1: no effect on any sum)."""
+    wa, wb = _rows(w, base, row, rows, ok, oa, ob, ma, mb)
+    la = tl.where(ok[:, None] & ma[None, :], _log_decay(wa, w_max), 0.0)
+    lb = tl.where(ok[:, None] & mb[None, :], _log_decay(wb, w_max), 0.0)
+    return la, lb
+
+
+@_helper
+def _pair_dot(xa, xb, ya, yb, DOT: tl.constexpr):
+    """[rows of x, rows of y]: sum over channels of x * y, from their two parts."""
+    out = tl.dot(xa, tl.trans(ya), input_precision=DOT)
+    return tl.dot(xb, tl.trans(yb), acc=out, input_precision=DOT)
+
+
+@_helper
+def _shifted(w, base, row, rows, step: tl.constexpr, first, end, oa, ob, ma, mb, w_max):
+    """The log-decays of rows `rows + step`, 0 outside [first, end) (both parts)."""
+    at = rows + step
+    return _log_decays(w, base, row, at, (at >= first) & (at < end), oa, ob, ma, mb, w_max)
+
+
+@_helper
+def _segmented(x, SEG: tl.constexpr, REVERSE: tl.constexpr):
+    """Running sums of x down its rows (up them with REVERSE), restarting every SEG rows."""
+    rows: tl.constexpr = x.shape[0]
+    cols: tl.constexpr = x.shape[1]
+    if SEG == rows:
+        return _cumsum(x, 0, reverse=REVERSE)
+    seg = _cumsum(tl.reshape(x, [rows // SEG, SEG, cols]), 1, reverse=REVERSE)
+    return tl.reshape(seg, [rows, cols])
+
+
+@_helper
+def _level(half: tl.constexpr, prev_a, prev_b, next_a, next_b, BLOCK: tl.constexpr):
+    """One level of the in-block hierarchy: (exp(E) by part, the level's pairs [t, s]).
+
+    Rows fall into segments of 2 * half; a segment's middle m is its start + half. The level's
+    pairs are those of one segment on either side of m, and for them log D(s, t) = E_t + E_s
+    with E_x the log-decays between x and m: from m to before x for x >= m (a running sum of
+    the log-decays one row back, restarting at m), after x to before m for x < m (one row
+    ahead, summed upwards, restarting before m). Halving `half` from BLOCK / 2 down to 1 gives
+    every pair of distinct rows once. prev / next: the block's log-decays one row back / ahead,
+    0 across the block's edges.
+    """
+    t = tl.arange(0, BLOCK)
+    s = tl.arange(0, BLOCK)[None, :]
+    upper = (t // half) % 2 == 1
+    pairs = ((t[:, None] // (2 * half)) == (s // (2 * half))) & (upper[:, None] != ((s // half) % 2 == 1))
+    if half == 1:
+        return tl.full(prev_a.shape, 1.0, tl.float32), tl.full(prev_b.shape, 1.0, tl.float32), pairs
+    starts = (t % half != 0)[:, None]  # a row past its half-segment's first: a step back stays inside
+    ends = ((t + 1) % half != 0)[:, None]  # a row before its half-segment's last
+    ua = _segmented(tl.where(starts, prev_a, 0.0), half, False)
+    ub = _segmented(tl.where(starts, prev_b, 0.0), half, False)
+    la = _segmented(tl.where(ends, next_a, 0.0), half, True)
+    lb = _segmented(tl.where(ends, next_b, 0.0), half, True)
+    return tl.exp(tl.where(upper[:, None], ua, la)), tl.exp(tl.where(upper[:, None], ub, lb)), pairs
+
+
 @triton.jit
 def wkv_bi_forward_kernel(
     r, k, v, w, u, y,  # r, k, v, w: [B, T, H*N] in any float dtype; u: [H, N]; y: [B, T, H*N] float32
-    T, w_max,
-    H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr,
+    T, NBLK, w_max,
+    H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+    LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    pid, base, row, oa, ob, ma, mb = _program(T, H, N, NA, NB)
-    ua, ub = _load2(u + (pid % H) * N, oa, ob, ma, mb)
+    bh, i, base, row, oa, ob, ma, mb, rows = _program(T, NBLK, H, N, NA, NB, BLOCK)
+    first = i * BLOCK
+    end = tl.minimum(first + BLOCK, T)
+    ok = rows < T
+    ra, rb = _rows(r, base, row, rows, ok, oa, ob, ma, mb)
+    ka, kb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
+    va, vb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
+    prev_a, prev_b = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
+    next_a, next_b = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
 
-    # Right to left, no bonus: y_t = r_t^T S_t with S_t = sum_{s>t} D(s, t) k_s v_s^T.
-    saa, sab, sba, sbb = _zero_state(NA, NB)
-    for step in range(T):
-        off = base + (T - 1 - step) * row
-        ra, rb, ka, kb, va, vb, wa, wb = _load_step(r, k, v, w, off, oa, ob, ma, mb)
-        ya, yb = _vec_mat(ra, rb, saa, sab, sba, sbb)
-        _store2(y + off, oa, ob, ma, mb, ya, yb)
-        da, db = tl.exp(_log_decay(wa, w_max)), tl.exp(_log_decay(wb, w_max))
-        saa, sab, sba, sbb = _decay_add(saa, sab, sba, sbb, da, db, ka, kb, va, vb)
+    # Pairs inside the block, level by level, and the bonus u on the token itself.
+    pair = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+    for level in tl.static_range(LEVELS):
+        ea, eb, pairs = _level(BLOCK >> (level + 1), prev_a, prev_b, next_a, next_b, BLOCK)
+        pair += tl.where(pairs, _pair_dot(ra * ea, rb * eb, ka * ea, kb * eb, DOT), 0.0)
+    ya = tl.dot(pair, va, input_precision=DOT)
+    yb = tl.dot(pair, vb, input_precision=DOT)
+    ua = tl.load(u + (bh % H) * N + oa, mask=ma, other=0.0).to(tl.float32)
+    ub = tl.load(u + (bh % H) * N + ob, mask=mb, other=0.0).to(tl.float32)
+    ruk = _sum(ra * ua[None, :] * ka, 1) + _sum(rb * ub[None, :] * kb, 1)
+    ya += ruk[:, None] * va
+    yb += ruk[:, None] * vb
 
-    tl.debug_barrier()
+    # Sources left of the block: log D = (after s, to its block's end) + gap + (block start to before t).
+    xa = ra * tl.exp(_cumsum(prev_a, 0))
+    xb = rb * tl.exp(_cumsum(prev_b, 0))
+    gap_a = tl.zeros([NA], dtype=tl.float32)  # the log-decays of the blocks in between
+    gap_b = tl.zeros([NB], dtype=tl.float32)
+    for back in range(0, i):
+        j0 = (i - 1 - back) * BLOCK
+        src = j0 + tl.arange(0, BLOCK)
+        full = src < T
+        oka, okb = _rows(k, base, row, src, full, oa, ob, ma, mb)
+        ova, ovb = _rows(v, base, row, src, full, oa, ob, ma, mb)
+        fa, fb = _shifted(w, base, row, src, 1, j0, j0 + BLOCK, oa, ob, ma, mb, w_max)
+        fa = _cumsum(fa, 0, reverse=True) + gap_a[None, :]
+        fb = _cumsum(fb, 0, reverse=True) + gap_b[None, :]
+        pair = tl.trans(_pair_dot(oka * tl.exp(fa), okb * tl.exp(fb), xa, xb, DOT))
+        ya = tl.dot(pair, ova, acc=ya, input_precision=DOT)
+        yb = tl.dot(pair, ovb, acc=yb, input_precision=DOT)
+        ola, olb = _log_decays(w, base, row, src, full, oa, ob, ma, mb, w_max)
+        gap_a += _sum(ola, 0)
+        gap_b += _sum(olb, 0)
 
-    # Left to right with the bonus u on the current token, added to the first half.
-    saa, sab, sba, sbb = _zero_state(NA, NB)
-    for t in range(T):
-        off = base + t * row
-        ra, rb, ka, kb, va, vb, wa, wb = _load_step(r, k, v, w, off, oa, ob, ma, mb)
-        ya, yb = _vec_mat(ra, rb, saa, sab, sba, sbb)
-        ruk = _sum(ra * ua * ka, 0) + _sum(rb * ub * kb, 0)
-        pa, pb = _load2(y + off, oa, ob, ma, mb)
-        tl.debug_barrier()  # every thread has read row t before any overwrites it
-        _store2(y + off, oa, ob, ma, mb, ya + ruk * va + pa, yb + ruk * vb + pb)
-        da, db = tl.exp(_log_decay(wa, w_max)), tl.exp(_log_decay(wb, w_max))
-        saa, sab, sba, sbb = _decay_add(saa, sab, sba, sbb, da, db, ka, kb, va, vb)
+    # Sources right of the block: log D = (after t, to the block's end) + gap + (its block start to before s).
+    xa = ra * tl.exp(_cumsum(next_a, 0, reverse=True))
+    xb = rb * tl.exp(_cumsum(next_b, 0, reverse=True))
+    gap_a = tl.zeros([NA], dtype=tl.float32)
+    gap_b = tl.zeros([NB], dtype=tl.float32)
+    for j in range(i + 1, NBLK):
+        j0 = j * BLOCK
+        src = j0 + tl.arange(0, BLOCK)
+        inside = src < T
+        oka, okb = _rows(k, base, row, src, inside, oa, ob, ma, mb)
+        ova, ovb = _rows(v, base, row, src, inside, oa, ob, ma, mb)
+        fa, fb = _shifted(w, base, row, src, -1, j0, tl.minimum(j0 + BLOCK, T), oa, ob, ma, mb, w_max)
+        fa = _cumsum(fa, 0) + gap_a[None, :]
+        fb = _cumsum(fb, 0) + gap_b[None, :]
+        pair = tl.trans(_pair_dot(oka * tl.exp(fa), okb * tl.exp(fb), xa, xb, DOT))
+        ya = tl.dot(pair, ova, acc=ya, input_precision=DOT)
+        yb = tl.dot(pair, ovb, acc=yb, input_precision=DOT)
+        ola, olb = _log_decays(w, base, row, src, inside, oa, ob, ma, mb, w_max)
+        gap_a += _sum(ola, 0)
+        gap_b += _sum(olb, 0)
+
+    _store_rows(y, base, row, rows, ok, oa, ob, ma, mb, ya, yb)
+
+
+@_helper
+def _sources_left(w, base, row, j0, first_src, oa, ob, ma, mb, w_max, gap_a, gap_b):
+    """A block left of the program's block (rows j0 + [0, BLOCK), all inside the sequence): its
+    rows, exp(log-decays after each row to the block's end + gap), and gap grown by the block."""
+    src = j0 + first_src
+    fa, fb = _shifted(w, base, row, src, 1, j0, j0 + first_src.shape[0], oa, ob, ma, mb, w_max)
+    fa = tl.exp(_cumsum(fa, 0, reverse=True) + gap_a[None, :])
+    fb = tl.exp(_cumsum(fb, 0, reverse=True) + gap_b[None, :])
+    la, lb = _log_decays(w, base, row, src, src >= 0, oa, ob, ma, mb, w_max)
+    return src, fa, fb, gap_a + _sum(la, 0), gap_b + _sum(lb, 0)
+
+
+@_helper
+def _sources_right(w, base, row, j0, first_src, T, oa, ob, ma, mb, w_max, gap_a, gap_b):
+    """A block right of the program's block: its rows, exp(log-decays from the block's start to
+    before each row + gap), and gap grown by the block."""
+    src = j0 + first_src
+    inside = src < T
+    fa, fb = _shifted(w, base, row, src, -1, j0, tl.minimum(j0 + first_src.shape[0], T), oa, ob, ma, mb, w_max)
+    fa = tl.exp(_cumsum(fa, 0) + gap_a[None, :])
+    fb = tl.exp(_cumsum(fb, 0) + gap_b[None, :])
+    la, lb = _log_decays(w, base, row, src, inside, oa, ob, ma, mb, w_max)
+    return src, inside, fa, fb, gap_a + _sum(la, 0), gap_b + _sum(lb, 0)
 
 
 @triton.jit
-def wkv_bi_backward_kernel(
-    r, k, v, w, u, gy,  # inputs as in the forward; gy: the output gradient [B, T, H*N]
-    dr, dk, dv, dw,  # gradients, each in its input's dtype
-    carry,  # [B, T, H*N] float32, may be dw itself: the first pass's terms of dlogd
-    du_part,  # [B, H, N] float32: this program's sum over time of the bonus gradient
-    T, w_max,
-    H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr,
+def wkv_bi_backward_dr_kernel(
+    k, v, w, u, gy,  # inputs as in the forward; gy: the output gradient [B, T, H*N]
+    r, dr,  # r and its gradient (r's dtype)
+    xs, ys,  # [B, T, H*N] float32: the terms r drR and r drL of the log-decay gradient
+    T, NBLK, w_max,
+    H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+    LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """Gradients of the forward kernel.
+    """dr of one block, the block's rows as targets: see `wkv_bi_backward_dkv_kernel`."""
+    bh, i, base, row, oa, ob, ma, mb, rows = _program(T, NBLK, H, N, NA, NB, BLOCK)
+    first = i * BLOCK
+    end = tl.minimum(first + BLOCK, T)
+    ok = rows < T
+    ka, kb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
+    va, vb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
+    ga, gb = _rows(gy, base, row, rows, ok, oa, ob, ma, mb)
+    prev_a, prev_b = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
+    next_a, next_b = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
 
-    With A_t / B_t the key-value states from the left / right (A_t = sum_{s<t} D(s,t) k_s v_s^T)
-    and GA_t / GB_t the receptance-gradient states from the right / left
-    (GA_s = sum_{t>s} D(s,t) r_t g_t^T, GB_s = sum_{t<s} D(t,s) r_t g_t^T):
+    # Pairs inside the block, level by level: drL from sources s < t, drR from s > t.
+    d_in = _pair_dot(ga, gb, va, vb, DOT)  # dA[t, s]
+    later = tl.arange(0, BLOCK)[:, None] > tl.arange(0, BLOCK)[None, :]
+    drl_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
+    drl_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
+    drr_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
+    drr_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
+    for level in tl.static_range(LEVELS):
+        ea, eb, pairs = _level(BLOCK >> (level + 1), prev_a, prev_b, next_a, next_b, BLOCK)
+        kxa, kxb = ka * ea, kb * eb
+        left = tl.where(pairs & later, d_in, 0.0)
+        right = tl.where(pairs & ~later, d_in, 0.0)
+        drl_a += ea * tl.dot(left, kxa, input_precision=DOT)
+        drl_b += eb * tl.dot(left, kxb, input_precision=DOT)
+        drr_a += ea * tl.dot(right, kxa, input_precision=DOT)
+        drr_b += eb * tl.dot(right, kxb, input_precision=DOT)
 
-        dr_t = (A_t + B_t) g_t + u k_t (v_t . g_t)
-        dk_t = (GA_t + GB_t) v_t + u r_t (v_t . g_t)
-        dv_t = (GA_t + GB_t)^T k_t + (r_t . u k_t) g_t
+    # Sources in the other blocks: dr_t = e^{in-block sum up to t} (sum_s dA[t, s] k_s e^{...}).
+    # The block's own rows (g) are the second operand of dA, read again in each step so that no
+    # operand layout of them stays in registers across the loop.
+    first_src = tl.arange(0, BLOCK)
+    acc_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
+    gap_a = tl.zeros([NA], dtype=tl.float32)
+    gap_b = tl.zeros([NB], dtype=tl.float32)
+    for back in range(0, i):
+        src, fa, fb, gap_a, gap_b = _sources_left(w, base, row, (i - 1 - back) * BLOCK, first_src,
+                                                  oa, ob, ma, mb, w_max, gap_a, gap_b)
+        ova, ovb = _rows(v, base, row, src, src >= 0, oa, ob, ma, mb)
+        oka, okb = _rows(k, base, row, src, src >= 0, oa, ob, ma, mb)
+        tga, tgb = _rows(gy, base, row, rows, ok, oa, ob, ma, mb)
+        d_in = tl.trans(_pair_dot(ova, ovb, tga, tgb, DOT))  # dA[t in block, s in j]
+        acc_a = tl.dot(d_in, oka * fa, acc=acc_a, input_precision=DOT)
+        acc_b = tl.dot(d_in, okb * fb, acc=acc_b, input_precision=DOT)
+    drl_a += acc_a * tl.exp(_cumsum(prev_a, 0))
+    drl_b += acc_b * tl.exp(_cumsum(prev_b, 0))
+    acc_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
+    gap_a = tl.zeros([NA], dtype=tl.float32)
+    gap_b = tl.zeros([NB], dtype=tl.float32)
+    for j in range(i + 1, NBLK):
+        src, inside, fa, fb, gap_a, gap_b = _sources_right(w, base, row, j * BLOCK, first_src, T,
+                                                           oa, ob, ma, mb, w_max, gap_a, gap_b)
+        ova, ovb = _rows(v, base, row, src, inside, oa, ob, ma, mb)
+        oka, okb = _rows(k, base, row, src, inside, oa, ob, ma, mb)
+        tga, tgb = _rows(gy, base, row, rows, ok, oa, ob, ma, mb)
+        d_in = tl.trans(_pair_dot(ova, ovb, tga, tgb, DOT))
+        acc_a = tl.dot(d_in, oka * fa, acc=acc_a, input_precision=DOT)
+        acc_b = tl.dot(d_in, okb * fb, acc=acc_b, input_precision=DOT)
+    drr_a += acc_a * tl.exp(_cumsum(next_a, 0, reverse=True))
+    drr_b += acc_b * tl.exp(_cumsum(next_b, 0, reverse=True))
 
-    The right-to-left pass carries B and GA and writes its halves of dr, dk, dv; the
-    left-to-right pass carries A and GB, reads those halves back and writes the sums.
+    ra, rb = _rows(r, base, row, rows, ok, oa, ob, ma, mb)
+    _store_rows(xs, base, row, rows, ok, oa, ob, ma, mb, ra * drr_a, rb * drr_b)
+    _store_rows(ys, base, row, rows, ok, oa, ob, ma, mb, ra * drl_a, rb * drl_b)
+    ua = tl.load(u + (bh % H) * N + oa, mask=ma, other=0.0).to(tl.float32)
+    ub = tl.load(u + (bh % H) * N + ob, mask=mb, other=0.0).to(tl.float32)
+    vg = _sum(va * ga, 1) + _sum(vb * gb, 1)
+    _store_rows(dr, base, row, rows, ok, oa, ob, ma, mb,
+                drl_a + drr_a + ua[None, :] * ka * vg[:, None], drl_b + drr_b + ub[None, :] * kb * vg[:, None])
 
-    The log-decay of step l enters every pair (s, t) that straddles it. With pair sums
-    rA_t = r_t * (A_t g_t), kA_s = k_s * (GA_s v_s) and likewise for B, and because the
-    totals over all steps of r*(A g) and k*(GA v) are equal (both are the sum over
-    all left-to-right pairs), that gradient is a difference of two running sums:
 
-        dlogd_l = sum_{t<l} (kA_t + rB_t) - sum_{t<=l} (rA_t + kB_t)
+@triton.jit
+def wkv_bi_backward_dkv_kernel(
+    r, k, v, w, u, gy,  # inputs as in the forward; gy: the output gradient [B, T, H*N]
+    dk, dv,  # gradients, each in its input's dtype
+    xs, ys,  # [B, T, H*N] float32: the dr kernel's terms, to which k dkR and k dkL are added
+    du_part,  # [B * H, NBLK, N] float32: this block's sum of the bonus gradient
+    T, NBLK, w_max,
+    H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+    LEVELS: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """dk and dv of one block, the block's rows as sources, and the terms of dlogd.
 
-    (fla computes the same difference, from two sums). The second pass keeps dlogd_l
-    itself and adds each step's difference of terms, which stays as small as the result
-    where the decays are fast; two separate sums would grow with l and lose more to
-    rounding (a third of the error at T = 196). The terms kA + rB come from the first
-    pass and reach the second through `carry` in float32, not re-read from the rounded
-    halves of dk and dr: a bf16 rounding there would be carried along the whole sum
-    (and then multiplied by exp(w)).
+    With dA[t, s] = g_t . v_s and A[t, s] the forward's pair weight (the bonus on t == s),
+
+        dr_t = sum_{s != t} dA[t, s] D(s, t) k_s + u k_t (v_t . g_t)
+        dk_s = sum_{t != s} dA[t, s] D(s, t) r_t + u r_s (v_s . g_s)
+        dv_s = sum_t A[t, s] g_t
+
+    each sum split by side: drL_t over sources s < t, drR_t over s > t (the dr kernel), dkR_s
+    over targets t > s, dkL_s over t < s. The log-decay of step l enters every pair that
+    straddles it, and because both sides count every pair once,
+
+        dlogd_l = sum_{m < l} x_m - sum_{m <= l} y_m,   x = k dkR + r drR,  y = r drL + k dkL
+
+    (what the recurrent kernel and fla compute, from the same two kinds of terms). The dr kernel
+    leaves r drR and r drL in the float32 buffers xs and ys, this kernel adds k dkR and k dkL,
+    and `wkv_bi_dw_kernel` takes the running sum over the sequence.
     """
-    pid, base, row, oa, ob, ma, mb = _program(T, H, N, NA, NB)
-    ua, ub = _load2(u + (pid % H) * N, oa, ob, ma, mb)
+    bh, i, base, row, oa, ob, ma, mb, rows = _program(T, NBLK, H, N, NA, NB, BLOCK)
+    first = i * BLOCK
+    end = tl.minimum(first + BLOCK, T)
+    ok = rows < T
+    ra, rb = _rows(r, base, row, rows, ok, oa, ob, ma, mb)
+    ka, kb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
+    va, vb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
+    ga, gb = _rows(gy, base, row, rows, ok, oa, ob, ma, mb)
+    prev_a, prev_b = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
+    next_a, next_b = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
 
-    # Right to left: B (keys and values from the right) and GA (r g^T from the right).
-    baa, bab, bba, bbb = _zero_state(NA, NB)
-    gaa, gab, gba, gbb = _zero_state(NA, NB)
-    for step in range(T):
-        off = base + (T - 1 - step) * row
-        ra, rb, ka, kb, va, vb, wa, wb = _load_step(r, k, v, w, off, oa, ob, ma, mb)
-        ga, gb = _load2(gy + off, oa, ob, ma, mb)
-        drb_a, drb_b = _mat_vec(baa, bab, bba, bbb, ga, gb)
-        _store2(dr + off, oa, ob, ma, mb, drb_a, drb_b)
-        dka_a, dka_b = _mat_vec(gaa, gab, gba, gbb, va, vb)
-        _store2(dk + off, oa, ob, ma, mb, dka_a, dka_b)
-        xa, xb = _vec_mat(ka, kb, gaa, gab, gba, gbb)
-        _store2(dv + off, oa, ob, ma, mb, xa, xb)
-        _store2(carry + off, oa, ob, ma, mb, ka * dka_a + ra * drb_a, kb * dka_b + rb * drb_b)
-        da, db = tl.exp(_log_decay(wa, w_max)), tl.exp(_log_decay(wb, w_max))
-        baa, bab, bba, bbb = _decay_add(baa, bab, bba, bbb, da, db, ka, kb, va, vb)
-        gaa, gab, gba, gbb = _decay_add(gaa, gab, gba, gbb, da, db, ra, rb, ga, gb)
+    # Pairs inside the block, level by level: dkR from targets t > s, dkL from t < s; dv.
+    d_in = _pair_dot(ga, gb, va, vb, DOT)  # dA[t, s]
+    later = tl.arange(0, BLOCK)[:, None] > tl.arange(0, BLOCK)[None, :]
+    pair = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+    dkl_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
+    dkl_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
+    dkr_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
+    dkr_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
+    for level in tl.static_range(LEVELS):
+        ea, eb, pairs = _level(BLOCK >> (level + 1), prev_a, prev_b, next_a, next_b, BLOCK)
+        rxa, rxb = ra * ea, rb * eb
+        pair += tl.where(pairs, _pair_dot(rxa, rxb, ka * ea, kb * eb, DOT), 0.0)
+        left = tl.trans(tl.where(pairs & later, d_in, 0.0))
+        right = tl.trans(tl.where(pairs & ~later, d_in, 0.0))
+        dkr_a += ea * tl.dot(left, rxa, input_precision=DOT)
+        dkr_b += eb * tl.dot(left, rxb, input_precision=DOT)
+        dkl_a += ea * tl.dot(right, rxa, input_precision=DOT)
+        dkl_b += eb * tl.dot(right, rxb, input_precision=DOT)
+    dva = tl.dot(tl.trans(pair), ga, input_precision=DOT)
+    dvb = tl.dot(tl.trans(pair), gb, input_precision=DOT)
 
-    tl.debug_barrier()
+    # Targets in the other blocks: dk_s = e^{in-block sum to s} (sum_t dA[t, s] r_t e^{...}),
+    # dv_s += sum_t A[t, s] g_t. The block's own rows (v, k) are second operands, read again in
+    # each step (see the dr kernel).
+    first_src = tl.arange(0, BLOCK)
+    ea, eb = tl.exp(_cumsum(prev_a, 0)), tl.exp(_cumsum(prev_b, 0))
+    acc_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
+    gap_a = tl.zeros([NA], dtype=tl.float32)
+    gap_b = tl.zeros([NB], dtype=tl.float32)
+    for back in range(0, i):
+        src, fa, fb, gap_a, gap_b = _sources_left(w, base, row, (i - 1 - back) * BLOCK, first_src,
+                                                  oa, ob, ma, mb, w_max, gap_a, gap_b)
+        ora, orb = _rows(r, base, row, src, src >= 0, oa, ob, ma, mb)
+        oga, ogb = _rows(gy, base, row, src, src >= 0, oa, ob, ma, mb)
+        ora, orb = ora * fa, orb * fb
+        tva, tvb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
+        tka, tkb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
+        d_out = tl.trans(_pair_dot(oga, ogb, tva, tvb, DOT))  # dA[t in j, s in block], transposed
+        acc_a = tl.dot(d_out, ora, acc=acc_a, input_precision=DOT)
+        acc_b = tl.dot(d_out, orb, acc=acc_b, input_precision=DOT)
+        a_out = tl.trans(_pair_dot(ora, orb, tka * ea, tkb * eb, DOT))  # A[t in j, s in block], transposed
+        dva = tl.dot(a_out, oga, acc=dva, input_precision=DOT)
+        dvb = tl.dot(a_out, ogb, acc=dvb, input_precision=DOT)
+    dkl_a += acc_a * ea
+    dkl_b += acc_b * eb
+    ea, eb = tl.exp(_cumsum(next_a, 0, reverse=True)), tl.exp(_cumsum(next_b, 0, reverse=True))
+    acc_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
+    gap_a = tl.zeros([NA], dtype=tl.float32)
+    gap_b = tl.zeros([NB], dtype=tl.float32)
+    for j in range(i + 1, NBLK):
+        src, inside, fa, fb, gap_a, gap_b = _sources_right(w, base, row, j * BLOCK, first_src, T,
+                                                           oa, ob, ma, mb, w_max, gap_a, gap_b)
+        ora, orb = _rows(r, base, row, src, inside, oa, ob, ma, mb)
+        oga, ogb = _rows(gy, base, row, src, inside, oa, ob, ma, mb)
+        ora, orb = ora * fa, orb * fb
+        tva, tvb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
+        tka, tkb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
+        d_out = tl.trans(_pair_dot(oga, ogb, tva, tvb, DOT))
+        acc_a = tl.dot(d_out, ora, acc=acc_a, input_precision=DOT)
+        acc_b = tl.dot(d_out, orb, acc=acc_b, input_precision=DOT)
+        a_out = tl.trans(_pair_dot(ora, orb, tka * ea, tkb * eb, DOT))
+        dva = tl.dot(a_out, oga, acc=dva, input_precision=DOT)
+        dvb = tl.dot(a_out, ogb, acc=dvb, input_precision=DOT)
+    dkr_a += acc_a * ea
+    dkr_b += acc_b * eb
 
-    # Left to right: A (keys and values from the left) and GB (r g^T from the left).
-    aaa, aab, aba, abb = _zero_state(NA, NB)
-    gaa, gab, gba, gbb = _zero_state(NA, NB)
-    # dlogd_l itself, updated by the difference of one step's terms: the two sums are
-    # never held apart, so their size (up to l times a term) costs no rounding.
-    dlogd_a = tl.zeros([NA], dtype=tl.float32)
-    dlogd_b = tl.zeros([NB], dtype=tl.float32)
-    prev_a = tl.zeros([NA], dtype=tl.float32)  # kA + rB of the step before
-    prev_b = tl.zeros([NB], dtype=tl.float32)
-    du_a = tl.zeros([NA], dtype=tl.float32)
-    du_b = tl.zeros([NB], dtype=tl.float32)
-    for t in range(T):
-        off = base + t * row
-        ra, rb, ka, kb, va, vb, wa, wb = _load_step(r, k, v, w, off, oa, ob, ma, mb)
-        ga, gb = _load2(gy + off, oa, ob, ma, mb)
-        # The right-to-left halves.
-        drb_a, drb_b = _load2(dr + off, oa, ob, ma, mb)
-        dka_a, dka_b = _load2(dk + off, oa, ob, ma, mb)
-        dva_a, dva_b = _load2(dv + off, oa, ob, ma, mb)
-        xa, xb = _load2(carry + off, oa, ob, ma, mb)
-        # Every thread has read row t before any overwrites it (threads may hold copies
-        # of the same element, and `carry` may be dw).
-        tl.debug_barrier()
+    xa, xb = _rows(xs, base, row, rows, ok, oa, ob, ma, mb)
+    _store_rows(xs, base, row, rows, ok, oa, ob, ma, mb, xa + ka * dkr_a, xb + kb * dkr_b)
+    xa, xb = _rows(ys, base, row, rows, ok, oa, ob, ma, mb)
+    _store_rows(ys, base, row, rows, ok, oa, ob, ma, mb, xa + ka * dkl_a, xb + kb * dkl_b)
+    ua = tl.load(u + (bh % H) * N + oa, mask=ma, other=0.0).to(tl.float32)
+    ub = tl.load(u + (bh % H) * N + ob, mask=mb, other=0.0).to(tl.float32)
+    vg = _sum(va * ga, 1) + _sum(vb * gb, 1)
+    ruk = _sum(ra * ua[None, :] * ka, 1) + _sum(rb * ub[None, :] * kb, 1)
+    _store_rows(dk, base, row, rows, ok, oa, ob, ma, mb,
+                dkl_a + dkr_a + ua[None, :] * ra * vg[:, None], dkl_b + dkr_b + ub[None, :] * rb * vg[:, None])
+    _store_rows(dv, base, row, rows, ok, oa, ob, ma, mb, dva + ruk[:, None] * ga, dvb + ruk[:, None] * gb)
+    part = du_part + (bh * NBLK + i) * N
+    tl.store(part + oa, _sum(ra * ka * vg[:, None], 0), mask=ma)
+    tl.store(part + ob, _sum(rb * kb * vg[:, None], 0), mask=mb)
 
-        dra_a, dra_b = _mat_vec(aaa, aab, aba, abb, ga, gb)
-        dkb_a, dkb_b = _mat_vec(gaa, gab, gba, gbb, va, vb)
-        dvb_a, dvb_b = _vec_mat(ka, kb, gaa, gab, gba, gbb)
-        vg = _sum(va * ga, 0) + _sum(vb * gb, 0)
-        ruk = _sum(ra * ua * ka, 0) + _sum(rb * ub * kb, 0)
-        _store2(dr + off, oa, ob, ma, mb, dra_a + drb_a + ua * ka * vg, dra_b + drb_b + ub * kb * vg)
-        _store2(dk + off, oa, ob, ma, mb, dka_a + dkb_a + ua * ra * vg, dka_b + dkb_b + ub * rb * vg)
-        _store2(dv + off, oa, ob, ma, mb, dva_a + dvb_a + ruk * ga, dva_b + dvb_b + ruk * gb)
-        du_a += ra * ka * vg
-        du_b += rb * kb * vg
 
-        dlogd_a += prev_a - (ra * dra_a + ka * dkb_a)
-        dlogd_b += prev_b - (rb * dra_b + kb * dkb_b)
-        la, lb = _log_decay(wa, w_max), _log_decay(wb, w_max)
+@triton.jit
+def wkv_bi_dw_kernel(
+    w, xs, ys, dw,  # w, dw: [B, T, C] in w's dtype; xs, ys: the backward kernel's terms (float32)
+    T, C, w_max,
+    ROWS: tl.constexpr, COLS: tl.constexpr,
+):  # fmt: skip
+    """dw = dlogd * logd, dlogd_l = sum_{m <= l} (x_{m-1} - y_m), by blocks of ROWS tokens.
+
+    The running sum is dlogd itself, grown by each step's difference of terms, as the recurrent
+    kernel kept it: two separate sums would grow with l and lose more to rounding.
+    """
+    cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
+    col_ok = cols < C
+    base = tl.program_id(0).to(tl.int64) * T * C
+    carry = tl.zeros([COLS], dtype=tl.float32)
+    for start in range(0, T, ROWS):
+        rows = start + tl.arange(0, ROWS)
+        ok = (rows < T)[:, None] & col_ok[None, :]
+        at = base + rows[:, None].to(tl.int64) * C + cols[None, :]
+        before = tl.load(xs + at - C, mask=ok & (rows >= 1)[:, None], other=0.0)
+        steps = before - tl.load(ys + at, mask=ok, other=0.0)
+        dlogd = carry[None, :] + _cumsum(steps, 0)
+        wt = tl.load(w + at, mask=ok, other=0.0).to(tl.float32)
         # d logd / d w = logd where w is below the clamp, 0 above it.
-        dwa = tl.where(wa <= w_max, dlogd_a * la, 0.0)
-        dwb = tl.where(wb <= w_max, dlogd_b * lb, 0.0)
-        _store2(dw + off, oa, ob, ma, mb, dwa, dwb)
-        prev_a, prev_b = xa, xb
-
-        da, db = tl.exp(la), tl.exp(lb)
-        aaa, aab, aba, abb = _decay_add(aaa, aab, aba, abb, da, db, ka, kb, va, vb)
-        gaa, gab, gba, gbb = _decay_add(gaa, gab, gba, gbb, da, db, ra, rb, ga, gb)
-
-    _store2(du_part + pid * N, oa, ob, ma, mb, du_a, du_b)
+        grad = tl.where(wt <= w_max, dlogd * _log_decay(wt, w_max), 0.0)
+        tl.store(dw + at, grad.to(dw.dtype.element_ty), mask=ok)
+        carry += _sum(steps, 0)

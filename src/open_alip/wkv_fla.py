@@ -167,6 +167,11 @@ def chunk_rwkv6():
     return fn
 
 
+# The largest key x value tile of each fused recurrent kernel in fla-core 0.6.0 (a head is cut
+# into tiles of min(next power of two of N, cap)): the forward, the dq and the dk/dv kernel.
+FLA_TILES = {"fwd": (32, 32), "dq": (16, 64), "dkv": (32, 32)}
+
+
 def _blocks(size: int, cap: int) -> int:
     """How many tiles fla-core 0.6.0 cuts a head of `size` into, tiles of min(next pow2, cap)."""
     tile = min(1 << max(size - 1, 0).bit_length(), cap)
@@ -184,8 +189,8 @@ def traffic_bytes(batch: int, time: int, heads: int, size: int) -> dict[str, int
     kernels run once per direction.
     """
     e = 4 * batch * time * heads * size  # one float32 [B, T, H, N] tensor
-    nk, nv = _blocks(size, 32), _blocks(size, 32)  # forward and dk/dv kernels
-    qk, qv = _blocks(size, 16), _blocks(size, 64)  # dq kernel
+    nk, nv = (_blocks(size, cap) for cap in FLA_TILES["fwd"])  # forward and dk/dv kernels
+    qk, qv = (_blocks(size, cap) for cap in FLA_TILES["dq"])
     small = 4 * batch * heads * size
     per_pass = {
         # q, k, logd per value tile; v per key tile; o partials per key tile; o.sum(0)

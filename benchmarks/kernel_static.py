@@ -267,7 +267,7 @@ def measure(launch: Launch, compiled: Compiled | None = None) -> Row:
                       counts.fp32_flop, counts.mma_flop)
     resident = blocks_per_sm(compiled.registers, launch.num_warps, compiled.shared)
     seconds, waves = estimate_seconds(program, launch.programs, resident)
-    serial = sum(lp["trips"] for lp in counts.loops if lp["depth"] == 0)
+    serial = round(sum(lp["trips"] for lp in counts.loops if lp["depth"] == 0))
     return Row(
         launch=launch, registers=compiled.registers, spills=compiled.spills, shared_bytes=compiled.shared,
         blocks_per_sm=resident, barriers_per_step=counts.barriers_in_loops / max(launch.tokens, 1),
@@ -323,8 +323,8 @@ def bi_triton_launches(t: Tower) -> list[Launch]:
     return [
         Launch(kernel=f"wkv_bi_{name}", impl="bi_triton", tower=t.name, pass_=pass_, fn=jit_function(fn),
                arguments=args, num_warps=warps, programs=programs, trips=trips, tokens=tokens,
-               calls=t.layers * (t.forward_runs if pass_ == "fwd" else t.backward_runs))
-        for name, pass_, fn, args, warps, programs, trips, tokens
+               calls=t.layers * (t.forward_runs if pass_ == "fwd" else t.backward_runs), num_stages=stages)
+        for name, pass_, fn, args, warps, stages, programs, trips, tokens
         in binding.static_launches(t.batch, t.tokens, t.heads, t.size, "bf16", t.w_dtype)
     ]
 
@@ -426,14 +426,35 @@ def _pow2(n: int) -> int:
 
 
 def planned_batch() -> tuple[int, int, bool, str]:
-    """(micro-batch, accumulation, checkpointing, the planner's line) for B/32 on an H200 with fla."""
+    """(micro-batch, accumulation, checkpointing, the planner's line) for B/32 on an H200 with fla.
+
+    The planner measures fla's memory by running the model on FakeTensors, which on a CPU needs
+    Triton's interpreter, and this process must compile kernels, not interpret them: the plan is
+    made in a child process started with TRITON_INTERPRET=1.
+    """
+    import os
+    import subprocess
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    code = "from benchmarks.kernel_static import _print_plan; _print_plan()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise UserError(f"the planner failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}; "
+                        "give --batch N to skip it")
+    plan = json.loads(done.stdout.strip().splitlines()[-1])
+    return plan["micro_batch"], plan["accum_steps"], plan["grad_checkpointing"], plan["explanation"]
+
+
+def _print_plan() -> None:
     from benchmarks.cost_model import GLOBAL_BATCH, GPU_SPECS, GPUS
     from src.training.planner import plan_micro_batch
 
     plan = plan_micro_batch(CONFIG, wkv_impl="fla", precision="bf16",
                             device_memory_bytes=GPU_SPECS["h200"].memory_bytes, global_batch=GLOBAL_BATCH,
                             world_size=GPUS, bucket_view=True)
-    return plan.micro_batch, plan.accum_steps, plan.grad_checkpointing, plan.explanation
+    print(json.dumps({"micro_batch": plan.micro_batch, "accum_steps": plan.accum_steps,
+                      "grad_checkpointing": plan.grad_checkpointing, "explanation": plan.explanation}))
 
 
 def collect(batch: int, accumulation: int = 1, checkpointing: bool = False,
@@ -511,10 +532,13 @@ def main(argv: list[str] | None = None) -> int:
 
         sass.tool("cuobjdump")
     except (ImportError, FileNotFoundError) as exc:
-        return report_error(UserError(f"cannot read compiled kernels here: {exc}"), PROG)
+        return report_error(PROG, UserError(f"cannot read compiled kernels here: {exc}"))
     accumulation, checkpointing = 1, False
     if args.batch is None:
-        batch, accumulation, checkpointing, line = planned_batch()
+        try:
+            batch, accumulation, checkpointing, line = planned_batch()
+        except UserError as exc:
+            return report_error(PROG, exc)
         print(f"planner: {line}", flush=True)
     else:
         batch = args.batch

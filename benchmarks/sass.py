@@ -261,10 +261,13 @@ def round_trips(code: list[Instruction]) -> int:
     each feeding the next one's address, whose last value is used later in `code`.
 
     A load whose value is first used only after `code` (the next loop iteration) is not waited
-    for here: its latency overlaps this iteration, as a software-pipelined load's does.
+    for here: its latency overlaps this iteration, as a software-pipelined load's does. An
+    asynchronous copy (cp.async) counts one round trip when `code` itself waits for all of them
+    (DEPBAR.LE SB0, 0x0); a wait that leaves copies in flight is a pipelined one.
     """
     depth: dict[str, int] = {}  # register -> loads in the chain that produced it
     pending: dict[str, int] = {}  # register written by a load, not yet used -> its chain length
+    copies_issued = False
     longest = 0
     for ins in code:
         dests = _destinations(ins)
@@ -280,10 +283,10 @@ def round_trips(code: list[Instruction]) -> int:
             depth[reg] = produced
             if is_load:
                 pending[reg] = produced
-        if ins.family in ASYNC_COPIES and ins.family != "UTMAPF":
-            pass  # waited for through DEPBAR / mbarrier below
-        if ins.family == "DEPBAR" and re.search(r"SB0,\s*0x0\b", ins.operands):
-            longest = max(longest, 1)  # waits for every cp.async of this thread: a full round trip
+        if ins.family in ASYNC_COPIES:
+            copies_issued = True
+        if copies_issued and ins.family == "DEPBAR" and re.search(r"SB0,\s*0x0\b", ins.operands):
+            longest = max(longest, 1)
     return longest
 
 

@@ -4,8 +4,12 @@
 
 Like tests/_wkv_fla_cases.py (whose checks it reuses), this runs in a process started
 with the variable set; tests/open_alip/test_wkv_bi_triton.py starts it once and checks
-the numbers. The interpreter's cost grows with B x H x T (about 10 ms a step on 2 cores
-at either head size), hence one batch element and head for the long sequences.
+the numbers. The kernels work in blocks of 16 tokens, so the cases cover sequences the blocks
+divide and do not (1 row in the last block at T = 17, 33, 49, 77), one block (T <= 16), and
+head sizes the two channel parts cover exactly (80 = 64 + 16, 64 = 32 + 32, 48 = 32 + 16) and
+not (40 = 32 + 8 of 16, 16 = 16 + 0 of 16). The interpreter's cost grows with the
+programs (B x H x T / 16) and the blocks each one walks, hence one batch element and head for
+the long sequences.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ CASES: dict[str, tuple[tuple[int, int, int, int], tuple[torch.dtype, ...]]] = {
     "odd_T13_B2_H2_N80": ((2, 13, 2, 80), (F64,) * 5),
     "T1_N16": ((1, 1, 1, 16), (F64,) * 5),
     "T2_N16": ((1, 2, 1, 16), (F64,) * 5),
+    "T17_N40_masked_channels": ((1, 17, 1, 40), (F64,) * 5),
+    "T33_B2_N48": ((2, 33, 1, 48), (F64,) * 5),
     "image_T49_N80_bf16_w_f32": ((1, 49, 1, 80), (BF16, BF16, BF16, F32, F32)),
     "text_T77_N64_bf16": ((1, 77, 1, 64), (BF16,) * 5),
 }
@@ -46,6 +52,22 @@ def check_autocast() -> dict:
         y = wkv(*inputs, impl="bi_triton")
     plain = wkv(*(t.float() for t in inputs), impl="bi_triton")
     return {"dtype": str(y.dtype), "max_abs_diff": (y - plain).abs().max().item()}
+
+
+def check_repeatable() -> dict:
+    """Two runs on the same bf16 inputs: outputs and gradients bit for bit (no atomics, sums
+    over blocks and batch in a fixed order)."""
+    inputs = [t.to(d) for t, d in zip(make_inputs(2, 37, 2, 80, seed=5), (BF16, BF16, BF16, F32, F32))]
+    weight = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(6))
+
+    def run() -> list[torch.Tensor]:
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        y = wkv(*leaves, impl="bi_triton")
+        (y * weight).sum().backward()
+        return [y.detach()] + [t.grad for t in leaves]
+
+    first, second = run(), run()
+    return {"identical": all(torch.equal(a, b) for a, b in zip(first, second)), "tensors": len(first)}
 
 
 def check_fake() -> dict:
@@ -112,6 +134,7 @@ def main() -> int:
     }
     report["input_dtypes"] = {name: [str(d) for d in dtypes] for name, (_, dtypes) in CASES.items()}
     report["autocast"] = check_autocast()
+    report["repeatable"] = check_repeatable()
     report["fake"] = check_fake()
     report["compile"] = check_compile()
     print(json.dumps(report))

@@ -1,71 +1,40 @@
-"""Compiles the bi_triton kernels for an H100/H200 (sm_90) without a GPU and prints their
-register use as JSON:
+"""Compiles the bi_triton kernels for an H100/H200 (sm_90) without a GPU and prints what the
+compiled code holds, as JSON:
 
-    python -m tests._wkv_bi_triton_compile
+    python -m tests._wkv_bi_triton_compile [image|text]
 
 Triton's interpreter runs the kernels' Python, not their GPU lowering; this compiles them
-the way a GPU run would (to a cubin, with the ptxas that ships in the triton wheel) at
-the launch configuration `wkv_bi_triton` uses, and reads registers and spills off the
-cubin. TRITON_INTERPRET must not be set.
+the way a launch at the B/32 training shapes of one tower (default image) would (benchmarks/kernel_static.py: Triton's
+compiler and the ptxas in its wheel) and reads registers, spills, barriers per token in the
+serial loops and the estimate off the machine code. TRITON_INTERPRET must not be set.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
-from src.open_alip import wkv_bi_triton_kernels as kernels
-from src.open_alip.wkv_bi_triton import split_head_size, warps
-
-CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-# (head size, heads): the B/32 image and text towers, all inputs bf16 (the text tower's dtypes).
-SHAPES = ((80, 8), (64, 10))
+from benchmarks import kernel_static
 
 
-def resources(kernel, signature: dict[str, str], constants: dict[str, int], num_warps: int) -> dict[str, int]:
-    source = ASTSource(
-        fn=kernel, signature={**signature, **dict.fromkeys(constants, "constexpr")}, constexprs=constants
-    )
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "kernel.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        usage = subprocess.run(
-            [str(CUOBJDUMP), "--dump-resource-usage", str(cubin)], capture_output=True, text=True, check=True
-        ).stdout
-    found = re.search(r"REG:(\d+).*?LOCAL:(\d+)", usage)
-    assert found, usage
-    return {"registers": int(found[1]), "spill_bytes": int(found[2]), "num_warps": num_warps}
+def resources(kernel, signature: dict[str, str], constants: dict[str, object], num_warps: int) -> dict[str, int]:
+    """Registers and spill bytes of `kernel` compiled for sm_90 (tests/_mix_compile.py uses it)."""
+    arguments = {name: (kind, None) for name, kind in signature.items()}
+    arguments |= {name: ("constexpr", value) for name, value in constants.items()}
+    compiled = kernel_static.compile_sm90(kernel, arguments, num_warps)
+    return {"registers": compiled.registers, "spill_bytes": compiled.spills, "num_warps": num_warps}
 
 
 def main() -> int:
-    tensor = "*bf16"
-    forward = dict.fromkeys(("r", "k", "v", "w", "u"), tensor) | {"y": "*fp32", "T": "i32", "w_max": "fp32"}
-    backward = (
-        dict.fromkeys(("r", "k", "v", "w", "u"), tensor)
-        | {"gy": "*fp32"}
-        | dict.fromkeys(("dr", "dk", "dv", "dw"), tensor)
-        | {"carry": "*fp32", "du_part": "*fp32", "T": "i32", "w_max": "fp32"}
-    )
+    wanted = sys.argv[1] if len(sys.argv) > 1 else "image"
     report = {}
-    for size, heads in SHAPES:
-        first, rest = split_head_size(size)
-        constants = {"H": heads, "N": size, "NA": first, "NB": rest}
-        forward_warps, backward_warps = warps(size)
-        report[f"forward_N{size}"] = resources(
-            kernels.wkv_bi_forward_kernel, forward, constants, forward_warps
-        )
-        report[f"backward_N{size}"] = resources(
-            kernels.wkv_bi_backward_kernel, backward, constants, backward_warps
-        )
+    for tower in kernel_static.towers(512):
+        if tower.name != wanted:
+            continue
+        for launch in kernel_static.bi_triton_launches(tower):
+            row = kernel_static.measure(launch).to_json()
+            report[launch.kernel] = {key: row[key] for key in (
+                "registers", "spills", "blocks_per_sm", "barriers_per_step", "programs", "waves", "est_ms")}
     print(json.dumps(report))
     return 0
 

@@ -26,10 +26,11 @@ Five implementations compute the same numbers:
   interpreter when TRITON_INTERPRET=1 is set, which is how it is checked without a GPU.
 * `wkv_fla_chunk`: fla's chunked RWKV-6 kernels, CUDA only and never chosen by "auto"
   (see its docstring).
-* `wkv_bi_triton`: one Triton kernel pair of our own for both directions
-  (`wkv_bi_triton.py`): reads r, k, v, w in the dtype they come in (bf16 under
-  autocast), no float32 copies, flips or partial buffers. Selected by name only until
-  a GPU measurement shows it faster than fla; checked like fla under the interpreter.
+* `wkv_bi_triton`: Triton kernels of our own for both directions at once
+  (`wkv_bi_triton.py`): blocks of 16 tokens as matrix products; reads r, k, v, w in the
+  dtype they come in (bf16 under autocast), no float32 copies, flips or partial buffers.
+  Selected by name only until a GPU measurement shows it faster than fla; checked like
+  fla under the interpreter.
 
 `wkv(..., impl="auto")` takes "fla" for CUDA tensors when fla imports and "chunked"
 otherwise (never "bi_triton" until a GPU measurement shows it faster); `resolve_wkv_impl` says which implementation a name means on a device, or

@@ -1,29 +1,34 @@
-"""The bidirectional WKV as one Triton kernel pair of our own (`--wkv-impl bi_triton`).
+"""The bidirectional WKV on Triton kernels of our own (`--wkv-impl bi_triton`).
 
 The operator is `wkv.py`'s: a left-to-right RWKV-6 scan with the bonus u plus a
 right-to-left scan without it. Unlike the fla path (`wkv_fla.py`), which converts
-r, k, v and the log-decay to float32, runs fla's one-direction kernels once per
+r, k, v and the log-decay to float32, runs fla's one-direction recurrent kernels once per
 direction on flipped copies and sums per-tile partials afterwards, these kernels
 
 * read r, k, v and the decay logit w in the dtype they arrive in (bf16 from the bf16
-  linears, or float32), keep states and sums in float32, and compute the log-decay
-  -exp(w) themselves;
-* run both directions in one program per (batch element, head), stepping t by index
-  arithmetic;
-* write y (float32) and each of dr, dk, dv (in its input's dtype) into its final
-  buffer: the first pass stores its half, the second adds its half to it and stores the
-  result. dw is stored once by the second pass; the first pass's terms of it travel in
-  float32 (in dw's buffer when w is float32, else in one float32 buffer of w's shape),
-  because they enter a difference of long sums that bf16 rounding would spoil (see the
-  backward kernel). The bonus gradient du, a sum over batch and time, is summed over
-  time inside each program into a [B, H, N] float32 buffer and over the batch by one
-  small sum: the order is fixed, so du is the same on every run (atomics would not
-  be), and B * H * N floats are a few per mille of one input.
+  linears, or float32), compute in float32 and compute the log-decay -exp(w) themselves;
+* are not recurrent: time is cut into blocks of BLOCK tokens, one program per block of
+  one (batch element, head), and a program takes its block's pairs with every other block
+  as matrix products (tl.dot), walking the blocks left and right of it without a state
+  carried from token to token (`wkv_bi_triton_kernels.py` has the math): T / BLOCK times
+  more programs than (batch, head) pairs, no barrier per token, both directions at once,
+  no flipped copies;
+* write y (float32) and each of dr, dk, dv (in its input's dtype) once, as final values.
+  dw needs a running sum over the whole sequence (every pair that straddles a step
+  contributes to it): the dr and dk kernels leave each token's two float32 terms of it in
+  a scratch buffer and a small kernel sums them along time. The bonus gradient du, a sum
+  over batch and time, is summed per block into a [B * H, blocks, N] float32 buffer and
+  then by one small sum in a fixed order, so du is the same on every run (atomics would
+  not be).
+
+Five kernels: forward; backward dr, dk (which adds its terms of dw to dr's), dv, then dw.
+Their launch settings below were chosen with benchmarks/kernel_static.py (compiled for
+sm_90 on a CPU, read back from the machine code); none has been timed on a GPU yet.
 
 The kernels themselves are in `wkv_bi_triton_kernels.py`, imported on first use so that
 importing the model imports no Triton and TRITON_INTERPRET=1 set before that first use
 runs them under Triton's interpreter on CPU tensors (how they are checked without a GPU).
-The pair is one custom op (`open_alip::wkv_bi_triton`) with its backward a second one,
+The forward is one custom op (`open_alip::wkv_bi_triton`) with its backward a second one,
 with fake kernels, so torch.compile keeps each as one opaque node and FakeTensors pass.
 """
 
@@ -38,21 +43,18 @@ from .triton_env import constant_under_compile, device_guard, kernel_problem
 Tensor = torch.Tensor
 
 
-BLOCK = 16  # tokens per program: the smallest tl.dot tile, and the in-block pairs' cost grows with it
+BLOCK = 16  # tokens per program: tl.dot's smallest tile; the pairs inside a block cost more per token as it grows
 LEVELS = BLOCK.bit_length() - 1  # levels of the in-block pair hierarchy (log2 BLOCK)
-# Matrix products in exact float32 (FMA, no tensor cores): kernel_static's estimate meets the
-# goals without them, and tf32 (even tf32x3) is not what the interpreter checks.
+# The matrix products in exact float32 (FMA). tf32 would round the decayed factors to 10 bits,
+# and tf32x3 (three tf32 products), compiled, came out slower here than FMA at these 16-row tiles.
 DOT_PRECISION = "ieee"
-DW_ROWS, DW_COLS = 64, 32  # the dlogd kernel's tile: tokens per step, channels per program
-
-
-def warps(size: int) -> tuple[int, int]:
-    """Warps per program of the forward and the backward kernel for head size `size`.
-
-    Chosen by register use when compiled for sm_90 (Triton 3.7, benchmarks/kernel_static.py):
-    the in-block pairs hold [BLOCK, BLOCK, part] float32 tiles. Not yet timed on a GPU.
-    """
-    return (4, 8) if size > 32 else (4, 4)
+# Two warps a program: more programs share an SM and hide each other's latency; with four the
+# 64-channel products' operands take fewer registers a thread, but only two programs fit an SM.
+NUM_WARPS = 2
+# No software pipelining: a loop step's loads are a few rows, and the pipeliner's shared-memory
+# stages cost more instructions than the latency they hide.
+STAGES = 1
+DW_ROWS, DW_COLS, DW_WARPS = 64, 32, 4  # the dlogd kernel: tokens per step, channels and warps per program
 
 
 # device type -> why the kernels cannot run there (None: they can). Filled on first use.
@@ -129,7 +131,8 @@ def wkv_bi_triton_op(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, w_ma
         with device_guard(r):
             _kernels().wkv_bi_forward_kernel[(batch * heads * nblk,)](
                 r, k, v, w, u, y, time, nblk, w_max,
-                H=heads, N=size, NA=first, NB=rest, BLOCK=BLOCK, LEVELS=LEVELS, DOT=DOT_PRECISION, num_warps=warps(size)[0],
+                H=heads, N=size, NA=first, NB=rest, BLOCK=BLOCK, LEVELS=LEVELS, DOT=DOT_PRECISION, num_warps=NUM_WARPS,
+                num_stages=STAGES,
             )  # fmt: skip
     return y
 
@@ -155,17 +158,19 @@ def wkv_bi_triton_backward_op(
         terms = torch.empty((2, *r.shape), dtype=torch.float32, device=r.device)
         with device_guard(r):
             grid = (batch * heads * nblk,)
-            meta = dict(H=heads, N=size, NA=first, NB=rest, BLOCK=BLOCK, LEVELS=LEVELS, DOT=DOT_PRECISION)
+            meta = dict(H=heads, N=size, NA=first, NB=rest, BLOCK=BLOCK, LEVELS=LEVELS, DOT=DOT_PRECISION, num_stages=STAGES)
             _kernels().wkv_bi_backward_dr_kernel[grid](
-                k, v, w, u, grad, r, dr, terms[0], terms[1], time, nblk, w_max, num_warps=warps(size)[1], **meta
+                k, v, w, u, grad, r, dr, terms[0], terms[1], time, nblk, w_max, num_warps=NUM_WARPS, **meta
             )  # fmt: skip
-            _kernels().wkv_bi_backward_dkv_kernel[grid](
-                r, k, v, w, u, grad, dk, dv, terms[0], terms[1], du_part, time, nblk, w_max,
-                num_warps=warps(size)[1], **meta,
+            _kernels().wkv_bi_backward_dk_kernel[grid](
+                r, k, v, w, u, grad, dk, terms[0], terms[1], time, nblk, w_max, num_warps=NUM_WARPS, **meta
+            )  # fmt: skip
+            _kernels().wkv_bi_backward_dv_kernel[grid](
+                r, k, v, w, u, grad, dv, du_part, time, nblk, w_max, num_warps=NUM_WARPS, **meta
             )  # fmt: skip
             channels = heads * size
             _kernels().wkv_bi_dw_kernel[(batch, -(-channels // DW_COLS))](
-                w, terms[0], terms[1], dw, time, channels, w_max, ROWS=DW_ROWS, COLS=DW_COLS, num_warps=4,
+                w, terms[0], terms[1], dw, time, channels, w_max, ROWS=DW_ROWS, COLS=DW_COLS, num_warps=DW_WARPS,
             )  # fmt: skip
     # A fixed order over batch and blocks: du is the same on every run (atomics would not be).
     du = du_part.reshape(batch, heads, nblk, size).sum((0, 2))
@@ -193,24 +198,35 @@ wkv_bi_triton_op.register_autograd(_backward, setup_context=_setup_context)
 def traffic_bytes(
     batch: int, time: int, heads: int, size: int, itemsize: int, w_itemsize: int
 ) -> dict[str, int]:
-    """Bytes the bi_triton forward and backward load plus store in device memory, by part.
+    """Bytes the bi_triton forward and backward kernels load plus store, by part.
 
     For r, k, v, u of `itemsize` bytes and w of `w_itemsize` (the gradients have their
-    input's size), y and its gradient float32. Every pass counts what it reads and writes
-    in full; what the second pass of a program finds still in L2 is counted again, so
-    this is an upper bound on DRAM traffic. B * H * N terms (u, du) are included.
+    input's size), y and its gradient float32. Each program reads its own block's rows once
+    and every other block's rows of the same head once (blocks - 1 times each in all):
+    those re-reads are of one head's rows, a few tens of KB that the head's programs read
+    while they run together, so they are mostly L2 hits, but every load is counted, so this
+    is an upper bound on DRAM traffic. w is read twice where a kernel needs it shifted by a
+    row both ways. B * H * N terms (u, du) are included.
     """
     e = batch * time * heads * size
-    inputs = e * (3 * itemsize + w_itemsize)  # r, k, v, w once
+    others = e * (blocks(time) - 1)  # elements of other blocks a kernel's programs read, per tensor
     per_head = batch * heads * size
+    isz, wsz = itemsize, w_itemsize
     return {
-        "forward/read r k v w, both passes": 2 * inputs + per_head * itemsize,
-        "forward/y: store, read back, store": 3 * 4 * e,
-        "backward/read r k v w and dy, both passes": 2 * (inputs + 4 * e) + per_head * itemsize,
-        "backward/dr dk dv: store half, read back, store": 3 * 3 * itemsize * e,
-        "backward/dw: first-pass terms in float32, stored and read back; dw stored": (8 + w_itemsize) * e,
-        "backward/du: per (batch, head) sums, summed over the batch": 8 * per_head
-        + _cast(heads * size, itemsize),
+        "forward/own rows: r k v, w twice": e * (3 * isz + 2 * wsz) + per_head * isz,
+        "forward/other blocks: k v, w twice": others * (2 * isz + 2 * wsz),
+        "forward/y": 4 * e,
+        "backward/dr: own rows g k v r, w twice; other blocks v k, w twice": e * (4 + 3 * isz + 2 * wsz)
+        + others * (2 * isz + 2 * wsz),
+        "backward/dr: dr, and its float32 terms of dlogd": e * (isz + 8),
+        "backward/dk: own rows r v k g, w twice; other blocks r g, w twice": e * (4 + 3 * isz + 2 * wsz)
+        + others * (isz + 4 + 2 * wsz),
+        "backward/dk: dk, its terms of dlogd added to dr's (read and written)": e * (isz + 16),
+        "backward/dv: own rows r k v g, w twice; other blocks r g, w twice": e * (4 + 3 * isz + 2 * wsz)
+        + others * (isz + 4 + 2 * wsz),
+        "backward/dv and du (per block and head, summed over batch and blocks)": e * isz
+        + 2 * 4 * per_head * blocks(time) + _cast(heads * size, isz),
+        "backward/dw: the terms read, w read, dw written": e * (8 + 2 * wsz),
     }
 
 
@@ -221,8 +237,8 @@ def _cast(n: int, itemsize: int) -> int:
 
 def static_launches(batch: int, time: int, heads: int, size: int, dtype: str, w_dtype: str) -> list[tuple]:
     """The kernels one forward and backward launch at these shapes, for benchmarks/kernel_static.py:
-    (name, pass, kernel, {argument: (Triton type, value)}, warps, programs, trips of each loop of
-    the compiled code, tokens one program walks in them). `dtype` is the Triton type of r, k, v, u
+    (name, pass, kernel, {argument: (Triton type, value)}, warps, stages, programs, trips of each loop
+    of the compiled code, tokens one program walks in them). `dtype` is the Triton type of r, k, v, u
     and of the output gradient's dtype's buffers ("bf16"), `w_dtype` w's."""
     k = _kernels()
     first, rest = split_head_size(size)
@@ -235,22 +251,22 @@ def static_launches(batch: int, time: int, heads: int, size: int, dtype: str, w_
     forward = inputs | {"y": ("*fp32", None)} | scalars | const
     grads = {"gy": ("*fp32", None), "xs": ("*fp32", None), "ys": ("*fp32", None)}
     backward_dr = inputs | grads | {"dr": (f"*{dtype}", None)} | scalars | const
-    backward_dkv = (inputs | grads | {n: (f"*{dtype}", None) for n in ("dk", "dv")} | {"du_part": ("*fp32", None)}
-                    | scalars | const)
+    backward_dk = inputs | grads | {"dk": (f"*{dtype}", None)} | scalars | const
+    backward_dv = inputs | {"gy": ("*fp32", None), "dv": (f"*{dtype}", None), "du_part": ("*fp32", None)} | scalars | const
     channels = heads * size
     dw = ({"w": (f"*{w_dtype}", None), "xs": ("*fp32", None), "ys": ("*fp32", None), "dw": (f"*{w_dtype}", None),
            "T": ("i32", time), "C": ("i32", channels), "w_max": ("fp32", 1.0)}
           | {"ROWS": ("constexpr", DW_ROWS), "COLS": ("constexpr", DW_COLS)})
-    fw, bw = warps(size)
     programs = batch * heads * nblk
     # A program walks the other blocks: on the left in one loop, on the right in the other; on
     # average half of them each (every program walks nblk - 1 blocks in all).
     half = (nblk - 1) / 2
     walked = (nblk - 1) * BLOCK
     return [
-        ("forward", "fwd", k.wkv_bi_forward_kernel, forward, fw, programs, [half, half], walked),
-        ("backward_dr", "bwd", k.wkv_bi_backward_dr_kernel, backward_dr, bw, programs, [half, half], walked),
-        ("backward_dkv", "bwd", k.wkv_bi_backward_dkv_kernel, backward_dkv, bw, programs, [half, half], walked),
-        ("backward_dw", "bwd", k.wkv_bi_dw_kernel, dw, 4, batch * -(-channels // DW_COLS),
+        ("forward", "fwd", k.wkv_bi_forward_kernel, forward, NUM_WARPS, STAGES, programs, [half, half], walked),
+        ("backward_dr", "bwd", k.wkv_bi_backward_dr_kernel, backward_dr, NUM_WARPS, STAGES, programs, [half, half], walked),
+        ("backward_dk", "bwd", k.wkv_bi_backward_dk_kernel, backward_dk, NUM_WARPS, STAGES, programs, [half, half], walked),
+        ("backward_dv", "bwd", k.wkv_bi_backward_dv_kernel, backward_dv, NUM_WARPS, STAGES, programs, [half, half], walked),
+        ("backward_dw", "bwd", k.wkv_bi_dw_kernel, dw, DW_WARPS, 3, batch * -(-channels // DW_COLS),
          [-(-time // DW_ROWS)], time),
     ]

@@ -27,18 +27,23 @@ e^{suffix_j(s) + gap}), one matrix product. Sources right of the target mirror t
 prefix and suffix sums are scans of the log-decays loaded one row shifted (a scan of row t - 1
 is the sum strictly before t), so no subtraction enters them.
 
-Pairs inside one block have no boundary between them to factor at. There the interval sums
-are differences of the block's prefix sums taken in float64 (exact to ~1e-16 of the block's
-total, which is at most BLOCK x 105) and carried into float32 as a pair hi + lo, so the
-[BLOCK, BLOCK, channels] differences are float32 additions; one exp per pair and channel.
+Pairs inside one block are split the same way at a hierarchy of midpoints: at level `half`
+(BLOCK / 2, then BLOCK / 4, ..., 1) the block falls into segments of 2 * half rows, and the
+level takes the pairs of one segment on either side of its middle m, for which
+log D(s, t) = E_t + E_s with E_x the log-decays between x and m (running sums inside half a
+segment, again of rows loaded one row shifted). One [BLOCK, BLOCK] product per level, masked
+to its pairs; every pair of distinct rows belongs to exactly one level.
 
 The head size N is held as two power-of-two parts NA + NB >= N, each at least 16 (80 = 64 + 16,
-64 = 32 + 32); lanes at or past N are masked to zero.
+64 = 32 + 32); lanes at or past N are masked to zero. The products are exact float32
+(input_precision "ieee"): the decayed factors are float32 values that tf32 would round.
 
-The backward's first kernel gives every program its block's dr, dk, dv in full (final values,
-stored once in their inputs' dtypes) and the block's share of du; the gradient of the
-log-decays needs a running sum over the whole sequence, which the second kernel takes (see
-`wkv_bi_backward_kernel`).
+The backward is four kernels: dr (its rows as targets), dk (as sources), dv, then dw, a running
+sum along time of per-token terms that the dr and dk kernels leave in float32 (see
+`wkv_bi_backward_dk_kernel`). Every kernel stores its outputs once, as final values. Each
+kernel walks the other blocks before the pairs inside its own, and reads its own rows where it
+uses them: what its loops leave live is a few accumulators, not everything the in-block pairs
+need.
 """
 
 from __future__ import annotations
@@ -52,9 +57,11 @@ from .triton_env import interpreter_requested
 # re-patches triton.language on every call of a jitted function (about a millisecond each), so
 # there they are plain functions, run by the interpreted kernel with the language already patched.
 _helper = (lambda fn: fn) if interpreter_requested() else triton.jit
-# tl.sum and tl.cumsum are such jitted functions too; their plain functions do the same.
+# tl.sum is such a jitted function too; its plain function does the same reduction. tl.cumsum
+# stays jitted: its plain function calls builtins that need the language patched, which a
+# helper called at the top of a kernel (before any jitted call) does not have yet.
 _sum = tl.sum.fn if interpreter_requested() else tl.sum
-_cumsum = tl.cumsum.fn if interpreter_requested() else tl.cumsum
+_cumsum = tl.cumsum
 
 
 @_helper
@@ -69,23 +76,28 @@ def _program(T, NBLK, H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl
     oa = tl.arange(0, NA)
     ob = NA + tl.arange(0, NB)
     rows = block * BLOCK + tl.arange(0, BLOCK)
+    if NA + NB == N:  # both parts full (80 = 64 + 16, 64 = 32 + 32): constant masks, folded away
+        return bh, block, base, row, oa, ob, tl.full([NA], 1, tl.int1), tl.full([NB], 1, tl.int1), rows
     return bh, block, base, row, oa, ob, oa < N, ob < N, rows
 
 
 @_helper
 def _rows(ptr, base, row, rows, ok, oa, ob, ma, mb):
-    """Rows `rows` (where `ok`) of one head as its two channel parts, in float32."""
-    at = base + rows[:, None].to(tl.int64) * row
-    a = tl.load(ptr + at + oa[None, :], mask=ok[:, None] & ma[None, :], other=0.0).to(tl.float32)
-    b = tl.load(ptr + at + ob[None, :], mask=ok[:, None] & mb[None, :], other=0.0).to(tl.float32)
+    """Rows `rows` (where `ok`) of one head as its two channel parts, in float32. Offsets inside
+    one sequence are 32-bit (T * H * N < 2^31); `base`, the sequence's, is 64-bit."""
+    at = ptr + base
+    line = rows[:, None] * row
+    a = tl.load(at + (line + oa[None, :]), mask=ok[:, None] & ma[None, :], other=0.0).to(tl.float32)
+    b = tl.load(at + (line + ob[None, :]), mask=ok[:, None] & mb[None, :], other=0.0).to(tl.float32)
     return a, b
 
 
 @_helper
 def _store_rows(ptr, base, row, rows, ok, oa, ob, ma, mb, a, b):
-    at = base + rows[:, None].to(tl.int64) * row
-    tl.store(ptr + at + oa[None, :], a.to(ptr.dtype.element_ty), mask=ok[:, None] & ma[None, :])
-    tl.store(ptr + at + ob[None, :], b.to(ptr.dtype.element_ty), mask=ok[:, None] & mb[None, :])
+    at = ptr + base
+    line = rows[:, None] * row
+    tl.store(at + (line + oa[None, :]), a.to(ptr.dtype.element_ty), mask=ok[:, None] & ma[None, :])
+    tl.store(at + (line + ob[None, :]), b.to(ptr.dtype.element_ty), mask=ok[:, None] & mb[None, :])
 
 
 @_helper
@@ -155,6 +167,42 @@ def _level(half: tl.constexpr, prev_a, prev_b, next_a, next_b, BLOCK: tl.constex
     return tl.exp(tl.where(upper[:, None], ua, la)), tl.exp(tl.where(upper[:, None], ub, lb)), pairs
 
 
+@_helper
+def _sources_left(w, base, row, j0, offs, oa, ob, ma, mb, w_max, gap_a, gap_b):
+    """A block left of the program's block (rows j0 + offs, all inside the sequence): its rows,
+    which are inside the sequence, exp(log-decays after each row to the block's end + gap), and
+    gap grown by the block."""
+    src = j0 + offs
+    fa, fb = _shifted(w, base, row, src, 1, j0, j0 + offs.shape[0], oa, ob, ma, mb, w_max)
+    fa = tl.exp(_cumsum(fa, 0, reverse=True) + gap_a[None, :])
+    fb = tl.exp(_cumsum(fb, 0, reverse=True) + gap_b[None, :])
+    la, lb = _log_decays(w, base, row, src, src >= 0, oa, ob, ma, mb, w_max)
+    return src, src >= 0, fa, fb, gap_a + _sum(la, 0), gap_b + _sum(lb, 0)
+
+
+@_helper
+def _sources_right(w, base, row, j0, offs, T, oa, ob, ma, mb, w_max, gap_a, gap_b):
+    """A block right of the program's block: its rows, which are inside the sequence,
+    exp(log-decays from the block's start to before each row + gap), and gap grown by the block."""
+    src = j0 + offs
+    inside = src < T
+    fa, fb = _shifted(w, base, row, src, -1, j0, tl.minimum(j0 + offs.shape[0], T), oa, ob, ma, mb, w_max)
+    fa = tl.exp(_cumsum(fa, 0) + gap_a[None, :])
+    fb = tl.exp(_cumsum(fb, 0) + gap_b[None, :])
+    la, lb = _log_decays(w, base, row, src, inside, oa, ob, ma, mb, w_max)
+    return src, inside, fa, fb, gap_a + _sum(la, 0), gap_b + _sum(lb, 0)
+
+
+@_helper
+def _edges(w, base, row, rows, first, end, oa, ob, ma, mb, w_max):
+    """exp of the log-decays from the block's start to before each row, and from after each row
+    to the block's end (the factors of this block's rows against other blocks)."""
+    pa, pb = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
+    na, nb = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
+    return (tl.exp(_cumsum(pa, 0)), tl.exp(_cumsum(pb, 0)),
+            tl.exp(_cumsum(na, 0, reverse=True)), tl.exp(_cumsum(nb, 0, reverse=True)))
+
+
 @triton.jit
 def wkv_bi_forward_kernel(
     r, k, v, w, u, y,  # r, k, v, w: [B, T, H*N] in any float dtype; u: [H, N]; y: [B, T, H*N] float32
@@ -166,93 +214,56 @@ def wkv_bi_forward_kernel(
     first = i * BLOCK
     end = tl.minimum(first + BLOCK, T)
     ok = rows < T
+    offs = tl.arange(0, BLOCK)
+    pa, pb, sa, sb = _edges(w, base, row, rows, first, end, oa, ob, ma, mb, w_max)
+    ya = tl.zeros([BLOCK, NA], dtype=tl.float32)
+    yb = tl.zeros([BLOCK, NB], dtype=tl.float32)
+
+    # Sources left of the block: log D = (after s, to its block's end) + gap + (block start to before t).
+    # The pair weights come out as [s, t], the block's own rows the loop-invariant second operand:
+    # Triton keeps that in shared memory and loads its operand layout in each step, where as the
+    # first operand each thread would hold its rows' 64 channels across the loop.
     ra, rb = _rows(r, base, row, rows, ok, oa, ob, ma, mb)
+    xa, xb = ra * pa, rb * pb
+    gap_a = tl.zeros([NA], dtype=tl.float32)  # the log-decays of the blocks in between
+    gap_b = tl.zeros([NB], dtype=tl.float32)
+    for back in range(0, i):
+        src, inside, fa, fb, gap_a, gap_b = _sources_left(w, base, row, (i - 1 - back) * BLOCK, offs,
+                                                          oa, ob, ma, mb, w_max, gap_a, gap_b)
+        oka, okb = _rows(k, base, row, src, inside, oa, ob, ma, mb)
+        ova, ovb = _rows(v, base, row, src, inside, oa, ob, ma, mb)
+        pair = tl.trans(_pair_dot(oka * fa, okb * fb, xa, xb, DOT))
+        ya = tl.dot(pair, ova, acc=ya, input_precision=DOT)
+        yb = tl.dot(pair, ovb, acc=yb, input_precision=DOT)
+
+    # Sources right of the block: log D = (after t, to the block's end) + gap + (its block start to before s).
+    xa, xb = ra * sa, rb * sb
+    gap_a = tl.zeros([NA], dtype=tl.float32)
+    gap_b = tl.zeros([NB], dtype=tl.float32)
+    for j in range(i + 1, NBLK):
+        src, inside, fa, fb, gap_a, gap_b = _sources_right(w, base, row, j * BLOCK, offs, T,
+                                                           oa, ob, ma, mb, w_max, gap_a, gap_b)
+        oka, okb = _rows(k, base, row, src, inside, oa, ob, ma, mb)
+        ova, ovb = _rows(v, base, row, src, inside, oa, ob, ma, mb)
+        pair = tl.trans(_pair_dot(oka * fa, okb * fb, xa, xb, DOT))
+        ya = tl.dot(pair, ova, acc=ya, input_precision=DOT)
+        yb = tl.dot(pair, ovb, acc=yb, input_precision=DOT)
+
+    # Pairs inside the block, level by level, and the bonus u on the token itself.
     ka, kb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
     va, vb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
     prev_a, prev_b = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
     next_a, next_b = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
-
-    # Pairs inside the block, level by level, and the bonus u on the token itself.
     pair = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
     for level in tl.static_range(LEVELS):
         ea, eb, pairs = _level(BLOCK >> (level + 1), prev_a, prev_b, next_a, next_b, BLOCK)
         pair += tl.where(pairs, _pair_dot(ra * ea, rb * eb, ka * ea, kb * eb, DOT), 0.0)
-    ya = tl.dot(pair, va, input_precision=DOT)
-    yb = tl.dot(pair, vb, input_precision=DOT)
+    ya = tl.dot(pair, va, acc=ya, input_precision=DOT)
+    yb = tl.dot(pair, vb, acc=yb, input_precision=DOT)
     ua = tl.load(u + (bh % H) * N + oa, mask=ma, other=0.0).to(tl.float32)
     ub = tl.load(u + (bh % H) * N + ob, mask=mb, other=0.0).to(tl.float32)
     ruk = _sum(ra * ua[None, :] * ka, 1) + _sum(rb * ub[None, :] * kb, 1)
-    ya += ruk[:, None] * va
-    yb += ruk[:, None] * vb
-
-    # Sources left of the block: log D = (after s, to its block's end) + gap + (block start to before t).
-    xa = ra * tl.exp(_cumsum(prev_a, 0))
-    xb = rb * tl.exp(_cumsum(prev_b, 0))
-    gap_a = tl.zeros([NA], dtype=tl.float32)  # the log-decays of the blocks in between
-    gap_b = tl.zeros([NB], dtype=tl.float32)
-    for back in range(0, i):
-        j0 = (i - 1 - back) * BLOCK
-        src = j0 + tl.arange(0, BLOCK)
-        full = src < T
-        oka, okb = _rows(k, base, row, src, full, oa, ob, ma, mb)
-        ova, ovb = _rows(v, base, row, src, full, oa, ob, ma, mb)
-        fa, fb = _shifted(w, base, row, src, 1, j0, j0 + BLOCK, oa, ob, ma, mb, w_max)
-        fa = _cumsum(fa, 0, reverse=True) + gap_a[None, :]
-        fb = _cumsum(fb, 0, reverse=True) + gap_b[None, :]
-        pair = tl.trans(_pair_dot(oka * tl.exp(fa), okb * tl.exp(fb), xa, xb, DOT))
-        ya = tl.dot(pair, ova, acc=ya, input_precision=DOT)
-        yb = tl.dot(pair, ovb, acc=yb, input_precision=DOT)
-        ola, olb = _log_decays(w, base, row, src, full, oa, ob, ma, mb, w_max)
-        gap_a += _sum(ola, 0)
-        gap_b += _sum(olb, 0)
-
-    # Sources right of the block: log D = (after t, to the block's end) + gap + (its block start to before s).
-    xa = ra * tl.exp(_cumsum(next_a, 0, reverse=True))
-    xb = rb * tl.exp(_cumsum(next_b, 0, reverse=True))
-    gap_a = tl.zeros([NA], dtype=tl.float32)
-    gap_b = tl.zeros([NB], dtype=tl.float32)
-    for j in range(i + 1, NBLK):
-        j0 = j * BLOCK
-        src = j0 + tl.arange(0, BLOCK)
-        inside = src < T
-        oka, okb = _rows(k, base, row, src, inside, oa, ob, ma, mb)
-        ova, ovb = _rows(v, base, row, src, inside, oa, ob, ma, mb)
-        fa, fb = _shifted(w, base, row, src, -1, j0, tl.minimum(j0 + BLOCK, T), oa, ob, ma, mb, w_max)
-        fa = _cumsum(fa, 0) + gap_a[None, :]
-        fb = _cumsum(fb, 0) + gap_b[None, :]
-        pair = tl.trans(_pair_dot(oka * tl.exp(fa), okb * tl.exp(fb), xa, xb, DOT))
-        ya = tl.dot(pair, ova, acc=ya, input_precision=DOT)
-        yb = tl.dot(pair, ovb, acc=yb, input_precision=DOT)
-        ola, olb = _log_decays(w, base, row, src, inside, oa, ob, ma, mb, w_max)
-        gap_a += _sum(ola, 0)
-        gap_b += _sum(olb, 0)
-
-    _store_rows(y, base, row, rows, ok, oa, ob, ma, mb, ya, yb)
-
-
-@_helper
-def _sources_left(w, base, row, j0, first_src, oa, ob, ma, mb, w_max, gap_a, gap_b):
-    """A block left of the program's block (rows j0 + [0, BLOCK), all inside the sequence): its
-    rows, exp(log-decays after each row to the block's end + gap), and gap grown by the block."""
-    src = j0 + first_src
-    fa, fb = _shifted(w, base, row, src, 1, j0, j0 + first_src.shape[0], oa, ob, ma, mb, w_max)
-    fa = tl.exp(_cumsum(fa, 0, reverse=True) + gap_a[None, :])
-    fb = tl.exp(_cumsum(fb, 0, reverse=True) + gap_b[None, :])
-    la, lb = _log_decays(w, base, row, src, src >= 0, oa, ob, ma, mb, w_max)
-    return src, fa, fb, gap_a + _sum(la, 0), gap_b + _sum(lb, 0)
-
-
-@_helper
-def _sources_right(w, base, row, j0, first_src, T, oa, ob, ma, mb, w_max, gap_a, gap_b):
-    """A block right of the program's block: its rows, exp(log-decays from the block's start to
-    before each row + gap), and gap grown by the block."""
-    src = j0 + first_src
-    inside = src < T
-    fa, fb = _shifted(w, base, row, src, -1, j0, tl.minimum(j0 + first_src.shape[0], T), oa, ob, ma, mb, w_max)
-    fa = tl.exp(_cumsum(fa, 0) + gap_a[None, :])
-    fb = tl.exp(_cumsum(fb, 0) + gap_b[None, :])
-    la, lb = _log_decays(w, base, row, src, inside, oa, ob, ma, mb, w_max)
-    return src, inside, fa, fb, gap_a + _sum(la, 0), gap_b + _sum(lb, 0)
+    _store_rows(y, base, row, rows, ok, oa, ob, ma, mb, ya + ruk[:, None] * va, yb + ruk[:, None] * vb)
 
 
 @triton.jit
@@ -264,24 +275,52 @@ def wkv_bi_backward_dr_kernel(
     H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
     LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """dr of one block, the block's rows as targets: see `wkv_bi_backward_dkv_kernel`."""
+    """dr of one block, its rows as targets (the math: `wkv_bi_backward_dk_kernel`)."""
     bh, i, base, row, oa, ob, ma, mb, rows = _program(T, NBLK, H, N, NA, NB, BLOCK)
     first = i * BLOCK
     end = tl.minimum(first + BLOCK, T)
     ok = rows < T
-    ka, kb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
-    va, vb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
+    offs = tl.arange(0, BLOCK)
+
+    # Sources in the other blocks: dr_t = e^{in-block sum to t} * sum_s dA[t, s] k_s e^{...}, with
+    # dA = g v^T taken as [s, t] (this block's g the loop-invariant second operand; see the forward).
     ga, gb = _rows(gy, base, row, rows, ok, oa, ob, ma, mb)
-    prev_a, prev_b = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
-    next_a, next_b = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
+    acc_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
+    gap_a = tl.zeros([NA], dtype=tl.float32)
+    gap_b = tl.zeros([NB], dtype=tl.float32)
+    for back in range(0, i):
+        src, inside, fa, fb, gap_a, gap_b = _sources_left(w, base, row, (i - 1 - back) * BLOCK, offs,
+                                                          oa, ob, ma, mb, w_max, gap_a, gap_b)
+        ova, ovb = _rows(v, base, row, src, inside, oa, ob, ma, mb)
+        oka, okb = _rows(k, base, row, src, inside, oa, ob, ma, mb)
+        d_in = tl.trans(_pair_dot(ova, ovb, ga, gb, DOT))  # dA[t in block, s in j]
+        acc_a = tl.dot(d_in, oka * fa, acc=acc_a, input_precision=DOT)
+        acc_b = tl.dot(d_in, okb * fb, acc=acc_b, input_precision=DOT)
+    left_a, left_b = acc_a, acc_b
+    acc_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
+    gap_a = tl.zeros([NA], dtype=tl.float32)
+    gap_b = tl.zeros([NB], dtype=tl.float32)
+    for j in range(i + 1, NBLK):
+        src, inside, fa, fb, gap_a, gap_b = _sources_right(w, base, row, j * BLOCK, offs, T,
+                                                           oa, ob, ma, mb, w_max, gap_a, gap_b)
+        ova, ovb = _rows(v, base, row, src, inside, oa, ob, ma, mb)
+        oka, okb = _rows(k, base, row, src, inside, oa, ob, ma, mb)
+        d_in = tl.trans(_pair_dot(ova, ovb, ga, gb, DOT))
+        acc_a = tl.dot(d_in, oka * fa, acc=acc_a, input_precision=DOT)
+        acc_b = tl.dot(d_in, okb * fb, acc=acc_b, input_precision=DOT)
+    pa, pb, sa, sb = _edges(w, base, row, rows, first, end, oa, ob, ma, mb, w_max)
+    drl_a, drl_b = left_a * pa, left_b * pb
+    drr_a, drr_b = acc_a * sa, acc_b * sb
 
     # Pairs inside the block, level by level: drL from sources s < t, drR from s > t.
+    ka, kb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
+    va, vb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
+    prev_a, prev_b = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
+    next_a, next_b = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
     d_in = _pair_dot(ga, gb, va, vb, DOT)  # dA[t, s]
-    later = tl.arange(0, BLOCK)[:, None] > tl.arange(0, BLOCK)[None, :]
-    drl_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
-    drl_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
-    drr_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
-    drr_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
+    later = offs[:, None] > offs[None, :]
     for level in tl.static_range(LEVELS):
         ea, eb, pairs = _level(BLOCK >> (level + 1), prev_a, prev_b, next_a, next_b, BLOCK)
         kxa, kxb = ka * ea, kb * eb
@@ -291,41 +330,6 @@ def wkv_bi_backward_dr_kernel(
         drl_b += eb * tl.dot(left, kxb, input_precision=DOT)
         drr_a += ea * tl.dot(right, kxa, input_precision=DOT)
         drr_b += eb * tl.dot(right, kxb, input_precision=DOT)
-
-    # Sources in the other blocks: dr_t = e^{in-block sum up to t} (sum_s dA[t, s] k_s e^{...}).
-    # The block's own rows (g) are the second operand of dA, read again in each step so that no
-    # operand layout of them stays in registers across the loop.
-    first_src = tl.arange(0, BLOCK)
-    acc_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
-    gap_a = tl.zeros([NA], dtype=tl.float32)
-    gap_b = tl.zeros([NB], dtype=tl.float32)
-    for back in range(0, i):
-        src, fa, fb, gap_a, gap_b = _sources_left(w, base, row, (i - 1 - back) * BLOCK, first_src,
-                                                  oa, ob, ma, mb, w_max, gap_a, gap_b)
-        ova, ovb = _rows(v, base, row, src, src >= 0, oa, ob, ma, mb)
-        oka, okb = _rows(k, base, row, src, src >= 0, oa, ob, ma, mb)
-        tga, tgb = _rows(gy, base, row, rows, ok, oa, ob, ma, mb)
-        d_in = tl.trans(_pair_dot(ova, ovb, tga, tgb, DOT))  # dA[t in block, s in j]
-        acc_a = tl.dot(d_in, oka * fa, acc=acc_a, input_precision=DOT)
-        acc_b = tl.dot(d_in, okb * fb, acc=acc_b, input_precision=DOT)
-    drl_a += acc_a * tl.exp(_cumsum(prev_a, 0))
-    drl_b += acc_b * tl.exp(_cumsum(prev_b, 0))
-    acc_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
-    gap_a = tl.zeros([NA], dtype=tl.float32)
-    gap_b = tl.zeros([NB], dtype=tl.float32)
-    for j in range(i + 1, NBLK):
-        src, inside, fa, fb, gap_a, gap_b = _sources_right(w, base, row, j * BLOCK, first_src, T,
-                                                           oa, ob, ma, mb, w_max, gap_a, gap_b)
-        ova, ovb = _rows(v, base, row, src, inside, oa, ob, ma, mb)
-        oka, okb = _rows(k, base, row, src, inside, oa, ob, ma, mb)
-        tga, tgb = _rows(gy, base, row, rows, ok, oa, ob, ma, mb)
-        d_in = tl.trans(_pair_dot(ova, ovb, tga, tgb, DOT))
-        acc_a = tl.dot(d_in, oka * fa, acc=acc_a, input_precision=DOT)
-        acc_b = tl.dot(d_in, okb * fb, acc=acc_b, input_precision=DOT)
-    drr_a += acc_a * tl.exp(_cumsum(next_a, 0, reverse=True))
-    drr_b += acc_b * tl.exp(_cumsum(next_b, 0, reverse=True))
 
     ra, rb = _rows(r, base, row, rows, ok, oa, ob, ma, mb)
     _store_rows(xs, base, row, rows, ok, oa, ob, ma, mb, ra * drr_a, rb * drr_b)
@@ -338,16 +342,15 @@ def wkv_bi_backward_dr_kernel(
 
 
 @triton.jit
-def wkv_bi_backward_dkv_kernel(
+def wkv_bi_backward_dk_kernel(
     r, k, v, w, u, gy,  # inputs as in the forward; gy: the output gradient [B, T, H*N]
-    dk, dv,  # gradients, each in its input's dtype
+    dk,  # k's gradient, in k's dtype
     xs, ys,  # [B, T, H*N] float32: the dr kernel's terms, to which k dkR and k dkL are added
-    du_part,  # [B * H, NBLK, N] float32: this block's sum of the bonus gradient
     T, NBLK, w_max,
     H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
     LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """dk and dv of one block, the block's rows as sources, and the terms of dlogd.
+    """dk of one block, its rows as sources, and the rest of the terms of dlogd.
 
     With dA[t, s] = g_t . v_s and A[t, s] the forward's pair weight (the bonus on t == s),
 
@@ -355,9 +358,9 @@ def wkv_bi_backward_dkv_kernel(
         dk_s = sum_{t != s} dA[t, s] D(s, t) r_t + u r_s (v_s . g_s)
         dv_s = sum_t A[t, s] g_t
 
-    each sum split by side: drL_t over sources s < t, drR_t over s > t (the dr kernel), dkR_s
-    over targets t > s, dkL_s over t < s. The log-decay of step l enters every pair that
-    straddles it, and because both sides count every pair once,
+    each of the first two split by side: drL_t over sources s < t, drR_t over s > t (the dr
+    kernel), dkR_s over targets t > s, dkL_s over t < s (this one). The log-decay of step l
+    enters every pair that straddles it, and because both sides count every pair once,
 
         dlogd_l = sum_{m < l} x_m - sum_{m <= l} y_m,   x = k dkR + r drR,  y = r drL + k dkL
 
@@ -369,81 +372,58 @@ def wkv_bi_backward_dkv_kernel(
     first = i * BLOCK
     end = tl.minimum(first + BLOCK, T)
     ok = rows < T
-    ra, rb = _rows(r, base, row, rows, ok, oa, ob, ma, mb)
-    ka, kb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
+    offs = tl.arange(0, BLOCK)
+    pa, pb, sa, sb = _edges(w, base, row, rows, first, end, oa, ob, ma, mb, w_max)
+
+    # Targets in the other blocks: dk_s = e^{in-block sum to s} * sum_t dA[t, s] r_t e^{...}, dA
+    # taken as [s, t] (this block's v the loop-invariant second operand; see the forward kernel).
     va, vb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
-    ga, gb = _rows(gy, base, row, rows, ok, oa, ob, ma, mb)
-    prev_a, prev_b = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
-    next_a, next_b = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
-
-    # Pairs inside the block, level by level: dkR from targets t > s, dkL from t < s; dv.
-    d_in = _pair_dot(ga, gb, va, vb, DOT)  # dA[t, s]
-    later = tl.arange(0, BLOCK)[:, None] > tl.arange(0, BLOCK)[None, :]
-    pair = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
-    dkl_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
-    dkl_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
-    dkr_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
-    dkr_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
-    for level in tl.static_range(LEVELS):
-        ea, eb, pairs = _level(BLOCK >> (level + 1), prev_a, prev_b, next_a, next_b, BLOCK)
-        rxa, rxb = ra * ea, rb * eb
-        pair += tl.where(pairs, _pair_dot(rxa, rxb, ka * ea, kb * eb, DOT), 0.0)
-        left = tl.trans(tl.where(pairs & later, d_in, 0.0))
-        right = tl.trans(tl.where(pairs & ~later, d_in, 0.0))
-        dkr_a += ea * tl.dot(left, rxa, input_precision=DOT)
-        dkr_b += eb * tl.dot(left, rxb, input_precision=DOT)
-        dkl_a += ea * tl.dot(right, rxa, input_precision=DOT)
-        dkl_b += eb * tl.dot(right, rxb, input_precision=DOT)
-    dva = tl.dot(tl.trans(pair), ga, input_precision=DOT)
-    dvb = tl.dot(tl.trans(pair), gb, input_precision=DOT)
-
-    # Targets in the other blocks: dk_s = e^{in-block sum to s} (sum_t dA[t, s] r_t e^{...}),
-    # dv_s += sum_t A[t, s] g_t. The block's own rows (v, k) are second operands, read again in
-    # each step (see the dr kernel).
-    first_src = tl.arange(0, BLOCK)
-    ea, eb = tl.exp(_cumsum(prev_a, 0)), tl.exp(_cumsum(prev_b, 0))
     acc_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
     gap_a = tl.zeros([NA], dtype=tl.float32)
     gap_b = tl.zeros([NB], dtype=tl.float32)
     for back in range(0, i):
-        src, fa, fb, gap_a, gap_b = _sources_left(w, base, row, (i - 1 - back) * BLOCK, first_src,
-                                                  oa, ob, ma, mb, w_max, gap_a, gap_b)
-        ora, orb = _rows(r, base, row, src, src >= 0, oa, ob, ma, mb)
-        oga, ogb = _rows(gy, base, row, src, src >= 0, oa, ob, ma, mb)
-        ora, orb = ora * fa, orb * fb
-        tva, tvb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
-        tka, tkb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
-        d_out = tl.trans(_pair_dot(oga, ogb, tva, tvb, DOT))  # dA[t in j, s in block], transposed
-        acc_a = tl.dot(d_out, ora, acc=acc_a, input_precision=DOT)
-        acc_b = tl.dot(d_out, orb, acc=acc_b, input_precision=DOT)
-        a_out = tl.trans(_pair_dot(ora, orb, tka * ea, tkb * eb, DOT))  # A[t in j, s in block], transposed
-        dva = tl.dot(a_out, oga, acc=dva, input_precision=DOT)
-        dvb = tl.dot(a_out, ogb, acc=dvb, input_precision=DOT)
-    dkl_a += acc_a * ea
-    dkl_b += acc_b * eb
-    ea, eb = tl.exp(_cumsum(next_a, 0, reverse=True)), tl.exp(_cumsum(next_b, 0, reverse=True))
+        src, inside, fa, fb, gap_a, gap_b = _sources_left(w, base, row, (i - 1 - back) * BLOCK, offs,
+                                                          oa, ob, ma, mb, w_max, gap_a, gap_b)
+        ora, orb = _rows(r, base, row, src, inside, oa, ob, ma, mb)
+        oga, ogb = _rows(gy, base, row, src, inside, oa, ob, ma, mb)
+        d_out = tl.trans(_pair_dot(oga, ogb, va, vb, DOT))  # dA[t in j, s in block], as [s, t]
+        acc_a = tl.dot(d_out, ora * fa, acc=acc_a, input_precision=DOT)
+        acc_b = tl.dot(d_out, orb * fb, acc=acc_b, input_precision=DOT)
+    left_a, left_b = acc_a, acc_b
     acc_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
     gap_a = tl.zeros([NA], dtype=tl.float32)
     gap_b = tl.zeros([NB], dtype=tl.float32)
     for j in range(i + 1, NBLK):
-        src, inside, fa, fb, gap_a, gap_b = _sources_right(w, base, row, j * BLOCK, first_src, T,
+        src, inside, fa, fb, gap_a, gap_b = _sources_right(w, base, row, j * BLOCK, offs, T,
                                                            oa, ob, ma, mb, w_max, gap_a, gap_b)
         ora, orb = _rows(r, base, row, src, inside, oa, ob, ma, mb)
         oga, ogb = _rows(gy, base, row, src, inside, oa, ob, ma, mb)
-        ora, orb = ora * fa, orb * fb
-        tva, tvb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
-        tka, tkb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
-        d_out = tl.trans(_pair_dot(oga, ogb, tva, tvb, DOT))
-        acc_a = tl.dot(d_out, ora, acc=acc_a, input_precision=DOT)
-        acc_b = tl.dot(d_out, orb, acc=acc_b, input_precision=DOT)
-        a_out = tl.trans(_pair_dot(ora, orb, tka * ea, tkb * eb, DOT))
-        dva = tl.dot(a_out, oga, acc=dva, input_precision=DOT)
-        dvb = tl.dot(a_out, ogb, acc=dvb, input_precision=DOT)
-    dkr_a += acc_a * ea
-    dkr_b += acc_b * eb
+        d_out = tl.trans(_pair_dot(oga, ogb, va, vb, DOT))
+        acc_a = tl.dot(d_out, ora * fa, acc=acc_a, input_precision=DOT)
+        acc_b = tl.dot(d_out, orb * fb, acc=acc_b, input_precision=DOT)
+    dkl_a, dkl_b = left_a * pa, left_b * pb
+    dkr_a, dkr_b = acc_a * sa, acc_b * sb
 
+    # Pairs inside the block, level by level: dkR from targets t > s, dkL from t < s.
+    ra, rb = _rows(r, base, row, rows, ok, oa, ob, ma, mb)
+    ga, gb = _rows(gy, base, row, rows, ok, oa, ob, ma, mb)
+    prev_a, prev_b = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
+    next_a, next_b = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
+    d_in = _pair_dot(va, vb, ga, gb, DOT)  # dA[t, s] as [s, t]
+    later = offs[:, None] < offs[None, :]  # [s, t]: t > s
+    for level in tl.static_range(LEVELS):
+        ea, eb, pairs = _level(BLOCK >> (level + 1), prev_a, prev_b, next_a, next_b, BLOCK)
+        rxa, rxb = ra * ea, rb * eb
+        left = tl.where(pairs & later, d_in, 0.0)
+        right = tl.where(pairs & ~later, d_in, 0.0)
+        dkr_a += ea * tl.dot(left, rxa, input_precision=DOT)
+        dkr_b += eb * tl.dot(left, rxb, input_precision=DOT)
+        dkl_a += ea * tl.dot(right, rxa, input_precision=DOT)
+        dkl_b += eb * tl.dot(right, rxb, input_precision=DOT)
+
+    ka, kb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
     xa, xb = _rows(xs, base, row, rows, ok, oa, ob, ma, mb)
     _store_rows(xs, base, row, rows, ok, oa, ob, ma, mb, xa + ka * dkr_a, xb + kb * dkr_b)
     xa, xb = _rows(ys, base, row, rows, ok, oa, ob, ma, mb)
@@ -451,9 +431,73 @@ def wkv_bi_backward_dkv_kernel(
     ua = tl.load(u + (bh % H) * N + oa, mask=ma, other=0.0).to(tl.float32)
     ub = tl.load(u + (bh % H) * N + ob, mask=mb, other=0.0).to(tl.float32)
     vg = _sum(va * ga, 1) + _sum(vb * gb, 1)
-    ruk = _sum(ra * ua[None, :] * ka, 1) + _sum(rb * ub[None, :] * kb, 1)
     _store_rows(dk, base, row, rows, ok, oa, ob, ma, mb,
                 dkl_a + dkr_a + ua[None, :] * ra * vg[:, None], dkl_b + dkr_b + ub[None, :] * rb * vg[:, None])
+
+
+@triton.jit
+def wkv_bi_backward_dv_kernel(
+    r, k, v, w, u, gy,  # inputs as in the forward; gy: the output gradient [B, T, H*N]
+    dv,  # v's gradient, in v's dtype
+    du_part,  # [B * H, NBLK, N] float32: this block's sum of the bonus gradient
+    T, NBLK, w_max,
+    H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+    LEVELS: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """dv_s = sum_t A[t, s] g_t of one block, its rows as sources, and its share of du (see
+    `wkv_bi_backward_dk_kernel`)."""
+    bh, i, base, row, oa, ob, ma, mb, rows = _program(T, NBLK, H, N, NA, NB, BLOCK)
+    first = i * BLOCK
+    end = tl.minimum(first + BLOCK, T)
+    ok = rows < T
+    offs = tl.arange(0, BLOCK)
+    pa, pb, sa, sb = _edges(w, base, row, rows, first, end, oa, ob, ma, mb, w_max)
+    dva = tl.zeros([BLOCK, NA], dtype=tl.float32)
+    dvb = tl.zeros([BLOCK, NB], dtype=tl.float32)
+
+    # Targets in the other blocks, A taken as [s, t] (this block's k, decayed to the block's edge,
+    # the loop-invariant second operand; see the forward kernel).
+    ka, kb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
+    kxa, kxb = ka * pa, kb * pb
+    gap_a = tl.zeros([NA], dtype=tl.float32)
+    gap_b = tl.zeros([NB], dtype=tl.float32)
+    for back in range(0, i):
+        src, inside, fa, fb, gap_a, gap_b = _sources_left(w, base, row, (i - 1 - back) * BLOCK, offs,
+                                                          oa, ob, ma, mb, w_max, gap_a, gap_b)
+        ora, orb = _rows(r, base, row, src, inside, oa, ob, ma, mb)
+        oga, ogb = _rows(gy, base, row, src, inside, oa, ob, ma, mb)
+        a_out = tl.trans(_pair_dot(ora * fa, orb * fb, kxa, kxb, DOT))  # A[t in j, s in block], as [s, t]
+        dva = tl.dot(a_out, oga, acc=dva, input_precision=DOT)
+        dvb = tl.dot(a_out, ogb, acc=dvb, input_precision=DOT)
+    kxa, kxb = ka * sa, kb * sb
+    gap_a = tl.zeros([NA], dtype=tl.float32)
+    gap_b = tl.zeros([NB], dtype=tl.float32)
+    for j in range(i + 1, NBLK):
+        src, inside, fa, fb, gap_a, gap_b = _sources_right(w, base, row, j * BLOCK, offs, T,
+                                                           oa, ob, ma, mb, w_max, gap_a, gap_b)
+        ora, orb = _rows(r, base, row, src, inside, oa, ob, ma, mb)
+        oga, ogb = _rows(gy, base, row, src, inside, oa, ob, ma, mb)
+        a_out = tl.trans(_pair_dot(ora * fa, orb * fb, kxa, kxb, DOT))
+        dva = tl.dot(a_out, oga, acc=dva, input_precision=DOT)
+        dvb = tl.dot(a_out, ogb, acc=dvb, input_precision=DOT)
+
+    # Pairs inside the block, level by level, then the bonus u on each token.
+    ra, rb = _rows(r, base, row, rows, ok, oa, ob, ma, mb)
+    ga, gb = _rows(gy, base, row, rows, ok, oa, ob, ma, mb)
+    prev_a, prev_b = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
+    next_a, next_b = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
+    pair = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)  # A as [s, t]
+    for level in tl.static_range(LEVELS):
+        ea, eb, pairs = _level(BLOCK >> (level + 1), prev_a, prev_b, next_a, next_b, BLOCK)
+        pair += tl.where(pairs, _pair_dot(ka * ea, kb * eb, ra * ea, rb * eb, DOT), 0.0)
+    dva = tl.dot(pair, ga, acc=dva, input_precision=DOT)
+    dvb = tl.dot(pair, gb, acc=dvb, input_precision=DOT)
+
+    va, vb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
+    ua = tl.load(u + (bh % H) * N + oa, mask=ma, other=0.0).to(tl.float32)
+    ub = tl.load(u + (bh % H) * N + ob, mask=mb, other=0.0).to(tl.float32)
+    vg = _sum(va * ga, 1) + _sum(vb * gb, 1)
+    ruk = _sum(ra * ua[None, :] * ka, 1) + _sum(rb * ub[None, :] * kb, 1)
     _store_rows(dv, base, row, rows, ok, oa, ob, ma, mb, dva + ruk[:, None] * ga, dvb + ruk[:, None] * gb)
     part = du_part + (bh * NBLK + i) * N
     tl.store(part + oa, _sum(ra * ka * vg[:, None], 0), mask=ma)

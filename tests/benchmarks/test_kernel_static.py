@@ -126,8 +126,8 @@ def _barrier_loop(x, T, BLOCK: tl.constexpr):
 
 @triton.jit
 def _nested(x, A, B):
-    for a in range(A):
-        for b in range(B):
+    for _a in range(A):
+        for _b in range(B):
             tl.debug_barrier()
     tl.store(x, 1.0)
 

@@ -238,15 +238,16 @@ def _cast(n: int, itemsize: int) -> int:
 def static_launches(batch: int, time: int, heads: int, size: int, dtype: str, w_dtype: str) -> list[tuple]:
     """The kernels one forward and backward launch at these shapes, for benchmarks/kernel_static.py:
     (name, pass, kernel, {argument: (Triton type, value)}, warps, stages, programs, trips of each loop
-    of the compiled code, tokens one program walks in them). `dtype` is the Triton type of r, k, v, u
-    and of the output gradient's dtype's buffers ("bf16"), `w_dtype` w's."""
+    of the compiled code, tokens one program walks in them). `dtype` is the Triton type of r, k, v and
+    their gradients ("bf16"), `w_dtype` that of w, u and theirs."""
     k = _kernels()
     first, rest = split_head_size(size)
     nblk = blocks(time)
     const = {"H": heads, "N": size, "NA": first, "NB": rest, "BLOCK": BLOCK, "LEVELS": LEVELS,
              "DOT": DOT_PRECISION}
     const = {name: ("constexpr", value) for name, value in const.items()}
-    inputs = {name: (f"*{dtype}", None) for name in ("r", "k", "v", "u")} | {"w": (f"*{w_dtype}", None)}
+    # u is a parameter next to w: float32 where w is (the image tower), else in r's dtype.
+    inputs = {name: (f"*{dtype}", None) for name in ("r", "k", "v")} | {n: (f"*{w_dtype}", None) for n in ("w", "u")}
     scalars = {"T": ("i32", time), "NBLK": ("i32", nblk), "w_max": ("fp32", 1.0)}
     forward = inputs | {"y": ("*fp32", None)} | scalars | const
     grads = {"gy": ("*fp32", None), "xs": ("*fp32", None), "ys": ("*fp32", None)}

@@ -27,7 +27,7 @@ launch configuration on the GPU; each fla kernel is given the configuration this
 rates fastest. fla's path also runs eager PyTorch ops (float32 copies, flips, sums of
 per-tile partials); they are not Triton kernels and not in these rows.
 
-The model has no memory-bandwidth term: bytes are counted by benchmarks/traffic.py. It
+The model has no memory-bandwidth term: bytes are counted by benchmarks/step_traffic.py. It
 is an estimate for comparing kernels, not a measurement; benchmarks/gpu.py times them.
 """
 
@@ -293,7 +293,8 @@ class Tower:
 def towers(batch: int, accumulation: int = 1, checkpointing: bool = False) -> list[Tower]:
     """The B/32 towers as the model runs them under bf16 autocast at micro-batch `batch`."""
     from src.open_alip.model import get_model_config
-    from src.training.cost_model import TOWERS, tower_depth, tower_wkv_shape
+    from src.perf.cost_model import tower_depth, tower_wkv_shape
+    from src.perf.step_trace import TOWERS
 
     cfg = get_model_config(CONFIG)
     out = []
@@ -447,8 +448,8 @@ def planned_batch() -> tuple[int, int, bool, str]:
 
 
 def _print_plan() -> None:
-    from benchmarks.cost_model import GLOBAL_BATCH, GPU_SPECS, GPUS
-    from src.training.planner import plan_micro_batch
+    from benchmarks.training_cost import GLOBAL_BATCH, GPU_SPECS, GPUS
+    from src.perf.planner import plan_micro_batch
 
     plan = plan_micro_batch(CONFIG, wkv_impl="fla", precision="bf16",
                             device_memory_bytes=GPU_SPECS["h200"].memory_bytes, global_batch=GLOBAL_BATCH,

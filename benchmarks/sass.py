@@ -1,6 +1,7 @@
 """What a compiled GPU kernel does, read off its SASS: loops, barriers, loads, arithmetic.
 
-    counts = analyse(disassemble(cubin), trips=[49, 49])
+    code, resources = disassemble(cubin)
+    counts = analyse(code, trips=[49, 49])
 
 `disassemble` runs the `cuobjdump` that ships in Triton's wheel (no GPU needed). `analyse`
 builds the control-flow graph of the kernel's machine code, finds its loops (back edges to

@@ -72,6 +72,18 @@ def shift_channels(x: torch.Tensor, moves: tuple[Move, ...]) -> torch.Tensor:
     return _Shift.apply(x, moves)
 
 
+def inference_path(x: torch.Tensor) -> bool:
+    """Whether a block may take its forward-only path for `x`: no gradient is being recorded and no
+    autocast region is open (the fewer, fused and in-place passes round like the plain path only in
+    the weights' own dtype). Evaluation under `torch.no_grad()` / `torch.inference_mode()` takes it."""
+    if torch.is_grad_enabled():
+        return False
+    try:
+        return not torch.is_autocast_enabled(x.device.type)
+    except RuntimeError:  # a device type without autocast (meta)
+        return True
+
+
 class DropPath(nn.Module):
     """Stochastic depth: drops a sample's whole residual branch while training."""
 
@@ -187,7 +199,38 @@ class TimeMix(nn.Module):
         # gradients of x and xx in one reduction each instead of four accumulating adds.
         return (x + xx * (torch.stack(maa) + m)).unbind(0)
 
+    def _mixes_inference(self, x: torch.Tensor, x_shifted: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`_mixes` in three passes over the five mixes instead of stack, add, multiply and add:
+        the LoRA matmul adds maa_f as it writes m_f, and one addcmul makes x + xx * (maa_f + m_f)."""
+        batch, time, channels = x.shape
+        rows = batch * time
+        xx = x_shifted - x
+        xxx = torch.addcmul(x, xx, self.time_maa_x)
+        lora = torch.tanh(xxx.view(rows, channels) @ self.time_maa_w1).view(rows, 5, MIX_LORA).transpose(0, 1)
+        maa = torch.stack([self.time_maa_w, self.time_maa_k, self.time_maa_v, self.time_maa_r, self.time_maa_g])
+        coef = torch.baddbmm(maa.view(5, 1, channels), lora, self.time_maa_w2)  # maa_f + m_f
+        mixes = torch.addcmul(x.view(1, rows, channels), xx.view(1, rows, channels), coef)
+        return mixes.view(5, batch, time, channels).unbind(0)
+
+    def _forward_inference(self, x: torch.Tensor, x_shifted: torch.Tensor) -> torch.Tensor:
+        """`forward` without autograd: the same values, with the element-wise work fused (the mixes,
+        the decay's bias inside its matmul) or done in place (SiLU, the gate)."""
+        batch, time, channels = x.shape
+        xw, xk, xv, xr, xg = self._mixes_inference(x, x_shifted)
+        r = self.receptance(xr)
+        k = self.key(xk)
+        v = self.value(xv)
+        g = F.silu(self.gate(xg), inplace=True)
+        lora = torch.tanh(xw.reshape(batch * time, channels) @ self.time_decay_w1)
+        w = torch.addmm(self.time_decay.reshape(1, -1).to(lora.dtype), lora, self.time_decay_w2)
+        bonus = self.time_faaaa.to(r.dtype) if self.cast_decays else self.time_faaaa
+        y = wkv(r, k, v, w.view(batch, time, -1), bonus, impl=self.wkv_impl).to(self.ln_x.weight.dtype)
+        y = F.group_norm(y.view(batch * time, -1), self.n_head, self.ln_x.weight, self.ln_x.bias, self.ln_x.eps)
+        return self.output(y.view(batch, time, -1).mul_(g))
+
     def forward(self, x: torch.Tensor, x_shifted: torch.Tensor) -> torch.Tensor:
+        if self.mix_impl == "torch" and inference_path(x):
+            return self._forward_inference(x, x_shifted)
         batch, time, _ = x.shape
         xw, xk, xv, xr, xg = self._mixes(x, x_shifted)
 

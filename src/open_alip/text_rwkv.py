@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .mix import fused_mixes
-from .rwkv6 import TimeMix, channel_ramp, layer_ratios, orthogonal_scaled_, shift_channels
+from .rwkv6 import TimeMix, channel_ramp, inference_path, layer_ratios, orthogonal_scaled_, shift_channels
 
 TEXT_LINEAR_ORDER = ("receptance", "key", "value", "output", "gate")
 DECAY_NAMES = ("time_decay", "time_faaaa")  # bfloat16 in the released checkpoints
@@ -56,6 +56,13 @@ class ChannelMix(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mix_impl == "triton":
             xk, xr = fused_mixes(x, bi_shift(x, self.head_size), [self.time_maa_k, self.time_maa_r])
+        elif inference_path(x):  # the mixes as one addcmul each, the activations in place
+            xx = bi_shift(x, self.head_size) - x
+            xk = torch.addcmul(x, xx, self.time_maa_k)
+            xr = torch.addcmul(x, xx, self.time_maa_r)
+            del xx
+            k = self.key(xk).relu_()
+            return self.value(k.mul_(k)).mul_(self.receptance(xr).sigmoid_())
         else:
             xx = bi_shift(x, self.head_size) - x
             xk = x + xx * self.time_maa_k

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .mix import fused_mixes
-from .rwkv6 import DropPath, TimeMix, channel_ramp, layer_ratios, shift_channels
+from .rwkv6 import DropPath, TimeMix, channel_ramp, inference_path, layer_ratios, shift_channels
 
 IMAGE_GN_EPS = 1e-5
 IMAGE_LINEAR_ORDER = ("key", "value", "receptance", "gate", "output")
@@ -68,6 +68,13 @@ class ChannelMix(nn.Module):
         xs = q_shift(x, resolution, self.head_size)
         if self.mix_impl == "triton":  # x * mix + xs * (1 - mix) = xs + (x - xs) * mix
             xk, xr = fused_mixes(xs, x, [self.spatial_mix_k, self.spatial_mix_r])
+        elif inference_path(x):  # the same mixes in three passes, the activations in place
+            diff = x - xs
+            xk = torch.addcmul(xs, diff, self.spatial_mix_k)
+            xr = torch.addcmul(xs, diff, self.spatial_mix_r)
+            del diff
+            k = self.key(xk).relu_()
+            return self.value(k.mul_(k)).mul_(self.receptance(xr).sigmoid_())
         else:
             xk = x * self.spatial_mix_k + xs * (1 - self.spatial_mix_k)
             xr = x * self.spatial_mix_r + xs * (1 - self.spatial_mix_r)

@@ -12,7 +12,9 @@ Five implementations compute the same numbers:
 
 * `wkv_reference`: the two recurrent scans of the original CUDA kernel, written in
   plain PyTorch. O(T) Python steps; memory for autograd grows with T * N * N.
-* `wkv_chunked` (the default on CPU): splits time into chunks of L tokens. Pairs inside a
+* `wkv_chunked` (the default on CPU): splits time into chunks of L tokens. Without
+  gradients it is the forward-only form of `wkv_inference.py` (the same chunks, with the
+  in-chunk decays factored into matmuls); with them, the autograd form described here. Pairs inside a
   chunk are handled as a small masked L x L "attention" per channel; pairs across
   chunks go through one N x N state per chunk boundary and direction. The in-chunk
   part is a custom autograd Function whose backward recomputes the decays from the
@@ -46,6 +48,7 @@ import torch
 
 from . import wkv_bi_triton as _bi
 from . import wkv_fla as _fla
+from .wkv_inference import wkv_chunked_inference
 from .choices import WKV_IMPL_CHOICES, WKV_IMPLEMENTATIONS
 
 Tensor = torch.Tensor
@@ -180,8 +183,26 @@ def _carry(kv: Tensor, carry: Tensor) -> Tensor:
     return torch.stack(states, dim=-3)
 
 
-def wkv_chunked(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: int = DEFAULT_CHUNK) -> Tensor:
-    """Chunked parallel form of `wkv_reference` (same numbers, O(T * chunk * N) memory)."""
+def _needs_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def wkv_chunked(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: int | None = None) -> Tensor:
+    """Chunked parallel form of `wkv_reference` (same numbers, O(T * chunk * N) memory).
+
+    When no gradient is wanted (no input requires one, or grad mode is off) this is the
+    forward-only form of `wkv_inference.py`, matmuls instead of [L, L, N] products, 5-7x faster
+    on CPU; otherwise the autograd form below. `chunk` fixes the chunk length (default:
+    DEFAULT_CHUNK for the autograd form, chosen from the decays for the forward-only one).
+    """
+    _check(r, k, v, w, u)
+    if not _needs_grad(r, k, v, w, u):
+        return wkv_chunked_inference(r, k, v, w, u, chunk=chunk, w_max=_W_MAX)
+    return wkv_chunked_autograd(r, k, v, w, u, chunk=chunk or DEFAULT_CHUNK)
+
+
+def wkv_chunked_autograd(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: int = DEFAULT_CHUNK) -> Tensor:
+    """The chunked form with its custom backward (what training runs), also without grad."""
     _check(r, k, v, w, u)
     heads, size = u.shape
     batch, time, _ = r.shape

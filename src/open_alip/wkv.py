@@ -48,8 +48,8 @@ import torch
 
 from . import wkv_bi_triton as _bi
 from . import wkv_fla as _fla
-from .wkv_inference import wkv_chunked_inference
 from .choices import WKV_IMPL_CHOICES, WKV_IMPLEMENTATIONS
+from .wkv_inference import wkv_chunked_inference
 
 Tensor = torch.Tensor
 
@@ -197,7 +197,7 @@ def wkv_chunked(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: in
     """
     _check(r, k, v, w, u)
     if not _needs_grad(r, k, v, w, u):
-        return wkv_chunked_inference(r, k, v, w, u, chunk=chunk, w_max=_W_MAX)
+        return wkv_chunked_inference(r, k, v, w, u, chunk=chunk)
     return wkv_chunked_autograd(r, k, v, w, u, chunk=chunk or DEFAULT_CHUNK)
 
 

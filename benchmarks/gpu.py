@@ -22,6 +22,8 @@ was in, and the next one starts on time; a failure is recorded and the next one 
   train_fused_compiled  the same compiled (inductor)
   predict               the cost model's and the planner's predicted peak beside the measured ones
   b16                   B/16 at batch 512, eager (only with --include b16)
+  inference             encode_image of B/32 and B/16 on fla and bi_triton against open_clip's
+                        ViTs where open_clip is installed, bf16 (only with --include inference)
   dali, nccl            only where DALI / NCCL are installed (otherwise one line)
 A missing fla does not stop the check: the sections run without it and say so (auto runs
 chunked then, and its rows name it). Without a CUDA GPU it prints one line and exits 0.
@@ -36,7 +38,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks import gpu_setup
+from benchmarks import gpu_setup, inference
 from benchmarks.gpu_report import (
     Budget,
     Check,
@@ -56,7 +58,7 @@ EIGHT_MINUTES = 480.0
 STARTUP_S = 10.0  # the check's own start: torch's import, the import check, the device
 HARD_STOP_GRACE = 10.0  # the watchdog's, past --time-limit
 DEFAULT_TIME_LIMIT = EIGHT_MINUTES - STARTUP_S - HARD_STOP_GRACE
-EXTRAS = ("reference", "fla_chunk", "b16")
+EXTRAS = ("reference", "fla_chunk", "b16", "inference")
 TRAIN_COLUMNS = ["model", "batch", "wkv", "mixes", "compile", "checkpointing", "samples_per_s", "step_ms", "peak_gb",
                  "build_s", "tune_s", "first_step_s", "second_step_s", "note", "error"]
 COLUMNS = {
@@ -70,6 +72,7 @@ COLUMNS = {
 }
 COLUMNS.update({name: TRAIN_COLUMNS for name in ("train_compiled", "train_eager", "train_fused",
                                                  "train_fused_compiled", "b16")})
+COLUMNS["inference"] = inference.GPU_COLUMNS
 
 
 def _interpreted_only(check: Check) -> str | None:
@@ -115,6 +118,10 @@ def _train(**kwargs: Any):
     return partial(gpu_train.section_train, **kwargs)
 
 
+def _inference(check: Check, results: Results, budget: Budget) -> None:
+    inference.section_gpu(results, budget, check.device, cpu_test=check.cpu_test)
+
+
 def _predict(check: Check, results: Results, budget: Budget) -> None:
     from benchmarks import gpu_train
 
@@ -141,6 +148,9 @@ def build_sections(args: argparse.Namespace) -> list[Section]:
     if "b16" in args.include:
         sections.append(Section("b16", _train(section="b16", compile=False, model="tiny" if args.cpu_test else "B16"),
                                 60, what="B/16 at batch 512, eager (--include b16)"))
+    if "inference" in args.include:
+        sections.append(Section("inference", _inference, 60, what="encode_image with fla / bi_triton against "
+                                "open_clip's ViTs, bf16 (--include inference; benchmarks/inference.py)"))
     sections += [Section("dali", _dali, 20, unavailable=_dali_unavailable, what="DALI's GPU JPEG pipeline"),
                  Section("nccl", _nccl, 10, unavailable=_nccl_unavailable, what="a one-process NCCL all_reduce")]
     return sections
@@ -157,7 +167,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              f"watchdog's {HARD_STOP_GRACE:.0f} s, 8 minutes); a section gets its bound or what is "
                              "left, and the process stops after it whatever runs")
     parser.add_argument("--include", action="append", choices=EXTRAS, default=[],
-                        help="also time the reference / fla_chunk WKV, or B/16 training (repeatable)")
+                        help="also time the reference / fla_chunk WKV, B/16 training, or inference against the ViTs "
+                             "(repeatable)")
     parser.add_argument("--only", action="append", choices=names,
                         help="run only this section (repeatable); predict uses the training sections of the same run")
     parser.add_argument("--wkv-impl", default="auto",

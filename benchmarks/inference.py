@@ -7,7 +7,7 @@ and inputs, under torch.inference_mode(). In each round the two models take turn
 alternates between rounds), so load from other processes falls on both; the table gives the
 median round's images/s and the range of the per-round speed ratio RWKV/ViT. Then each model's
 growth exponent in tokens between sizes (time per image ~ tokens^e; 1 is linear), the peak memory
-of one call (a fresh child process per model; benchmarks/peak_rss.py) and the goals of issue 44.
+of one call (a fresh child process per pair; benchmarks/peak_rss.py) and the goals of issue 44.
 
 The ViTs are open_clip's own code: open_clip_torch 3.3.0 as the tokenizer oracle's venv holds it
 (benchmarks/oracles.py builds that venv on first use, about a minute; `--open-clip DIR` takes any
@@ -202,38 +202,43 @@ def dtype_of(precision: str):
 
 
 def memory_child(spec: dict[str, Any]) -> None:
-    """Runs in a fresh process (peak_rss.child_env): the peak extra memory of one encode_image call
-    per size, printed as JSON {size: bytes}. The model and each input exist before the call."""
+    """Runs in a fresh process (peak_rss.child_env): the peak extra memory of one encode_image call of
+    each model per size, printed as JSON {"rwkv": {size: bytes}, "vit": {size: bytes}}. The models
+    and each input exist before the call; the first call at a size (oneDNN set-up) is not counted."""
     import torch
 
     from benchmarks.peak_rss import peak_growth
 
     torch.set_num_threads(spec["threads"])
     dtype = dtype_of(spec["precision"])
-    peaks = {}
+    open_clip_model = load_open_clip(Path(spec["open_clip"]))
+    rwkv = build_rwkv(spec["rwkv"]).to(dtype)
+    peaks: dict[str, dict[int, int]] = {"rwkv": {}, "vit": {}}
     with torch.inference_mode():
-        model = None if spec["kind"] == "vit" else build_rwkv(spec["name"]).to(dtype)
         for size, batch in spec["sizes"]:
-            if spec["kind"] == "vit":
-                model = None
-                model = build_vit(load_open_clip(Path(spec["open_clip"])), spec["name"], size).to(dtype)
+            vit = build_vit(open_clip_model, spec["vit"], size).to(dtype)
             images = image_batch(batch, size, dtype, "cpu")
-            model.encode_image(images)  # first-call set-up (oneDNN primitives, caches) is not the call's
-            peaks[size] = peak_growth(partial(model.encode_image, images))
+            for kind, model in (("rwkv", rwkv), ("vit", vit)):
+                model.encode_image(images)
+                peaks[kind][size] = peak_growth(partial(model.encode_image, images))
+            del vit
     print(json.dumps(peaks))
 
 
-def cpu_peaks(kind: str, name: str, sizes: list[tuple[int, int]], precision: str, threads: int,
-              open_clip: Path | None) -> dict[int, int]:
+def cpu_peaks(pair: tuple[str, str], sizes: list[tuple[int, int]], precision: str, threads: int,
+              open_clip: Path) -> dict[str, dict[int, int]]:
+    """{"rwkv"/"vit": {size: peak bytes}} of RWKV-CLIP `pair[0]` and the ViT `pair[1]`, measured in one
+    fresh child process."""
     from benchmarks.peak_rss import child_env
 
-    spec = {"kind": kind, "name": name, "sizes": sizes, "precision": precision, "threads": threads,
-            "open_clip": str(open_clip) if open_clip else None}
+    spec = {"rwkv": pair[0], "vit": pair[1], "sizes": sizes, "precision": precision, "threads": threads,
+            "open_clip": str(open_clip)}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.inference", "--_memory-child", json.dumps(spec)],
                           env=child_env(), cwd=REPO_ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"memory child for {name} failed: {proc.stderr.strip().splitlines()[-1:]}")
-    return {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+        raise RuntimeError(f"the memory child for {pair} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {kind: {int(size): peak for size, peak in by_size.items()} for kind, by_size in found.items()}
 
 
 # ------------------------------------------------------------------------------ the CPU table
@@ -382,8 +387,17 @@ def section_gpu(results: Any, budget: Any, device: Any, cpu_test: bool = False,
             runnable[impl] = resolve_wkv_impl(impl, device)
         except ValueError as exc:
             results.set("inference", **{f"unusable_{impl}": first_line(exc)})
-    results.set("inference", precision=str(dtype).removeprefix("torch."), batch=batch, note=vit_note or "")
+    results.set("inference", precision=str(dtype).removeprefix("torch."), batch=batch)
+    if vit_note or cpu_test:
+        results.set("inference", note=vit_note or "--cpu-test: the tiny model on the chunked WKV, no ViT")
+
+    def encode_with(model: Any, impl: str, images: Any) -> Any:
+        model.set_wkv_impl(impl)
+        return model.encode_image(images)
+
     for pair, (rwkv_name, vit_name, patch) in pairs.items():
+        with torch.device(device):  # initialised where they run: seconds less per model than on the CPU
+            rwkv = build_rwkv(rwkv_name).to(dtype)
         for size in sizes[pair]:
             n = batch_for(size, patch, batch, batch * 196)
             case = {"model": pair, "px": size, "tokens": tokens_of(size, patch), "batch": n}
@@ -391,23 +405,23 @@ def section_gpu(results: Any, budget: Any, device: Any, cpu_test: bool = False,
                 case["error"] = "skipped: section time budget spent"
                 results.add_case("inference", case)
                 continue
-            models: dict[str, Any] = {}
+            vit = images = None
             try:
                 images = image_batch(n, size, dtype, device)
+                calls = {impl: partial(encode_with, rwkv, impl, images) for impl in runnable}
                 if open_clip_model is not None:
-                    models["vit"] = build_vit(open_clip_model, vit_name, size).to(device, dtype)
-                for impl in runnable:
-                    models[impl] = build_rwkv(rwkv_name, impl).to(device, dtype)
+                    with torch.device(device):
+                        vit = build_vit(open_clip_model, vit_name, size).to(dtype)
+                    calls["vit"] = partial(vit.encode_image, images)
                 with torch.inference_mode():
-                    calls = {k: partial(m.encode_image, images) for k, m in models.items()}
                     times = time_turns(calls, 2 if cpu_test else 5, time.perf_counter, device)
-                    for name, model in models.items():
+                    for name, call in calls.items():
                         case[f"{name}_img_s"] = round(n / statistics.median(times[name]), 2)
                         if device.type == "cuda":
                             torch.cuda.empty_cache()
                             base = torch.cuda.memory_allocated(device)
                             torch.cuda.reset_peak_memory_stats(device)
-                            model.encode_image(images)
+                            call()
                             case[f"{name}_peak_gb"] = round((torch.cuda.max_memory_allocated(device) - base) / 1e9, 3)
                 if "vit" in times:
                     for impl in runnable:
@@ -415,9 +429,10 @@ def section_gpu(results: Any, budget: Any, device: Any, cpu_test: bool = False,
             except Exception as exc:
                 case["error"] = f"{type(exc).__name__}: {first_line(exc)}"
             finally:
-                models = images = None
+                vit = images = calls = None
             results.add_case("inference", case)
             print(f"[inference] {case}", flush=True)
+        rwkv = None
 
 
 GPU_COLUMNS = ["model", "px", "tokens", "batch", "vit_img_s", "fla_img_s", "bi_triton_img_s", "chunked_img_s",
@@ -499,16 +514,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{'cpu, ' + str(torch.get_num_threads()) + ' threads' if args.device == 'cpu' else args.device}", flush=True)
     rows = measure_images(args, open_clip_model)
     if args.device == "cpu" and not args.no_memory:
-        print("peak memory: one call per size in a fresh process per model", flush=True)
+        print("peak memory: one call per size and model, in a fresh process per pair", flush=True)
         for pair in args.models:
             rwkv_name, vit_name, _ = PAIRS[pair]
             mine = [r for r in rows if r.pair == pair]
-            sizes = [(r.size, r.batch) for r in mine]
-            threads = torch.get_num_threads()
-            for kind, name in (("rwkv", rwkv_name), ("vit", vit_name)):
-                peaks = cpu_peaks(kind, name, sizes, args.precision, threads, folder)
-                for row in mine:
-                    row.peaks[kind] = peaks[row.size]
+            peaks = cpu_peaks((rwkv_name, vit_name), [(r.size, r.batch) for r in mine], args.precision,
+                              torch.get_num_threads(), folder)
+            for row in mine:
+                row.peaks = {kind: peaks[kind][row.size] for kind in ("rwkv", "vit")}
     text = measure_text(args, open_clip_model) if args.text_batch else None
     print_report(args, rows, text)
     return 0

@@ -222,6 +222,7 @@ class TimeMix(nn.Module):
         v = self.value(xv)
         g = F.silu(self.gate(xg), inplace=True)
         lora = torch.tanh(xw.reshape(batch * time, channels) @ self.time_decay_w1)
+        del xw, xk, xv, xr, xg  # the five mixes' storage goes before the WKV's own
         w = torch.addmm(self.time_decay.reshape(1, -1).to(lora.dtype), lora, self.time_decay_w2)
         bonus = self.time_faaaa.to(r.dtype) if self.cast_decays else self.time_faaaa
         y = wkv(r, k, v, w.view(batch, time, -1), bonus, impl=self.wkv_impl).to(self.ln_x.weight.dtype)

@@ -62,7 +62,10 @@ class ChannelMix(nn.Module):
             xr = torch.addcmul(x, xx, self.time_maa_r)
             del xx
             k = self.key(xk).relu_()
-            return self.value(k.mul_(k)).mul_(self.receptance(xr).sigmoid_())
+            del xk
+            v = self.value(k.mul_(k))
+            del k  # the widest activation goes before the receptance's
+            return v.mul_(self.receptance(xr).sigmoid_())
         else:
             xx = bi_shift(x, self.head_size) - x
             xk = x + xx * self.time_maa_k

@@ -72,9 +72,12 @@ class ChannelMix(nn.Module):
             diff = x - xs
             xk = torch.addcmul(xs, diff, self.spatial_mix_k)
             xr = torch.addcmul(xs, diff, self.spatial_mix_r)
-            del diff
+            del diff, xs
             k = self.key(xk).relu_()
-            return self.value(k.mul_(k)).mul_(self.receptance(xr).sigmoid_())
+            del xk
+            v = self.value(k.mul_(k))
+            del k  # the widest activation goes before the receptance's
+            return v.mul_(self.receptance(xr).sigmoid_())
         else:
             xk = x * self.spatial_mix_k + xs * (1 - self.spatial_mix_k)
             xr = x * self.spatial_mix_r + xs * (1 - self.spatial_mix_r)

@@ -26,6 +26,7 @@ at the larger sizes; both models of a row always get the same batch.
     .venv/bin/python -m benchmarks.inference                    # B/32 and B/16, five sizes, text
     .venv/bin/python -m benchmarks.inference --models B32 --sizes 224,448 --threads 1 --clock cpu
     .venv/bin/python -m benchmarks.inference --precision bf16   # bf16 weights on both sides
+    .venv/bin/python -m benchmarks.inference --compile --models B32 --sizes 224 --no-memory --text-batch 0
 
 On a GPU, `python -m benchmarks.gpu --only inference` runs `section_gpu` below: the same rows with
 the WKV on fla and on bi_triton, bf16 weights.
@@ -256,9 +257,17 @@ def measure_images(args: argparse.Namespace, open_clip_model: types.ModuleType) 
             batch = batch_for(size, patch, args.batch, args.max_tokens)
             vit = build_vit(open_clip_model, vit_name, size).to(args.device, dtype)
             images = image_batch(batch, size, dtype, args.device)
+            calls = {"rwkv": rwkv.encode_image, "vit": vit.encode_image}
+            if args.compile:  # inductor on both; the first call, timed here, compiles
+                calls = {name: torch.compile(fn) for name, fn in calls.items()}
+                with torch.inference_mode():
+                    for name, fn in calls.items():
+                        start = time.perf_counter()
+                        fn(images)
+                        print(f"  compiled {name} for {size} px in {time.perf_counter() - start:.0f} s", flush=True)
             with torch.inference_mode():
-                calls = {"rwkv": partial(rwkv.encode_image, images), "vit": partial(vit.encode_image, images)}
-                times = time_turns(calls, args.rounds, clock, args.device)
+                times = time_turns({name: partial(fn, images) for name, fn in calls.items()}, args.rounds, clock,
+                                   args.device)
             row = Row(pair, size, tokens_of(size, patch), batch, times["rwkv"], times["vit"])
             rows.append(row)
             print_row(row, args.precision, live=True)
@@ -297,7 +306,8 @@ def print_report(args: argparse.Namespace, rows: list[Row], text: tuple[list[flo
     import torch
 
     where = f"cpu, {torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name()
-    print(f"\nencode_image, {args.precision}, {where}, torch {torch.__version__}, {args.clock} clock; "
+    compiled = ", torch.compile (inductor) on both" if args.compile else ""
+    print(f"\nencode_image, {args.precision}{compiled}, {where}, torch {torch.__version__}, {args.clock} clock; "
           f"median of {args.rounds} rounds, the models alternating in each")
     print("model  px    tokens batch  RWKV img/s  ViT img/s  RWKV/ViT [rounds]" +
           ("   peak MiB: RWKV       ViT" if any(r.peaks for r in rows) else ""))
@@ -476,6 +486,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "--threads 1; default wall)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
     parser.add_argument("--wkv-impl", default="auto", help="RWKV-CLIP's WKV (default auto: chunked on CPU)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile (inductor) both models' encode_image first; the compile is timed apart")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement (CPU)")
     parser.add_argument("--open-clip", type=Path, help="an open_clip package folder (default: the oracle venv's)")
     parser.add_argument("--_memory-child", help=argparse.SUPPRESS)

@@ -313,9 +313,12 @@ def print_report(args: argparse.Namespace, rows: list[Row], text: tuple[list[flo
           ("   peak MiB: RWKV       ViT" if any(r.peaks for r in rows) else ""))
     for row in rows:
         print_row(row, args.precision)
-    print("growth exponent in tokens (time per image ~ tokens^e, 1 = linear), between neighbouring sizes:")
+    if len(args.sizes) > 1:
+        print("growth exponent in tokens (time per image ~ tokens^e, 1 = linear), between neighbouring sizes:")
     for pair in args.models:
         mine = [r for r in rows if r.pair == pair]
+        if len(mine) < 2:
+            continue
         for which, label in (("rwkv", f"RWKV-CLIP {pair[0]}/{pair[1:]}"), ("vit", f"ViT-{pair[0]}/{pair[1:]}")):
             steps = [f"{a.size}->{b.size} {growth_exponent((a.tokens, b.tokens), (a.per_image(which), b.per_image(which))):.2f}"
                      for a, b in zip(mine, mine[1:])]

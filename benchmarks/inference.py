@@ -27,6 +27,7 @@ at the larger sizes; both models of a row always get the same batch.
     .venv/bin/python -m benchmarks.inference --models B32 --sizes 224,448 --threads 1 --clock cpu
     .venv/bin/python -m benchmarks.inference --precision bf16   # bf16 weights on both sides
     .venv/bin/python -m benchmarks.inference --compile --models B32 --sizes 224 --no-memory --text-batch 0
+    .venv/bin/python -m benchmarks.inference --wkv --threads 1 --clock cpu   # the WKV alone, both forms
 
 On a GPU, `python -m benchmarks.gpu --only inference` runs `section_gpu` below: the same rows with
 the WKV on fla and on bi_triton, bf16 weights.
@@ -361,6 +362,46 @@ def print_goals(rows: list[Row]) -> None:
             print(f"  {'met    ' if met else 'NOT met'}  {what}: {value}")
 
 
+# ------------------------------------------------------------------------------ the WKV alone
+
+# (batch, tokens): B/32 at 224 and 448 px, B/32 at 1024 px, B/16 at 1024 px; 8 heads of 80 (the image tower's)
+WKV_CASES = ((16, 49), (16, 196), (4, 1024), (1, 4096))
+WKV_HEADS, WKV_HEAD_SIZE = 8, 80
+
+
+def measure_wkv(args: argparse.Namespace) -> None:
+    """The WKV alone, forward only: its inference form (what evaluation runs now) against the autograd form
+    (what it ran before, the training form without gradients), us per token and growth in tokens."""
+    import torch
+
+    from benchmarks.wkv import DECAY_RANGE, make_inputs
+    from src.open_alip.wkv import wkv_chunked_autograd
+    from src.open_alip.wkv_inference import wkv_chunked_inference
+
+    where = f"cpu, {torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name()
+    print(f"WKV alone, forward only, float32, {WKV_HEADS} heads of {WKV_HEAD_SIZE}, decay logits in "
+          f"[{DECAY_RANGE[0]:g}, {DECAY_RANGE[1]:g}], {where}, {args.clock} clock; median of {args.rounds} rounds, "
+          "the two forms alternating")
+    print("tokens batch  inference form us/token  autograd form us/token  speed-up [rounds]  max|diff|/max|y|")
+    found = []
+    for batch, tokens in WKV_CASES:
+        inputs = make_inputs((batch, tokens, WKV_HEADS * WKV_HEAD_SIZE, WKV_HEADS), args.device)
+        with torch.no_grad():
+            calls = {"inference": partial(wkv_chunked_inference, *inputs), "autograd": partial(wkv_chunked_autograd, *inputs)}
+            times = time_turns(calls, args.rounds, clock_of(args.clock), args.device)
+            new, old = (fn() for fn in calls.values())
+        per_token = {name: statistics.median(t) / (batch * tokens) * 1e6 for name, t in times.items()}
+        speedups = [o / n for n, o in zip(times["inference"], times["autograd"])]
+        diff = ((new - old).abs().max() / old.abs().max()).item()
+        found.append((tokens, per_token))
+        print(f"{tokens:>6} {batch:>5}  {per_token['inference']:>23.1f}  {per_token['autograd']:>22.1f}  "
+              f"{statistics.median(speedups):>7.2f}x [{min(speedups):.2f}-{max(speedups):.2f}]  {diff:.1e}", flush=True)
+    for name in ("inference", "autograd"):  # of the time per sequence: per token times tokens
+        steps = [f"{a}->{b} {growth_exponent((a, b), (pa[name] * a, pb[name] * b)):.2f}"
+                 for (a, pa), (b, pb) in zip(found, found[1:])]
+        print(f"growth exponent in tokens (time per sequence ~ tokens^e), {name} form: " + ", ".join(steps))
+
+
 # ------------------------------------------------------------------------------ the GPU section
 
 
@@ -489,6 +530,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "--threads 1; default wall)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
     parser.add_argument("--wkv-impl", default="auto", help="RWKV-CLIP's WKV (default auto: chunked on CPU)")
+    parser.add_argument("--wkv", action="store_true",
+                        help="only the WKV alone, forward only: its inference form against the autograd form at "
+                             "49, 196, 1024 and 4096 tokens (no ViT, no open_clip)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile (inductor) both models' encode_image first; the compile is timed apart")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement (CPU)")
@@ -523,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: --wkv-impl {args.wkv_impl}: {exc}", file=sys.stderr)
         return 2
+    if args.wkv:
+        measure_wkv(args)
+        return 0
     folder = args.open_clip or default_open_clip_dir()
     open_clip_model = load_open_clip(folder)
     print(f"ViT: open_clip's model code from {folder}; {args.precision}, "

@@ -123,15 +123,16 @@ def test_bad_arguments_and_a_folder_without_open_clip_are_one_line_errors(tmp_pa
                               "pass --open-clip PATH/open_clip")
 
 
-def test_the_gpu_section_is_registered_and_its_code_runs_on_the_cpu(tmp_path):
+def test_the_gpu_section_is_registered_as_an_extra_and_its_code_runs_on_the_cpu(tmp_path):
     import torch
 
     from benchmarks import gpu, gpu_report
 
-    args = gpu.parse_args(["--cpu-test", "--output", str(tmp_path / "r.json")])
-    (section,) = [s for s in gpu.build_sections(args, torch.device("cpu")) if s.name == "inference"]
+    assert "inference" not in [s.name for s in gpu.build_sections(gpu.parse_args(["--output", "r.json"]))]
+    args = gpu.parse_args(["--cpu-test", "--include", "inference", "--output", str(tmp_path / "r.json")])
+    (section,) = [s for s in gpu.build_sections(args) if s.name == "inference"]
     results = gpu_report.Results(tmp_path / "r.json", {})
-    section.run(results, gpu_report.Budget(60))
+    section.run(gpu_report.Check(args, torch.device("cpu")), results, gpu_report.Budget(60))
     found = json.loads((tmp_path / "r.json").read_text())["sections"]["inference"]
     assert [c["px"] for c in found["cases"]] == [32, 64] and "no ViT" in found["note"]
     assert all(c["chunked_img_s"] > 0 and "error" not in c for c in found["cases"])

@@ -72,7 +72,7 @@ def tiny_pair(monkeypatch):
 def test_a_run_prints_the_table_growth_text_and_peak_memory(open_clip_dir, tiny_pair, capsys):
     # The memory child is a fresh process: it measures the real ViT/RWKV names of the pair it is given.
     assert bench.main(["--open-clip", str(open_clip_dir), "--models", "B32", "--sizes", "32,64", "--rounds", "2",
-                       "--batch", "2", "--text-batch", "2", "--threads", "1"]) == 0
+                       "--batch", "2", "--text-batch", "2"]) == 0
     out = capsys.readouterr().out
     assert f"open_clip's model code from {open_clip_dir}" in out
     number = r"[0-9.e+-]+"
@@ -82,6 +82,19 @@ def test_a_run_prints_the_table_growth_text_and_peak_memory(open_clip_dir, tiny_
     assert re.search(rf"RWKV-CLIP B/32\s+32->64 {number}", out) and re.search(rf"ViT-B/32\s+32->64 {number}", out)
     assert re.search(rf"encode_text, batch 2 x 77 tokens: RWKV-CLIP {number} texts/s", out)
     assert "issue 44's goals" not in out  # none of the goals' sizes was measured
+
+
+def test_the_wkv_mode_times_both_forms_and_their_growth(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "WKV_CASES", ((2, 20), (1, 90)))  # one chunk, then chunks with boundary states
+    monkeypatch.setattr(bench, "WKV_HEADS", 2)
+    monkeypatch.setattr(bench, "WKV_HEAD_SIZE", 8)
+    assert bench.main(["--wkv", "--rounds", "1"]) == 0  # no --threads: it would set this process's
+    out = capsys.readouterr().out
+    rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+x \[[0-9.-]+\]\s+([0-9.e+-]+)$", out, re.M)
+    assert [r[:2] for r in rows] == [("20", "2"), ("90", "1")]
+    assert all(float(r[2]) < 1e-5 for r in rows)  # the two forms agree to float32 rounding
+    assert re.search(r"growth exponent .*, inference form: 20->90 [0-9.-]+", out)
+    assert re.search(r"growth exponent .*, autograd form: 20->90 [0-9.-]+", out)
 
 
 def test_goals_and_growth_come_from_the_rows(capsys):

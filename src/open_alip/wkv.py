@@ -49,7 +49,7 @@ import torch
 from . import wkv_bi_triton as _bi
 from . import wkv_fla as _fla
 from .choices import WKV_IMPL_CHOICES, WKV_IMPLEMENTATIONS
-from .wkv_inference import wkv_chunked_inference
+from .wkv_inference import chunk_length, wkv_chunked_inference
 
 Tensor = torch.Tensor
 
@@ -103,12 +103,6 @@ def wkv_reference(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor) -> Tens
 
     y = torch.stack(left_to_right, dim=2) + torch.stack(right_to_left, dim=2)
     return _merge_heads(y)
-
-
-def _chunk_len(time: int, chunk: int) -> int:
-    # As few chunks as `chunk` allows, then as short as possible: T=49 -> 4 x 13, not 4 x 16.
-    n_chunks = -(-time // chunk)
-    return -(-time // n_chunks)
 
 
 def _interval_masks(
@@ -191,8 +185,8 @@ def wkv_chunked(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: in
     """Chunked parallel form of `wkv_reference` (same numbers, O(T * chunk * N) memory).
 
     When no gradient is wanted (no input requires one, or grad mode is off) this is the
-    forward-only form of `wkv_inference.py`, matmuls instead of [L, L, N] products, 5-7x faster
-    on CPU; otherwise the autograd form below. `chunk` fixes the chunk length (default:
+    forward-only form of `wkv_inference.py`, matmuls instead of [L, L, N] products, 6-13x faster
+    on CPU (`python -m benchmarks.inference --wkv`); otherwise the autograd form below. `chunk` fixes the chunk length (default:
     DEFAULT_CHUNK for the autograd form, chosen from the decays for the forward-only one).
     """
     _check(r, k, v, w, u)
@@ -206,7 +200,7 @@ def wkv_chunked_autograd(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, 
     _check(r, k, v, w, u)
     heads, size = u.shape
     batch, time, _ = r.shape
-    length = _chunk_len(time, max(1, int(chunk)))
+    length = chunk_length(time, max(1, int(chunk)))  # T=49, chunk 16 -> 4 x 13, not 4 x 16
     n_chunks = -(-time // length)
     pad = n_chunks * length - time
 

@@ -51,7 +51,7 @@ STEP_FLOOR = -40.0
 
 
 def chunk_length(time: int, chunk: int) -> int:
-    """As few chunks as `chunk` allows, then as short as possible: T=49 -> 2 x 25, not 32 + 17."""
+    """As few chunks as `chunk` allows, then as short as possible: T=196, chunk 64 -> 4 x 49, not 3 x 64 + 4."""
     n_chunks = -(-time // chunk)
     return -(-time // n_chunks)
 

@@ -11,6 +11,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -149,6 +150,22 @@ def _holder(output: Path, then: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, text=True)
 
 
+def _wait_until_closed_in(pid: int, path: Path, timeout: float = 30.0) -> None:
+    """Until process `pid` holds no descriptor of `path` (or fail after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = []
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                held.append(os.readlink(fd) == str(path))
+            except OSError:  # closed while we looked
+                pass
+        if not any(held):
+            return
+        assert time.monotonic() < deadline, f"process {pid} still holds {path} after {timeout} s"
+        time.sleep(0.05)
+
+
 def test_a_forked_child_does_not_keep_the_lock_of_a_killed_run(tmp_path):
     # A loader worker (forked) once held train.py's lock for seconds after a kill -9 of the run: the
     # rerun was refused naming the dead pid. Children now drop the lock; only the run holds it.
@@ -162,6 +179,9 @@ def test_a_forked_child_does_not_keep_the_lock_of_a_killed_run(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(OutputLocked):  # the run itself still holds it
             OutputLock(output, tool="train.py", path=output / "train.lock").acquire()
+        # The child drops its copy when it first runs after the fork; on a loaded machine that can
+        # come after the parent has gone on. A loader worker has long run by the time a run is killed.
+        _wait_until_closed_in(child, output / "train.lock")
         holder.kill()
         holder.wait()
         lock = OutputLock(output, tool="train.py", path=output / "train.lock")

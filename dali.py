@@ -35,33 +35,65 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    p.add_argument("--data", action="append", metavar="PATH",
-                   help="shards to read (prefix, .rec, folder or glob); repeat for more")
+    p.add_argument(
+        "--data",
+        action="append",
+        metavar="PATH",
+        help="shards to read (prefix, .rec, folder or glob); repeat for more",
+    )
     p.add_argument("--data-dir", metavar="DIR", help="folder of the shards (alone: every shard in it)")
     p.add_argument("--rec-file", metavar="NAME", help="the .rec file to read, looked up in --data-dir first")
     p.add_argument("--batch-size", type=int, default=64, metavar="N", help="images per batch (default 64)")
     p.add_argument("--steps", type=int, default=20, metavar="N", help="batches to check (default 20)")
-    p.add_argument("--time-steps", type=int, metavar="N",
-                   help="batches to time back to back, after the first and before the checks (default: --steps; "
-                        "0: no timing)")
-    p.add_argument("--device", default="auto",
-                   help="auto, cpu, cuda or cuda:N: decode on the GPU (DALI 'mixed') or the CPU; "
-                        "auto picks the GPU when there is one")
-    p.add_argument("--input-size", type=int, default=224, metavar="S", help="image side after crop/resize (default 224)")
-    p.add_argument("--workers", type=int, default=4, metavar="N",
-                   help=f"CPU threads (DALI) or worker processes (torch); default 4, at most {max_workers()} here")
-    p.add_argument("--eval", action="store_true", help="evaluation transform (resize + centre crop, no shuffle)")
-    p.add_argument("--backend", choices=BACKENDS, default=BACKENDS[0],
-                   help="dali (default) or the pure-PyTorch fallback")
+    p.add_argument(
+        "--time-steps",
+        type=int,
+        metavar="N",
+        help="batches to time back to back, after the first and before the checks (default: --steps; "
+        "0: no timing)",
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto, cpu, cuda or cuda:N: decode on the GPU (DALI 'mixed') or the CPU; "
+        "auto picks the GPU when there is one",
+    )
+    p.add_argument(
+        "--input-size", type=int, default=224, metavar="S", help="image side after crop/resize (default 224)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=4,
+        metavar="N",
+        help=f"CPU threads (DALI) or worker processes (torch); default 4, at most {max_workers()} here",
+    )
+    p.add_argument(
+        "--eval", action="store_true", help="evaluation transform (resize + centre crop, no shuffle)"
+    )
+    p.add_argument(
+        "--backend", choices=BACKENDS, default=BACKENDS[0], help="dali (default) or the pure-PyTorch fallback"
+    )
     p.add_argument("--seed", type=int, default=0, help="shuffle/augmentation seed (default 0)")
-    p.add_argument("--save-grid", metavar="FILE.png", help="write a grid of the first batch's images and captions")
-    p.add_argument("--max-bad-records", type=int, default=0, metavar="N",
-                   help="records that cannot be read or decoded to skip before failing (default 0: any one fails "
-                        f"the check; train.py skips up to {DEFAULT_MAX_BAD_RECORDS})")
-    p.add_argument("--reader-workers", type=int, metavar="N",
-                   help=READER_WORKERS_HELP + "; as train.py's flag")
-    p.add_argument("--cache-dir", metavar="DIR",
-                   help="where to cache the record index (default $RWKV_CLIP_CACHE or ~/.cache/rwkv-clip)")
+    p.add_argument(
+        "--save-grid", metavar="FILE.png", help="write a grid of the first batch's images and captions"
+    )
+    p.add_argument(
+        "--max-bad-records",
+        type=int,
+        default=0,
+        metavar="N",
+        help="records that cannot be read or decoded to skip before failing (default 0: any one fails "
+        f"the check; train.py skips up to {DEFAULT_MAX_BAD_RECORDS})",
+    )
+    p.add_argument(
+        "--reader-workers", type=int, metavar="N", help=READER_WORKERS_HELP + "; as train.py's flag"
+    )
+    p.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="where to cache the record index (default $RWKV_CLIP_CACHE or ~/.cache/rwkv-clip)",
+    )
     args = p.parse_args(argv)
     if not args.data and not args.data_dir and not args.rec_file:
         p.error("no shards given: use --data PATH, or --data-dir DIR [--rec-file NAME]")

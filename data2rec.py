@@ -66,76 +66,166 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    p.add_argument("inputs", nargs="*", metavar="INPUT",
-                   help="parquet files, WebDataset .tar files, CSV/TSV/JSONL manifests, or folders of them "
-                        f"(or one folder of images with .txt captions); none: ./{DEFAULT_INPUT}, written to "
-                        f"{shard_names_text(DEFAULT_INPUT / DEFAULT_NAME, sharded=False)}")
-    p.add_argument("--output", "-o",
-                   help=f"output prefix: writes {shard_names_text(OUT, sharded=False)}, or "
-                        f"{shard_names_text(OUT)} with --shard-size, plus {OUT}{REPORT} and {OUT}{STATE} "
-                        f"(and {OUT}{LOCK} while running)")
-    p.add_argument("--format", default="auto", choices=["auto", *SOURCES],
-                   help="input kind (default: detected from the paths)")
+    p.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="INPUT",
+        help="parquet files, WebDataset .tar files, CSV/TSV/JSONL manifests, or folders of them "
+        f"(or one folder of images with .txt captions); none: ./{DEFAULT_INPUT}, written to "
+        f"{shard_names_text(DEFAULT_INPUT / DEFAULT_NAME, sharded=False)}",
+    )
+    p.add_argument(
+        "--output",
+        "-o",
+        help=f"output prefix: writes {shard_names_text(OUT, sharded=False)}, or "
+        f"{shard_names_text(OUT)} with --shard-size, plus {OUT}{REPORT} and {OUT}{STATE} "
+        f"(and {OUT}{LOCK} while running)",
+    )
+    p.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", *SOURCES],
+        help="input kind (default: detected from the paths)",
+    )
     g = p.add_argument_group("sharding and parallelism")
-    g.add_argument("--shard-size", type=int, default=0, metavar="N",
-                   help="records per output shard (default 0: a single OUT.rec)")
-    g.add_argument("--num-machines", "--num-shards", dest="num_machines", type=int, default=1, metavar="N",
-                   help="split the input units (files; folder slices) over N machines (default 1)")
-    g.add_argument("--machine-id", "--shard-id", dest="machine_id", type=int, default=0, metavar="I",
-                   help="which part this machine converts, 0..N-1; outputs are named OUT-mIII...")
-    g.add_argument("--id-offset", type=int, default=0, metavar="N",
-                   help="added to every sample id (ids are the global input position; default 0; "
-                        "ids are uint64, so offset + rows must stay below 2^64)")
-    g.add_argument("--workers", type=int, default=0, metavar="N",
-                   help=f"worker processes (default 0: all usable cores; 1: no subprocesses; "
-                        f"at most {MAX_WORKERS_PER_CORE} per usable core). Hub parquet of JPEGs at --validate "
-                        "off or structure needs none: it is converted in the main process")
+    g.add_argument(
+        "--shard-size",
+        type=int,
+        default=0,
+        metavar="N",
+        help="records per output shard (default 0: a single OUT.rec)",
+    )
+    g.add_argument(
+        "--num-machines",
+        "--num-shards",
+        dest="num_machines",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the input units (files; folder slices) over N machines (default 1)",
+    )
+    g.add_argument(
+        "--machine-id",
+        "--shard-id",
+        dest="machine_id",
+        type=int,
+        default=0,
+        metavar="I",
+        help="which part this machine converts, 0..N-1; outputs are named OUT-mIII...",
+    )
+    g.add_argument(
+        "--id-offset",
+        type=int,
+        default=0,
+        metavar="N",
+        help="added to every sample id (ids are the global input position; default 0; "
+        "ids are uint64, so offset + rows must stay below 2^64)",
+    )
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"worker processes (default 0: all usable cores; 1: no subprocesses; "
+        f"at most {MAX_WORKERS_PER_CORE} per usable core). Hub parquet of JPEGs at --validate "
+        "off or structure needs none: it is converted in the main process",
+    )
     g = p.add_argument_group("images")
-    g.add_argument("--validate", default=DEFAULT_VALIDATE, choices=VALIDATE_LEVELS, type=_level,
-                   help="what a stored image is guaranteed to pass. off: byte checks and header only. "
-                        "structure (default): + every JPEG's markers, tables and scans in order, EOI at the "
-                        "end, nothing cut off; near the speed of a copy, no decode, and a sequential JPEG's "
-                        "last scan is not read (the loaders skip and count a record that still fails to "
-                        "decode). decode (old name: quick): + a decode by "
-                        "PIL at 1/8 scale (all of the compressed data is read), so PIL, the torch loader's "
-                        "decoder, reads every stored JPEG; DALI's CPU decoder is more lenient than PIL on "
-                        "every fault we know. full: + a full-size PIL decode and a decode by DALI's CPU "
-                        "decoder itself (when DALI is installed). No level can test the GPU decoder without "
-                        "a GPU")
-    g.add_argument("--resize-short", type=int, default=0, metavar="S",
-                   help="shrink images so the short side is S pixels (never enlarges; re-encodes)")
-    g.add_argument("--quality", type=int, default=None, metavar="Q",
-                   help="re-encode every image as JPEG quality Q (default: JPEGs pass through; "
-                        "other formats are converted at 95)")
-    g.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N",
-                   help=f"skip images with more pixels than this (default {DEFAULT_MAX_PIXELS / 1e6:g}M; "
-                        "0: no limit)")
-    g.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES, metavar="N",
-                   help=f"skip image and caption files larger than this (default {DEFAULT_MAX_FILE_BYTES >> 20} MiB; "
-                        "0: no limit); only regular files are read: a FIFO or device is skipped, never waited on")
+    g.add_argument(
+        "--validate",
+        default=DEFAULT_VALIDATE,
+        choices=VALIDATE_LEVELS,
+        type=_level,
+        help="what a stored image is guaranteed to pass. off: byte checks and header only. "
+        "structure (default): + every JPEG's markers, tables and scans in order, EOI at the "
+        "end, nothing cut off; near the speed of a copy, no decode, and a sequential JPEG's "
+        "last scan is not read (the loaders skip and count a record that still fails to "
+        "decode). decode (old name: quick): + a decode by "
+        "PIL at 1/8 scale (all of the compressed data is read), so PIL, the torch loader's "
+        "decoder, reads every stored JPEG; DALI's CPU decoder is more lenient than PIL on "
+        "every fault we know. full: + a full-size PIL decode and a decode by DALI's CPU "
+        "decoder itself (when DALI is installed). No level can test the GPU decoder without "
+        "a GPU",
+    )
+    g.add_argument(
+        "--resize-short",
+        type=int,
+        default=0,
+        metavar="S",
+        help="shrink images so the short side is S pixels (never enlarges; re-encodes)",
+    )
+    g.add_argument(
+        "--quality",
+        type=int,
+        default=None,
+        metavar="Q",
+        help="re-encode every image as JPEG quality Q (default: JPEGs pass through; "
+        "other formats are converted at 95)",
+    )
+    g.add_argument(
+        "--max-pixels",
+        type=int,
+        default=DEFAULT_MAX_PIXELS,
+        metavar="N",
+        help=f"skip images with more pixels than this (default {DEFAULT_MAX_PIXELS / 1e6:g}M; 0: no limit)",
+    )
+    g.add_argument(
+        "--max-file-bytes",
+        type=int,
+        default=DEFAULT_MAX_FILE_BYTES,
+        metavar="N",
+        help=f"skip image and caption files larger than this (default {DEFAULT_MAX_FILE_BYTES >> 20} MiB; "
+        "0: no limit); only regular files are read: a FIFO or device is skipped, never waited on",
+    )
     g = p.add_argument_group("captions")
     g.add_argument("--image-column", help="manifest/parquet column with the image (path or bytes)")
-    g.add_argument("--caption-columns", help="comma-separated manifest columns with captions "
-                                             "(several give up to K captions per record; empty cells are "
-                                             "left out); parquet: the token column")
-    g.add_argument("--image-root", help="folder that relative manifest image paths are under "
-                                        "(default: the manifest's folder)")
-    g.add_argument("--caption-dir", help="folder input: tree of .txt captions mirroring the image tree "
-                                         "(several captions: STEM.txt, STEM.1.txt, STEM.2.txt, ...)")
-    g.add_argument("--max-captions", type=int, default=MAX_CAPTIONS, metavar="K",
-                   help=f"records keep every caption of their row, 1 to K of them (default {MAX_CAPTIONS}); "
-                        "a row with more is skipped as too_many_captions")
+    g.add_argument(
+        "--caption-columns",
+        help="comma-separated manifest columns with captions "
+        "(several give up to K captions per record; empty cells are "
+        "left out); parquet: the token column",
+    )
+    g.add_argument(
+        "--image-root",
+        help="folder that relative manifest image paths are under (default: the manifest's folder)",
+    )
+    g.add_argument(
+        "--caption-dir",
+        help="folder input: tree of .txt captions mirroring the image tree "
+        "(several captions: STEM.txt, STEM.1.txt, STEM.2.txt, ...)",
+    )
+    g.add_argument(
+        "--max-captions",
+        type=int,
+        default=MAX_CAPTIONS,
+        metavar="K",
+        help=f"records keep every caption of their row, 1 to K of them (default {MAX_CAPTIONS}); "
+        "a row with more is skipped as too_many_captions",
+    )
     g = p.add_argument_group("runs")
-    g.add_argument("--max-skip-fraction", type=finite_float, default=DEFAULT_MAX_SKIP_FRACTION, metavar="F",
-                   help=f"if more than this share of the rows is skipped (default {DEFAULT_MAX_SKIP_FRACTION:g}), "
-                        "exit with status 4 after writing every valid row and the report; counted over this "
-                        "output (this machine's part of a split, rows converted before a resume included)")
-    g.add_argument("--no-resume", dest="resume", action="store_false",
-                   help="ignore a previous run's state (default: resume it when the arguments match)")
+    g.add_argument(
+        "--max-skip-fraction",
+        type=finite_float,
+        default=DEFAULT_MAX_SKIP_FRACTION,
+        metavar="F",
+        help=f"if more than this share of the rows is skipped (default {DEFAULT_MAX_SKIP_FRACTION:g}), "
+        "exit with status 4 after writing every valid row and the report; counted over this "
+        "output (this machine's part of a split, rows converted before a resume included)",
+    )
+    g.add_argument(
+        "--no-resume",
+        dest="resume",
+        action="store_false",
+        help="ignore a previous run's state (default: resume it when the arguments match)",
+    )
     g.add_argument("--overwrite", action="store_true", help="replace existing outputs at OUT")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    g.add_argument("--verify", metavar="OUT", help="re-read the finished shards at OUT and report, and say "
-                                                   "whether the conversion finished; no conversion")
+    g.add_argument(
+        "--verify",
+        metavar="OUT",
+        help="re-read the finished shards at OUT and report, and say "
+        "whether the conversion finished; no conversion",
+    )
     g.add_argument("--decode", action="store_true", help="with --verify: also decode every image")
     add_hub_arguments(p)
     return p

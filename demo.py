@@ -1,7 +1,7 @@
 """The README's first command: the whole pipeline on a small generated corpus, CPU only, offline.
 
-    python demo.py --output demo_out          # about 4 minutes on 2 cores (its last line says how long)
-    python demo.py --output /tmp/d --quick    # reduced sizes, for CI (~2-3 minutes)
+python demo.py --output demo_out          # about 4 minutes on 2 cores (its last line says how long)
+python demo.py --output /tmp/d --quick    # reduced sizes, for CI (~2-3 minutes)
 """
 
 from __future__ import annotations
@@ -24,13 +24,23 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     p.add_argument("--output", type=Path, default=Path("demo_out"), help="output folder (default: demo_out)")
-    p.add_argument("--quick", action="store_true",
-                   help="reduced sizes for CI: every step runs but the model barely trains")
-    p.add_argument("--train-samples", type=int, default=None,
-                   help=f"training pairs to generate (default {DemoSettings.train_samples})")
-    p.add_argument("--epochs", type=int, default=None, help=f"training epochs (default {DemoSettings.epochs})")
-    p.add_argument("--processes", type=int, default=None,
-                   help=f"torchrun processes (default {DemoSettings.processes})")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="reduced sizes for CI: every step runs but the model barely trains",
+    )
+    p.add_argument(
+        "--train-samples",
+        type=int,
+        default=None,
+        help=f"training pairs to generate (default {DemoSettings.train_samples})",
+    )
+    p.add_argument(
+        "--epochs", type=int, default=None, help=f"training epochs (default {DemoSettings.epochs})"
+    )
+    p.add_argument(
+        "--processes", type=int, default=None, help=f"torchrun processes (default {DemoSettings.processes})"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the corpus and of training (default 0)")
     return p
 
@@ -64,13 +74,19 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             setattr(settings, name, value)
     if settings.train_samples < settings.batch_size * settings.processes:
-        print(f"demo.py: error: --train-samples must be at least {settings.batch_size * settings.processes} "
-              "(one global batch)", file=sys.stderr)
+        print(
+            f"demo.py: error: --train-samples must be at least {settings.batch_size * settings.processes} "
+            "(one global batch)",
+            file=sys.stderr,
+        )
         return 2
     unwritable = _unwritable(args.output)
     if unwritable:
-        print(f"demo.py: error: --output {args.output}: cannot write there ({unwritable}); pass a folder you "
-              "can write", file=sys.stderr)
+        print(
+            f"demo.py: error: --output {args.output}: cannot write there ({unwritable}); pass a folder you "
+            "can write",
+            file=sys.stderr,
+        )
         return 2
     try:
         summary = Demo(settings).run()
@@ -83,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_summary(summary))
     out = args.output
-    print(f"\nWrote {out / 'summary.json'}, {out / 'loss_curve.png'}, {out / 'predictions.png'} "
-          f"and {out / 'loader_batch.png'}")
+    print(
+        f"\nWrote {out / 'summary.json'}, {out / 'loss_curve.png'}, {out / 'predictions.png'} "
+        f"and {out / 'loader_batch.png'}"
+    )
     return 0
 
 

@@ -1,7 +1,7 @@
 """Embed a folder of images, an image list or a text file with RWKV-CLIP.
 
-    python embed.py --model-weight RWKV-CLIP-B32-YFCC15M.pt --images photos/ --output photos.npy
-    python embed.py --model-weight hf-hub:ORG/REPO --texts captions.txt --output captions.npy
+python embed.py --model-weight RWKV-CLIP-B32-YFCC15M.pt --images photos/ --output photos.npy
+python embed.py --model-weight hf-hub:ORG/REPO --texts captions.txt --output captions.npy
 """
 
 from __future__ import annotations
@@ -46,10 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_model_options(p, "embed with untrained random weights (for testing a setup, never for real use)")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--images", type=Path, help="a folder of images, or a .txt/.csv/.tsv/.jsonl list of them")
+    what.add_argument(
+        "--images", type=Path, help="a folder of images, or a .txt/.csv/.tsv/.jsonl list of them"
+    )
     what.add_argument("--texts", type=Path, help="a UTF-8 text file, one text per line")
     p.add_argument("--image-column", default=None, help="the image column of a CSV/TSV/JSONL manifest")
-    p.add_argument("--output", required=True, type=Path, help="embeddings file OUT.npy (OUT.index.json goes beside it)")
+    p.add_argument(
+        "--output", required=True, type=Path, help="embeddings file OUT.npy (OUT.index.json goes beside it)"
+    )
     p.add_argument("--batch-size", type=int, default=64, help="inputs per forward pass (default 64)")
     add_run_options(p, "image decoding processes (default 4; 0 decodes in this one)")
     return p
@@ -82,11 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         return report("embed.py", exc)
     skipped = summary["skipped"]
-    print(f"[embed] {summary['count']} {summary['kind']} x {summary['dim']} -> {args.output} "
-          f"(index: {summary['index']})")
+    print(
+        f"[embed] {summary['count']} {summary['kind']} x {summary['dim']} -> {args.output} "
+        f"(index: {summary['index']})"
+    )
     if skipped:
-        print(f"[embed] skipped {len(skipped)} unreadable image(s), e.g. {skipped[0]['item']}: {skipped[0]['error']}; "
-              "all are listed under \"skipped\" in the index")
+        print(
+            f"[embed] skipped {len(skipped)} unreadable image(s), e.g. {skipped[0]['item']}: {skipped[0]['error']}; "
+            'all are listed under "skipped" in the index'
+        )
     if summary.get("blank_lines"):
         print(f"[embed] skipped {summary['blank_lines']} blank line(s)")
     return 0

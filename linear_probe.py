@@ -1,8 +1,8 @@
 """Linear probe of an RWKV-CLIP checkpoint: the paper's third table.
 
-    python linear_probe.py --model-weight RWKV-CLIP-B32-YFCC15M.pt --data-root /data
-    python linear_probe.py --model-weight W --datasets cifar10=/data dtd=/data --protocol clip_benchmark
-    python linear_probe.py --list-datasets
+python linear_probe.py --model-weight RWKV-CLIP-B32-YFCC15M.pt --data-root /data
+python linear_probe.py --model-weight W --datasets cifar10=/data dtd=/data --protocol clip_benchmark
+python linear_probe.py --list-datasets
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ every dataset's metrics, a printed table and the paper's linear-probe row (headl
 per-class recall for pets, flowers, caltech101, aircraft; top-1 otherwise).
 """
 
-PROTOCOL_HELP = ("paper: the paper's and CLIP's L-BFGS logistic regression with its regularisation sweep; "
-                 "clip_benchmark: CLIP_benchmark 1.6.2's mini-batch probe on the same features "
-                 "(default: %(default)s)")
+PROTOCOL_HELP = (
+    "paper: the paper's and CLIP's L-BFGS logistic regression with its regularisation sweep; "
+    "clip_benchmark: CLIP_benchmark 1.6.2's mini-batch probe on the same features "
+    "(default: %(default)s)"
+)
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
@@ -51,23 +53,54 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         VAL_FRACTION,
     )
 
-    p.add_argument("--list-datasets", action="store_true",
-                   help="print the linear-probe datasets (classes, split sizes, validation, metric, layout) and exit")
-    p.add_argument("--feature-cache", type=Path, default=None, metavar="DIR",
-                   help="folder of cached features (default: OUTPUT_DIR/features)")
-    p.add_argument("--seed", type=int, default=SEED,
-                   help="seed of the validation split held out of train, and clip_benchmark's seed (default %(default)s)")
-    p.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
-                   help="share of train held out for validation where a dataset has no val split "
-                        "(default %(default)s)")
-    p.add_argument("--max-iter", type=int, default=MAX_ITER,
-                   help="L-BFGS iterations per fit at most, paper protocol (default %(default)s, CLIP's)")
-    p.add_argument("--cb-lr", type=float, default=CB_LEARNING_RATE,
-                   help="clip_benchmark protocol: learning rate (its --fewshot_lr, default %(default)s)")
-    p.add_argument("--cb-epochs", type=int, default=CB_EPOCHS,
-                   help="clip_benchmark protocol: epochs per training run (its --fewshot_epochs, default %(default)s)")
-    p.add_argument("--cb-batch-size", type=int, default=CB_BATCH_SIZE,
-                   help="clip_benchmark protocol: training batch (its --batch_size, default %(default)s)")
+    p.add_argument(
+        "--list-datasets",
+        action="store_true",
+        help="print the linear-probe datasets (classes, split sizes, validation, metric, layout) and exit",
+    )
+    p.add_argument(
+        "--feature-cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="folder of cached features (default: OUTPUT_DIR/features)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=SEED,
+        help="seed of the validation split held out of train, and clip_benchmark's seed (default %(default)s)",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=VAL_FRACTION,
+        help="share of train held out for validation where a dataset has no val split (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-iter",
+        type=int,
+        default=MAX_ITER,
+        help="L-BFGS iterations per fit at most, paper protocol (default %(default)s, CLIP's)",
+    )
+    p.add_argument(
+        "--cb-lr",
+        type=float,
+        default=CB_LEARNING_RATE,
+        help="clip_benchmark protocol: learning rate (its --fewshot_lr, default %(default)s)",
+    )
+    p.add_argument(
+        "--cb-epochs",
+        type=int,
+        default=CB_EPOCHS,
+        help="clip_benchmark protocol: epochs per training run (its --fewshot_epochs, default %(default)s)",
+    )
+    p.add_argument(
+        "--cb-batch-size",
+        type=int,
+        default=CB_BATCH_SIZE,
+        help="clip_benchmark protocol: training batch (its --batch_size, default %(default)s)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,11 +36,19 @@ Results: one JSON per dataset in --output-dir (retrieval_NAME.json) and a printe
 
 
 def _add_dataset_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--image-root", type=Path, default=None,
-                   help="image folder for ALBEF/BLIP and Karpathy JSON files (default: the JSON's folder)")
-    p.add_argument("--captions-per-image", type=int, default=None,
-                   help="captions kept per image (default: all for ALBEF/BLIP files, as the original; "
-                        "5 for Karpathy files)")
+    p.add_argument(
+        "--image-root",
+        type=Path,
+        default=None,
+        help="image folder for ALBEF/BLIP and Karpathy JSON files (default: the JSON's folder)",
+    )
+    p.add_argument(
+        "--captions-per-image",
+        type=int,
+        default=None,
+        help="captions kept per image (default: all for ALBEF/BLIP files, as the original; "
+        "5 for Karpathy files)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

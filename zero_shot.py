@@ -35,21 +35,53 @@ prints each image's top label.
 
 
 def _add_dataset_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--classnames", nargs="*", default=None, metavar="NAME=FILE",
-                   help="class-name file per dataset (.txt one per line or 'folder name' lines, or .json)")
-    p.add_argument("--templates", nargs="*", default=None, metavar="NAME=FILE",
-                   help="prompt templates per dataset (.txt one per line or .json list), each with '{}'")
-    p.add_argument("--list-datasets", action="store_true",
-                   help="print the paper's datasets (classes, templates, test images, metric, layout) and exit")
-    p.add_argument("--csv", type=Path, default=None, metavar="FILE",
-                   help="append the original's result line (the scores, comma-separated, in --datasets order)")
-    p.add_argument("--images", nargs="+", type=Path, default=None, metavar="PATH",
-                   help="image files or folders to classify against --labels (instead of --datasets)")
-    p.add_argument("--labels", default=None,
-                   help="two or more labels for --images: comma-separated, e.g. 'cat,dog,car', or @FILE with one "
-                        "label per line")
-    p.add_argument("--label-templates", type=Path, default=None, metavar="FILE",
-                   help="templates for --labels (default: CLIP's 80 ImageNet templates)")
+    p.add_argument(
+        "--classnames",
+        nargs="*",
+        default=None,
+        metavar="NAME=FILE",
+        help="class-name file per dataset (.txt one per line or 'folder name' lines, or .json)",
+    )
+    p.add_argument(
+        "--templates",
+        nargs="*",
+        default=None,
+        metavar="NAME=FILE",
+        help="prompt templates per dataset (.txt one per line or .json list), each with '{}'",
+    )
+    p.add_argument(
+        "--list-datasets",
+        action="store_true",
+        help="print the paper's datasets (classes, templates, test images, metric, layout) and exit",
+    )
+    p.add_argument(
+        "--csv",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="append the original's result line (the scores, comma-separated, in --datasets order)",
+    )
+    p.add_argument(
+        "--images",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="image files or folders to classify against --labels (instead of --datasets)",
+    )
+    p.add_argument(
+        "--labels",
+        default=None,
+        help="two or more labels for --images: comma-separated, e.g. 'cat,dog,car', or @FILE with one "
+        "label per line",
+    )
+    p.add_argument(
+        "--label-templates",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="templates for --labels (default: CLIP's 80 ImageNet templates)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,8 +50,10 @@ def main() -> None:
 
     checked = _median_seconds(check, args.rounds)
     built = _median_seconds(build, args.rounds)
-    print(f"{args.config}: shape check on meta {checked:.3f} s, building the model {built:.2f} s, "
-          f"ratio {built / checked:.0f}x ({torch.get_num_threads()} threads, median of {args.rounds})")
+    print(
+        f"{args.config}: shape check on meta {checked:.3f} s, building the model {built:.2f} s, "
+        f"ratio {built / checked:.0f}x ({torch.get_num_threads()} threads, median of {args.rounds})"
+    )
 
 
 if __name__ == "__main__":

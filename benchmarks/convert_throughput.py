@@ -107,10 +107,12 @@ def write_parquet(path: Path, images: list[bytes], first: int) -> None:
     import pyarrow.parquet as pq
 
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    table = pa.table({
-        "images": pa.array([{"bytes": b, "path": None} for b in images], image_type),
-        "texts": pa.array([tokens(first + i) for i in range(len(images))], pa.list_(pa.float32())),
-    })
+    table = pa.table(
+        {
+            "images": pa.array([{"bytes": b, "path": None} for b in images], image_type),
+            "texts": pa.array([tokens(first + i) for i in range(len(images))], pa.list_(pa.float32())),
+        }
+    )
     pq.write_table(table, path, row_group_size=100)
 
 
@@ -150,7 +152,9 @@ def copy_method(parquets: list[Path], out: Path, n: int) -> float:
 
 def data2rec_rate(parquets: list[Path], out: Path, validate: str, workers: int, n: int) -> float:
     shutil.rmtree(out, ignore_errors=True)
-    opts = ConvertOptions(image=ImageOptions(validate=validate), workers=workers, shard_size=1000, progress=False)
+    opts = ConvertOptions(
+        image=ImageOptions(validate=validate), workers=workers, shard_size=1000, progress=False
+    )
     settle_disk()
     start = time.perf_counter()
     report = convert(parquets, out / "bench", opts)
@@ -164,16 +168,27 @@ LEVELS = VALIDATE_LEVELS
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     p.add_argument("--images", type=int, default=1500, help="distinct images (default 1500)")
     p.add_argument("--files", type=int, default=5, help="parquet files they are split into (default 5)")
     p.add_argument("--photos", help="crop these real JPEG photos instead of generating photo-like images")
-    p.add_argument("--workers", type=int, default=1,
-                   help="data2rec workers (default 1: per-core ratios; 0: all cores, against one-process baselines)")
-    p.add_argument("--levels", default=",".join(LEVELS), help=f"--validate levels to run (default {','.join(LEVELS)})")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="rounds, each running every method once (default 3); rates are each method's best")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="data2rec workers (default 1: per-core ratios; 0: all cores, against one-process baselines)",
+    )
+    p.add_argument(
+        "--levels", default=",".join(LEVELS), help=f"--validate levels to run (default {','.join(LEVELS)})"
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds, each running every method once (default 3); rates are each method's best",
+    )
     p.add_argument("--workdir", help="scratch folder (default: a temp folder, removed after)")
     args = p.parse_args()
     levels = [lv.strip() for lv in args.levels.split(",") if lv.strip()]
@@ -205,8 +220,10 @@ def main() -> int:
         n = len(images)
         sizes = [len(c) for c in images]
         long_side = [max(jpeg_info(c)[:2]) for c in images]
-        print(f"corpus: {n} {what}, long side {min(long_side)}-{max(long_side)} px, mean {np.mean(sizes) / 1024:.1f} KB; "
-              f"{len(parquets)} parquet files; data2rec workers {args.workers or 'all'} on {os.cpu_count()} cores")
+        print(
+            f"corpus: {n} {what}, long side {min(long_side)}-{max(long_side)} px, mean {np.mean(sizes) / 1024:.1f} KB; "
+            f"{len(parquets)} parquet files; data2rec workers {args.workers or 'all'} on {os.cpu_count()} cores"
+        )
         out = work / "out"
         out.mkdir(exist_ok=True)
         # Once untimed: a first run pays one-off costs (lazy imports, the worker pool's start-up)
@@ -214,27 +231,32 @@ def main() -> int:
         data2rec_rate(parquets, out / "warm-up", Validate.OFF, args.workers, n)
         methods = {"seed": lambda: seed_method(files, out), "copy": lambda: copy_method(parquets, out, n)}
         for level in levels:
-            methods[f"data2rec --validate {level}"] = (
-                lambda level=level: data2rec_rate(parquets, out / level, level, args.workers, n))
+            methods[f"data2rec --validate {level}"] = lambda level=level: data2rec_rate(
+                parquets, out / level, level, args.workers, n
+            )
         runs: dict[str, list[float]] = {name: [] for name in methods}
         # The order turns by one each round: a method run right after another measured up to 10%
         # slower than later in the round (allocators and caches the one before left cold), and a
         # fixed order gave that place to the same method in every round.
         names = list(methods)
         for r in range(args.rounds):
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 runs[name].append(methods[name]())
         rates = {name: max(rs) for name, rs in runs.items()}
-        print(f"{'method':30s} {'samples/s':>10s} {'MB/s':>8s} {'x seed':>8s} {'x copy time':>12s} "
-              f"{'same round: median (range)':>27s}")
+        print(
+            f"{'method':30s} {'samples/s':>10s} {'MB/s':>8s} {'x seed':>8s} {'x copy time':>12s} "
+            f"{'same round: median (range)':>27s}"
+        )
         mean_mb = np.mean(sizes) / 1e6
         for key, rate in rates.items():
             # Each round's copy against the same round's run: the copy's time is half its fsync,
             # which varies here by more than a third from one run to the next, so the best of
             # each (the first ratio) can pair a lucky copy with an unlucky run, or the reverse.
             paired = sorted(c / m for c, m in zip(runs["copy"], runs[key]))
-            print(f"{key:30s} {rate:10.0f} {rate * mean_mb:8.1f} {rate / rates['seed']:8.1f} "
-                  f"{rates['copy'] / rate:12.2f} {float(np.median(paired)):12.2f} ({paired[0]:.2f}-{paired[-1]:.2f})")
+            print(
+                f"{key:30s} {rate:10.0f} {rate * mean_mb:8.1f} {rate / rates['seed']:8.1f} "
+                f"{rates['copy'] / rate:12.2f} {float(np.median(paired)):12.2f} ({paired[0]:.2f}-{paired[-1]:.2f})"
+            )
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)

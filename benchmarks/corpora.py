@@ -15,17 +15,75 @@ import random
 from pathlib import Path
 
 _ADJ = [
-    "red", "old", "beautiful", "small", "Happy", "wooden", "snowy", "sunny", "dark", "tiny", "huge",
-    "vintage", "colorful", "blurry", "empty", "crowded", "ancient", "modern", "wet", "golden",
+    "red",
+    "old",
+    "beautiful",
+    "small",
+    "Happy",
+    "wooden",
+    "snowy",
+    "sunny",
+    "dark",
+    "tiny",
+    "huge",
+    "vintage",
+    "colorful",
+    "blurry",
+    "empty",
+    "crowded",
+    "ancient",
+    "modern",
+    "wet",
+    "golden",
 ]
 _NOUN = [
-    "cat", "dog", "house", "bridge", "car", "tree", "beach", "mountain", "city", "church", "flower",
-    "bird", "boat", "train", "girl", "man", "woman", "children", "street", "lake", "sunset", "castle",
-    "market", "festival", "wedding", "garden", "museum", "horse", "bicycle", "skyline",
+    "cat",
+    "dog",
+    "house",
+    "bridge",
+    "car",
+    "tree",
+    "beach",
+    "mountain",
+    "city",
+    "church",
+    "flower",
+    "bird",
+    "boat",
+    "train",
+    "girl",
+    "man",
+    "woman",
+    "children",
+    "street",
+    "lake",
+    "sunset",
+    "castle",
+    "market",
+    "festival",
+    "wedding",
+    "garden",
+    "museum",
+    "horse",
+    "bicycle",
+    "skyline",
 ]
 _PLACE = [
-    "Paris", "New York", "Tokyo", "Berlin", "the park", "San Francisco", "London", "the river",
-    "Yosemite", "Barcelona", "the old town", "Lake Tahoe", "Amsterdam", "Kyoto", "Sydney",
+    "Paris",
+    "New York",
+    "Tokyo",
+    "Berlin",
+    "the park",
+    "San Francisco",
+    "London",
+    "the river",
+    "Yosemite",
+    "Barcelona",
+    "the old town",
+    "Lake Tahoe",
+    "Amsterdam",
+    "Kyoto",
+    "Sydney",
 ]
 _TEMPLATES = [
     "a photo of a {adj} {noun}.",
@@ -41,70 +99,315 @@ _TEMPLATES = [
     "Photo taken on {month} {day}, {year} by {name}",
     "http://www.flickr.com/photos/{name}/{num}/",
     "{adj} {noun} / {adj2} {noun2} / {place}",
-    "\"{adj} {noun}\" - {name}'s {noun2}",
+    '"{adj} {noun}" - {name}\'s {noun2}',
 ]
 _MONTH = ["January", "March", "June", "August", "October", "December"]
 _NAME = ["john_smith", "Marie", "k.tanaka", "ALEX", "photo-guy", "anna89"]
 # Non-ASCII captions as they appear in web data: accents, CJK, emoji.
 _INTL = [
-    "Café au lait à {place}", "Straße in München {year}", "niño jugando en la playa", "São Paulo à noite",
-    "東京タワーの夜景", "北京 故宫 {year}", "서울의 밤", "Москва, Красная площадь", "Ελληνικό νησί",
-    "{adj} {noun} 😀", "I ❤ {place}", "{noun} 🐱🐶 #cute", "naïve façade — {place}", "Zürich – “{noun}”",
-    "‘{adj}’ {noun}…", "ﬁsh and chips in {place}", "{noun} © {name} {year}", "½ price {noun}",
+    "Café au lait à {place}",
+    "Straße in München {year}",
+    "niño jugando en la playa",
+    "São Paulo à noite",
+    "東京タワーの夜景",
+    "北京 故宫 {year}",
+    "서울의 밤",
+    "Москва, Красная площадь",
+    "Ελληνικό νησί",
+    "{adj} {noun} 😀",
+    "I ❤ {place}",
+    "{noun} 🐱🐶 #cute",
+    "naïve façade — {place}",
+    "Zürich – “{noun}”",
+    "‘{adj}’ {noun}…",
+    "ﬁsh and chips in {place}",
+    "{noun} © {name} {year}",
+    "½ price {noun}",
 ]
 
 # Fragments chosen to poke every step of the reference cleaning.
 FRAGMENTS = [
     # HTML entities: named, numeric, hex, double-escaped, upper-case, no semicolon, bogus.
-    "&amp;", "&amp;amp;", "&lt;b&gt;", "&#39;", "&#x27;", "&#8217;", "&quot;", "&nbsp;", "&EACUTE;",
-    "&Eacute;", "&eacute", "&not", "&notin;", "&AMP;", "&#0;", "&#x110000;", "&#xD800;", "&bogus;",
-    "&#128512;", "&hearts;", "&Jscr;", "&", "&&", "&#", "&#x", "P&EACUTE;REZ", "this&not that",
+    "&amp;",
+    "&amp;amp;",
+    "&lt;b&gt;",
+    "&#39;",
+    "&#x27;",
+    "&#8217;",
+    "&quot;",
+    "&nbsp;",
+    "&EACUTE;",
+    "&Eacute;",
+    "&eacute",
+    "&not",
+    "&notin;",
+    "&AMP;",
+    "&#0;",
+    "&#x110000;",
+    "&#xD800;",
+    "&bogus;",
+    "&#128512;",
+    "&hearts;",
+    "&Jscr;",
+    "&",
+    "&&",
+    "&#",
+    "&#x",
+    "P&EACUTE;REZ",
+    "this&not that",
     # Tags and '<' (which switches off ftfy's HTML unescaping for the rest of the text).
-    "<b>", "</i>", "<br/>", "<", ">", "<a href=\"x\">",
+    "<b>",
+    "</i>",
+    "<br/>",
+    "<",
+    ">",
+    '<a href="x">',
     # Special-token look-alikes.
-    "<start_of_text>", "<end_of_text>", "<START_OF_TEXT>", "<End_Of_Text>", "<ſtart_of_text>",
-    "<<end_of_text>>", "start_of_text",
+    "<start_of_text>",
+    "<end_of_text>",
+    "<START_OF_TEXT>",
+    "<End_Of_Text>",
+    "<ſtart_of_text>",
+    "<<end_of_text>>",
+    "start_of_text",
     # Contractions and case folding edge cases.
-    "'s", "'S", "'ll", "'LL", "'d", "'re", "'ve", "'m", "'t", "'ſ", "n't", "K", "İstanbul", "ß", "ẞ",
-    "ǅ", "ﬀ", "Σ", "ς",
+    "'s",
+    "'S",
+    "'ll",
+    "'LL",
+    "'d",
+    "'re",
+    "'ve",
+    "'m",
+    "'t",
+    "'ſ",
+    "n't",
+    "K",
+    "İstanbul",
+    "ß",
+    "ẞ",
+    "ǅ",
+    "ﬀ",
+    "Σ",
+    "ς",
     # Mojibake (UTF-8 read as cp1252 / latin-1 / macroman) and things that look like it.
-    "Ã©", "Ã¨", "Ã¢â‚¬â„¢", "â€œ", "â€\x9d", "Ã\xa0", "Ã ", "Ã¼ber", "Ð¿Ñ€Ð¸Ð²ÐµÑ‚", "Ã¡", "ÃƒÂ©",
-    "Ã\x83Â©", "â\x80\x99", "Ã£Â\x81Â\x82", "Â£", "Â ", "ˆ", "√", "Ï€", "Ã¥Â\xadÂ\x97",
+    "Ã©",
+    "Ã¨",
+    "Ã¢â‚¬â„¢",
+    "â€œ",
+    "â€\x9d",
+    "Ã\xa0",
+    "Ã ",
+    "Ã¼ber",
+    "Ð¿Ñ€Ð¸Ð²ÐµÑ‚",
+    "Ã¡",
+    "ÃƒÂ©",
+    "Ã\x83Â©",
+    "â\x80\x99",
+    "Ã£Â\x81Â\x82",
+    "Â£",
+    "Â ",
+    "ˆ",
+    "√",
+    "Ï€",
+    "Ã¥Â\xadÂ\x97",
     # Controls: C0, DEL, C1, terminal escapes, BOM, zero-width, bidi, separators.
-    "\x00", "\x01", "\x08", "\x0b", "\x0c", "\x1b", "\x1b[31m", "\x1b[0m", "\x1c", "\x1f", "\x7f",
-    "\x80", "\x85", "\x93", "\x9f", "\ufeff", "\u200b", "\u200d", "\u202e", "\u2028", "\u2029",
-    "\u206a", "\ufff9", "\ufffd", "\ufffe",
+    "\x00",
+    "\x01",
+    "\x08",
+    "\x0b",
+    "\x0c",
+    "\x1b",
+    "\x1b[31m",
+    "\x1b[0m",
+    "\x1c",
+    "\x1f",
+    "\x7f",
+    "\x80",
+    "\x85",
+    "\x93",
+    "\x9f",
+    "\ufeff",
+    "\u200b",
+    "\u200d",
+    "\u202e",
+    "\u2028",
+    "\u2029",
+    "\u206a",
+    "\ufff9",
+    "\ufffd",
+    "\ufffe",
     # Whitespace of all kinds.
-    " ", "  ", "\t", "\n", "\r", "\r\n", "\xa0", "\u3000", "\u2003", "\u202f", "\u1680", "\u180e",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\r",
+    "\r\n",
+    "\xa0",
+    "\u3000",
+    "\u2003",
+    "\u202f",
+    "\u1680",
+    "\u180e",
     # Surrogates, lone and paired.
-    "\ud800", "\udfff", "\ud83d\ude00", "\udc00\ud800",
+    "\ud800",
+    "\udfff",
+    "\ud83d\ude00",
+    "\udc00\ud800",
     # Width, ligatures, quotes, combining marks (NFC), compatibility characters.
-    "ＬＯＵＤ", "ｶﾀｶﾅ", "ﬁ", "ﬂ", "“", "”", "‘", "’", "«", "»", "e\u0301", "a\u0308", "\u0301",
-    "Å", "Å", "\uf900", "\u2126", "㎏", "①", "²", "½", "ⅷ",
+    "ＬＯＵＤ",
+    "ｶﾀｶﾅ",
+    "ﬁ",
+    "ﬂ",
+    "“",
+    "”",
+    "‘",
+    "’",
+    "«",
+    "»",
+    "e\u0301",
+    "a\u0308",
+    "\u0301",
+    "Å",
+    "Å",
+    "\uf900",
+    "\u2126",
+    "㎏",
+    "①",
+    "²",
+    "½",
+    "ⅷ",
     # Scripts and symbols.
-    "日本語", "中文", "한국어", "ひらがな", "カタカナ", "Русский", "العربية", "עברית", "हिन्दी",
-    "ไทย", "Ελληνικά", "ქართული", "አማርኛ", "𝒥ohn", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "™", "€", "¥", "§",
+    "日本語",
+    "中文",
+    "한국어",
+    "ひらがな",
+    "カタカナ",
+    "Русский",
+    "العربية",
+    "עברית",
+    "हिन्दी",
+    "ไทย",
+    "Ελληνικά",
+    "ქართული",
+    "አማርኛ",
+    "𝒥ohn",
+    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "™",
+    "€",
+    "¥",
+    "§",
     # Emoji: plain, skin tone, ZWJ family, flag, keycap, variation selector.
-    "😀", "👍🏽", "👨\u200d👩\u200d👧", "🇺🇸", "1\ufe0f\u20e3", "❤\ufe0f", "🏳️‍🌈",
+    "😀",
+    "👍🏽",
+    "👨\u200d👩\u200d👧",
+    "🇺🇸",
+    "1\ufe0f\u20e3",
+    "❤\ufe0f",
+    "🏳️‍🌈",
     # Digits, numbers, punctuation, URLs.
-    "0", "42", "3.14", "1,000,000", "٣", "๓", "¹", "https://example.com/a?b=c&d=e#f", "www.x.org",
-    "user@example.com", "#hashtag", "@mention", "...", "!!!", "?!", "--", "__", "~", "`", "^", "|",
-    "\\", "/", "{", "}", "[", "]", "(", ")", "$", "%", "*", "+", "=", ":", ";", ",", ".", "'", "\"",
+    "0",
+    "42",
+    "3.14",
+    "1,000,000",
+    "٣",
+    "๓",
+    "¹",
+    "https://example.com/a?b=c&d=e#f",
+    "www.x.org",
+    "user@example.com",
+    "#hashtag",
+    "@mention",
+    "...",
+    "!!!",
+    "?!",
+    "--",
+    "__",
+    "~",
+    "`",
+    "^",
+    "|",
+    "\\",
+    "/",
+    "{",
+    "}",
+    "[",
+    "]",
+    "(",
+    ")",
+    "$",
+    "%",
+    "*",
+    "+",
+    "=",
+    ":",
+    ";",
+    ",",
+    ".",
+    "'",
+    '"',
     # Plain words.
-    "a", "photo", "of", "the", "Cat", "DOG", "running", "beautiful", "xyzzy", "supercalifragilistic",
+    "a",
+    "photo",
+    "of",
+    "the",
+    "Cat",
+    "DOG",
+    "running",
+    "beautiful",
+    "xyzzy",
+    "supercalifragilistic",
 ]
 
 
 def _caption(rng: random.Random, templates: list[str]) -> str:
     return rng.choice(templates).format(
-        adj=rng.choice(_ADJ), adj2=rng.choice(_ADJ), noun=rng.choice(_NOUN), noun2=rng.choice(_NOUN),
-        place=rng.choice(_PLACE), year=rng.randint(1950, 2024), num=rng.randint(0, 99999),
-        month=rng.choice(_MONTH), day=rng.randint(1, 28), name=rng.choice(_NAME),
+        adj=rng.choice(_ADJ),
+        adj2=rng.choice(_ADJ),
+        noun=rng.choice(_NOUN),
+        noun2=rng.choice(_NOUN),
+        place=rng.choice(_PLACE),
+        year=rng.randint(1950, 2024),
+        num=rng.randint(0, 99999),
+        month=rng.choice(_MONTH),
+        day=rng.randint(1, 28),
+        name=rng.choice(_NAME),
     )
 
 
-_SYLLABLES = ["ka", "ro", "mi", "ten", "sa", "lu", "ve", "dor", "an", "is", "qu", "bel", "tra", "on", "ex",
-              "pho", "gra", "ny", "ch", "ei", "st", "ur", "mo", "zi", "wa", "ck", "le", "th", "ia", "po"]
+_SYLLABLES = [
+    "ka",
+    "ro",
+    "mi",
+    "ten",
+    "sa",
+    "lu",
+    "ve",
+    "dor",
+    "an",
+    "is",
+    "qu",
+    "bel",
+    "tra",
+    "on",
+    "ex",
+    "pho",
+    "gra",
+    "ny",
+    "ch",
+    "ei",
+    "st",
+    "ur",
+    "mo",
+    "zi",
+    "wa",
+    "ck",
+    "le",
+    "th",
+    "ia",
+    "po",
+]
 
 
 def _long_tail_words(rng: random.Random, count: int) -> list[str]:
@@ -171,8 +474,12 @@ def junk_corpus(n: int, seed: int = 0) -> list[str]:
             out.append(_random_codepoints(rng, rng.randint(0, 40)))
         elif kind < 0.8:
             # Printable-ish ASCII with the odd control or '&': the shortcut's border.
-            out.append("".join(rng.choice(ascii_all) if rng.random() < 0.1 else chr(rng.randrange(32, 127))
-                               for _ in range(rng.randint(0, 60))))
+            out.append(
+                "".join(
+                    rng.choice(ascii_all) if rng.random() < 0.1 else chr(rng.randrange(32, 127))
+                    for _ in range(rng.randint(0, 60))
+                )
+            )
         elif kind < 0.9:
             text = _caption(rng, _TEMPLATES + _INTL)
             pos = rng.randint(0, len(text))
@@ -185,19 +492,79 @@ def junk_corpus(n: int, seed: int = 0) -> list[str]:
 # Captions as they come out of web scrapes (photo titles, descriptions, alt text): real
 # caption structure, damaged the ways such text is damaged in the wild.
 _CJK_CAPTIONS = [
-    "{place}の{noun}", "東京タワーの夜景", "京都 清水寺 {year}年", "桜と富士山", "猫がかわいい",
-    "北京 故宫 {year}", "上海外滩夜景", "我的{noun}", "美丽的风景 {place}", "香港 維多利亞港",
-    "서울의 밤", "부산 해운대 {year}", "우리 {noun}", "제주도 여행", "台北101 跨年煙火",
+    "{place}の{noun}",
+    "東京タワーの夜景",
+    "京都 清水寺 {year}年",
+    "桜と富士山",
+    "猫がかわいい",
+    "北京 故宫 {year}",
+    "上海外滩夜景",
+    "我的{noun}",
+    "美丽的风景 {place}",
+    "香港 維多利亞港",
+    "서울의 밤",
+    "부산 해운대 {year}",
+    "우리 {noun}",
+    "제주도 여행",
+    "台北101 跨年煙火",
 ]
-_EMOJI = ["😀", "😍", "👍", "👍🏽", "❤️", "❤", "🔥", "✨", "🌸", "🐱", "🐶", "📷", "🇯🇵", "🇫🇷", "👨\u200d👩\u200d👧",
-          "🙏", "😂", "🎉", "☀️", "🌊"]
-_ENTITY_OF = {"'": ["&#39;", "&#039;", "&#x27;", "&apos;", "&rsquo;", "&#8217;"], '"': ["&quot;", "&#34;", "&ldquo;"],
-              "&": ["&amp;", "&amp;amp;", "&#38;"], " ": ["&nbsp;", " ", " ", " "], "é": ["&eacute;", "&#233;"],
-              "-": ["&ndash;", "&mdash;", "-"], "…": ["&hellip;", "..."], "©": ["&copy;", "(c)"]}
-_CONTROLS = ["\r\n", "\n", "\t", "\x00", "\u200b", "\ufeff", "\xad", "\xa0", "\x0b", "\x1b[0m", "\u2028",
-             "\x85", "\x92", "\x96", "\u3000", "\u200e"]
-_URLS = ["http://www.flickr.com/photos/{name}/{num}/", "https://example.com/view?id={num}&amp;lang=en",
-         "http://t.co/{num}", "www.{place_slug}.com", "https://www.youtube.com/watch?v={num}&feature=share"]
+_EMOJI = [
+    "😀",
+    "😍",
+    "👍",
+    "👍🏽",
+    "❤️",
+    "❤",
+    "🔥",
+    "✨",
+    "🌸",
+    "🐱",
+    "🐶",
+    "📷",
+    "🇯🇵",
+    "🇫🇷",
+    "👨\u200d👩\u200d👧",
+    "🙏",
+    "😂",
+    "🎉",
+    "☀️",
+    "🌊",
+]
+_ENTITY_OF = {
+    "'": ["&#39;", "&#039;", "&#x27;", "&apos;", "&rsquo;", "&#8217;"],
+    '"': ["&quot;", "&#34;", "&ldquo;"],
+    "&": ["&amp;", "&amp;amp;", "&#38;"],
+    " ": ["&nbsp;", " ", " ", " "],
+    "é": ["&eacute;", "&#233;"],
+    "-": ["&ndash;", "&mdash;", "-"],
+    "…": ["&hellip;", "..."],
+    "©": ["&copy;", "(c)"],
+}
+_CONTROLS = [
+    "\r\n",
+    "\n",
+    "\t",
+    "\x00",
+    "\u200b",
+    "\ufeff",
+    "\xad",
+    "\xa0",
+    "\x0b",
+    "\x1b[0m",
+    "\u2028",
+    "\x85",
+    "\x92",
+    "\x96",
+    "\u3000",
+    "\u200e",
+]
+_URLS = [
+    "http://www.flickr.com/photos/{name}/{num}/",
+    "https://example.com/view?id={num}&amp;lang=en",
+    "http://t.co/{num}",
+    "www.{place_slug}.com",
+    "https://www.youtube.com/watch?v={num}&feature=share",
+]
 
 
 def _entity_escape(rng: random.Random, text: str) -> str:
@@ -222,8 +589,11 @@ def _damage(rng: random.Random, text: str) -> str:
             pos = rng.randint(0, len(text))
             text = text[:pos] + rng.choice(_CONTROLS) + text[pos:]
     if rng.random() < 0.1:
-        text = rng.choice(["<b>", "<i>", "<p>", "<br />", '<a href="http://flickr.com">']) + text + rng.choice(
-            ["</b>", "</i>", "</p>", "<br>", "</a>"])
+        text = (
+            rng.choice(["<b>", "<i>", "<p>", "<br />", '<a href="http://flickr.com">'])
+            + text
+            + rng.choice(["</b>", "</i>", "</p>", "<br>", "</a>"])
+        )
     return text
 
 
@@ -245,10 +615,15 @@ def web_caption_corpus(n: int, seed: int = 0) -> list[str]:
         else:
             text = _caption(rng, _TEMPLATES)
         if rng.random() < 0.5:
-            text += rng.choice([" - ", " | ", ". ", "\n", "\r\n", " :: "]) + _caption(rng, _TEMPLATES + _INTL + _CJK_CAPTIONS)
+            text += rng.choice([" - ", " | ", ". ", "\n", "\r\n", " :: "]) + _caption(
+                rng, _TEMPLATES + _INTL + _CJK_CAPTIONS
+            )
         if rng.random() < 0.15:
-            text += " " + rng.choice(_URLS).format(name=rng.choice(_NAME), num=rng.randint(0, 10**9),
-                                                    place_slug=rng.choice(_PLACE).lower().replace(" ", ""))
+            text += " " + rng.choice(_URLS).format(
+                name=rng.choice(_NAME),
+                num=rng.randint(0, 10**9),
+                place_slug=rng.choice(_PLACE).lower().replace(" ", ""),
+            )
         if rng.random() < 0.2:
             text += " " + " ".join("#" + rng.choice(_NOUN + _ADJ) for _ in range(rng.randint(1, 5)))
         out.append(_damage(rng, text))
@@ -276,8 +651,14 @@ def long_texts(seed: int = 0) -> list[str]:
 # records
 
 COLOURS = {
-    "red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220), "yellow": (230, 220, 30),
-    "black": (10, 10, 10), "white": (245, 245, 245), "purple": (140, 30, 160), "orange": (250, 140, 20),
+    "red": (220, 30, 30),
+    "green": (30, 200, 40),
+    "blue": (30, 40, 220),
+    "yellow": (230, 220, 30),
+    "black": (10, 10, 10),
+    "white": (245, 245, 245),
+    "purple": (140, 30, 160),
+    "orange": (250, 140, 20),
 }
 
 

@@ -89,20 +89,29 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     p.add_argument("--files", type=int, default=4, help="number of files (default 4)")
     p.add_argument("--size-mb", type=int, default=32, help="MiB per file (default 32)")
     p.add_argument("--repeat", type=int, default=2, help="runs per method; the best counts (default 2)")
     p.add_argument("-x", type=int, default=4, help="aria2c connections per file (default 4)")
     p.add_argument("-j", type=int, default=4, help="aria2c files at once (default 4)")
-    p.add_argument("--cap-mbps", type=float, default=5.0,
-                   help="per-connection cap of the second setting, MB/s (default 5; 0: skip it)")
+    p.add_argument(
+        "--cap-mbps",
+        type=float,
+        default=5.0,
+        help="per-connection cap of the second setting, MB/s (default 5; 0: skip it)",
+    )
     a = p.parse_args()
     if a.files < 1 or a.size_mb < 1 or a.repeat < 1:
         p.error("--files, --size-mb and --repeat must be at least 1")
     for tool in ("aria2c", "wget", "curl", "jq"):
         if shutil.which(tool) is None:
-            p.exit(1, f"download.py: error: {tool} is not installed; apt-get install {'aria2' if tool == 'aria2c' else tool}\n")
+            p.exit(
+                1,
+                f"download.py: error: {tool} is not installed; apt-get install {'aria2' if tool == 'aria2c' else tool}\n",
+            )
 
     work = Path(tempfile.mkdtemp(prefix="bench-download-"))
     try:
@@ -121,12 +130,34 @@ def run_setting(work: Path, total: int, label: str, cap: float | None, a: argpar
     handler = type("Capped", (ThrottledHandler,), {"rate": cap})
     with serve_in_background(work / "repo", REPO, handler=handler) as server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-        env.update(HF_ENDPOINT=server.endpoint, HOME=str(work), HF_HOME=str(work / "hf"),
-                   HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
+        env.update(
+            HF_ENDPOINT=server.endpoint,
+            HOME=str(work),
+            HF_HOME=str(work / "hf"),
+            HF_HUB_DISABLE_TELEMETRY="1",
+            HF_HUB_DISABLE_PROGRESS_BARS="1",
+        )
         hfd = ["bash", str(REPO_ROOT / "data" / "hfd.sh"), REPO, "--dataset"]
         methods = {
-            "snapshot_download": lambda out: [sys.executable, "-c", HF_SNAPSHOT, REPO, str(out), str(work / "cache")],
-            f"hfd.sh aria2c -x {a.x} -j {a.j}": lambda out: [*hfd, "--tool", "aria2c", "-x", str(a.x), "-j", str(a.j), "--local-dir", str(out)],
+            "snapshot_download": lambda out: [
+                sys.executable,
+                "-c",
+                HF_SNAPSHOT,
+                REPO,
+                str(out),
+                str(work / "cache"),
+            ],
+            f"hfd.sh aria2c -x {a.x} -j {a.j}": lambda out: [
+                *hfd,
+                "--tool",
+                "aria2c",
+                "-x",
+                str(a.x),
+                "-j",
+                str(a.j),
+                "--local-dir",
+                str(out),
+            ],
             "hfd.sh wget": lambda out: [*hfd, "--tool", "wget", "--local-dir", str(out)],
         }
         best: dict[str, float] = {}
@@ -139,11 +170,15 @@ def run_setting(work: Path, total: int, label: str, cap: float | None, a: argpar
                 best[name] = min(best.get(name, float("inf")), dt)
         shutil.rmtree(work / "out", ignore_errors=True)
     base = total / best["snapshot_download"]
-    print(f"{label}: {a.files} files x {a.size_mb} MiB = {total / 1e6:.0f} MB (best of {a.repeat})", flush=True)
+    print(
+        f"{label}: {a.files} files x {a.size_mb} MiB = {total / 1e6:.0f} MB (best of {a.repeat})", flush=True
+    )
     for name, dt in best.items():
         mbps = total / dt / 1e6
-        print(f"  {name:28s} {dt:7.2f} s  {mbps:8.1f} MB/s  ratio vs snapshot_download {total / dt / base:5.2f}x",
-              flush=True)
+        print(
+            f"  {name:28s} {dt:7.2f} s  {mbps:8.1f} MB/s  ratio vs snapshot_download {total / dt / base:5.2f}x",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -59,25 +59,67 @@ STARTUP_S = 10.0  # the check's own start: torch's import, the import check, the
 HARD_STOP_GRACE = 10.0  # the watchdog's, past --time-limit
 DEFAULT_TIME_LIMIT = EIGHT_MINUTES - STARTUP_S - HARD_STOP_GRACE
 EXTRAS = ("reference", "fla_chunk", "b16", "inference")
-TRAIN_COLUMNS = ["model", "batch", "wkv", "mixes", "compile", "checkpointing", "samples_per_s", "step_ms", "peak_gb",
-                 "build_s", "tune_s", "first_step_s", "second_step_s", "note", "error"]
+TRAIN_COLUMNS = [
+    "model",
+    "batch",
+    "wkv",
+    "mixes",
+    "compile",
+    "checkpointing",
+    "samples_per_s",
+    "step_ms",
+    "peak_gb",
+    "build_s",
+    "tune_s",
+    "first_step_s",
+    "second_step_s",
+    "note",
+    "error",
+]
 COLUMNS = {
-    "wkv": ["shape", "inputs", "impl", "ms", "first_call_s", "peak_gb", "max_rel_diff_vs_chunked", "largest_in",
-            "error"],
-    "predict": ["model", "batch", "wkv", "compile", "checkpointing", "measured_gb", "predicted_gb",
-                "measured_over_predicted", "planner", "error"],
+    "wkv": [
+        "shape",
+        "inputs",
+        "impl",
+        "ms",
+        "first_call_s",
+        "peak_gb",
+        "max_rel_diff_vs_chunked",
+        "largest_in",
+        "error",
+    ],
+    "predict": [
+        "model",
+        "batch",
+        "wkv",
+        "compile",
+        "checkpointing",
+        "measured_gb",
+        "predicted_gb",
+        "measured_over_predicted",
+        "planner",
+        "error",
+    ],
     "profile": ["kernel", "kind", "calls", "ms", "share"],
     "dali": ["records", "batch", "threads", "images_per_s", "images_per_s_with_rebuilds", "device", "error"],
     "nccl": ["init_s", "all_reduce_gb", "all_reduce_ms", "bus_gb_per_s", "correct", "error"],
 }
-COLUMNS.update({name: TRAIN_COLUMNS for name in ("train_compiled", "train_eager", "train_fused",
-                                                 "train_fused_compiled", "b16")})
+COLUMNS.update(
+    {
+        name: TRAIN_COLUMNS
+        for name in ("train_compiled", "train_eager", "train_fused", "train_fused_compiled", "b16")
+    }
+)
 COLUMNS["inference"] = inference.GPU_COLUMNS
 
 
 def _interpreted_only(check: Check) -> str | None:
     # Our kernels run on a CPU only under Triton's interpreter: minutes for a training step.
-    return "our Triton kernels need CUDA (on a CPU only Triton's interpreter runs them)" if check.cpu_test else None
+    return (
+        "our Triton kernels need CUDA (on a CPU only Triton's interpreter runs them)"
+        if check.cpu_test
+        else None
+    )
 
 
 def _dali_unavailable(check: Check) -> str | None:
@@ -96,7 +138,9 @@ def _wkv(check: Check, results: Results, budget: Budget) -> None:
     from benchmarks import gpu_kernels
 
     impls = [*gpu_kernels.TIMED_IMPLS, *[i for i in ("reference", "fla_chunk") if i in check.args.include]]
-    shapes = {"image": (2, 16, 2, 32), "text": (2, 77, 2, 32)} if check.cpu_test else gpu_kernels.TRAINING_SHAPES
+    shapes = (
+        {"image": (2, 16, 2, 32), "text": (2, 77, 2, 32)} if check.cpu_test else gpu_kernels.TRAINING_SHAPES
+    )
     gpu_kernels.section_wkv(results, budget, check.device, impls, shapes, repeats=2 if check.cpu_test else 5)
 
 
@@ -134,55 +178,127 @@ def build_sections(args: argparse.Namespace) -> list[Section]:
     compiles included, and whether it runs in a child process). tests/benchmarks/
     test_gpu_benchmark.py holds the default set to 8 minutes."""
     sections = [
-        Section("wkv", _wkv, 45, what="the WKV alone at the training shapes (the only GPU check of our kernels)"),
-        Section("train_compiled", _train(section="train_compiled", compile=True, profile=True), 140,
-                what="the recipe's step: compiled (inductor), --wkv-impl auto; then a profile of one step"),
+        Section(
+            "wkv", _wkv, 45, what="the WKV alone at the training shapes (the only GPU check of our kernels)"
+        ),
+        Section(
+            "train_compiled",
+            _train(section="train_compiled", compile=True, profile=True),
+            140,
+            what="the recipe's step: compiled (inductor), --wkv-impl auto; then a profile of one step",
+        ),
         Section("train_eager", _train(section="train_eager", compile=False), 35, what="the same step eager"),
-        Section("train_fused", _train(section="train_fused", compile=False, fused=True), 35,
-                unavailable=_interpreted_only, what="our kernels eager: bi_triton, --mix-impl triton"),
-        Section("train_fused_compiled", _train(section="train_fused_compiled", compile=True, fused=True), 100,
-                unavailable=_interpreted_only, what="our kernels compiled (inductor)"),
+        Section(
+            "train_fused",
+            _train(section="train_fused", compile=False, fused=True),
+            35,
+            unavailable=_interpreted_only,
+            what="our kernels eager: bi_triton, --mix-impl triton",
+        ),
+        Section(
+            "train_fused_compiled",
+            _train(section="train_fused_compiled", compile=True, fused=True),
+            100,
+            unavailable=_interpreted_only,
+            what="our kernels compiled (inductor)",
+        ),
         # No compile: it runs in the check's process, stopping between cases when its bound is spent.
-        Section("predict", _predict, 25, child=False, what="the cost model's predicted peaks beside the measured ones"),
+        Section(
+            "predict",
+            _predict,
+            25,
+            child=False,
+            what="the cost model's predicted peaks beside the measured ones",
+        ),
     ]
     if "b16" in args.include:
-        sections.append(Section("b16", _train(section="b16", compile=False, model="tiny" if args.cpu_test else "B16"),
-                                60, what="B/16 at batch 512, eager (--include b16)"))
+        sections.append(
+            Section(
+                "b16",
+                _train(section="b16", compile=False, model="tiny" if args.cpu_test else "B16"),
+                60,
+                what="B/16 at batch 512, eager (--include b16)",
+            )
+        )
     if "inference" in args.include:
-        sections.append(Section("inference", _inference, 60, what="encode_image with fla / bi_triton against "
-                                "open_clip's ViTs, bf16 (--include inference; benchmarks/inference.py)"))
-    sections += [Section("dali", _dali, 20, unavailable=_dali_unavailable, what="DALI's GPU JPEG pipeline"),
-                 Section("nccl", _nccl, 10, unavailable=_nccl_unavailable, what="a one-process NCCL all_reduce")]
+        sections.append(
+            Section(
+                "inference",
+                _inference,
+                60,
+                what="encode_image with fla / bi_triton against "
+                "open_clip's ViTs, bf16 (--include inference; benchmarks/inference.py)",
+            )
+        )
+    sections += [
+        Section("dali", _dali, 20, unavailable=_dali_unavailable, what="DALI's GPU JPEG pipeline"),
+        Section("nccl", _nccl, 10, unavailable=_nccl_unavailable, what="a one-process NCCL all_reduce"),
+    ]
     return sections
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     argv = list(sys.argv[1:] if argv is None else argv)
     names = [s.name for s in build_sections(argparse.Namespace(include=list(EXTRAS), cpu_test=False))]
-    parser = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    parser.add_argument("--output", default="gpu_benchmark.json", help="JSON report (default gpu_benchmark.json)")
-    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                        help=f"seconds for all sections (default {DEFAULT_TIME_LIMIT:.0f}: with start-up and the "
-                             f"watchdog's {HARD_STOP_GRACE:.0f} s, 8 minutes); a section gets its bound or what is "
-                             "left, and the process stops after it whatever runs")
-    parser.add_argument("--include", action="append", choices=EXTRAS, default=[],
-                        help="also time the reference / fla_chunk WKV, B/16 training, or inference against the ViTs "
-                             "(repeatable)")
-    parser.add_argument("--only", action="append", choices=names,
-                        help="run only this section (repeatable); predict uses the training sections of the same run")
-    parser.add_argument("--wkv-impl", default="auto",
-                        help="WKV of the training steps (default auto, as the recipes: fla on CUDA when fla-core "
-                             "imports, chunked otherwise)")
-    parser.add_argument("--batch", type=int, default=512, help="training batch (default 512, the recipe's per GPU)")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {PROG}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--output", default="gpu_benchmark.json", help="JSON report (default gpu_benchmark.json)"
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"seconds for all sections (default {DEFAULT_TIME_LIMIT:.0f}: with start-up and the "
+        f"watchdog's {HARD_STOP_GRACE:.0f} s, 8 minutes); a section gets its bound or what is "
+        "left, and the process stops after it whatever runs",
+    )
+    parser.add_argument(
+        "--include",
+        action="append",
+        choices=EXTRAS,
+        default=[],
+        help="also time the reference / fla_chunk WKV, B/16 training, or inference against the ViTs "
+        "(repeatable)",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=names,
+        help="run only this section (repeatable); predict uses the training sections of the same run",
+    )
+    parser.add_argument(
+        "--wkv-impl",
+        default="auto",
+        help="WKV of the training steps (default auto, as the recipes: fla on CUDA when fla-core "
+        "imports, chunked otherwise)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=512, help="training batch (default 512, the recipe's per GPU)"
+    )
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per case (default 10)")
-    parser.add_argument("--download-wheels", metavar="DIR", type=Path,
-                        help="download the wheels the GPU machine lacks (" + ", ".join(gpu_setup.carried_pins())
-                             + ") into DIR and print how to carry and install them; nothing is measured")
-    parser.add_argument("--dry-run", action="store_true", help="with --download-wheels: print pip's command only")
-    parser.add_argument("--cpu-test", action="store_true",
-                        help="for the tests: every section's code on the CPU with the tiny model and tiny shapes "
-                             "(no number from it means anything)")
+    parser.add_argument(
+        "--download-wheels",
+        metavar="DIR",
+        type=Path,
+        help="download the wheels the GPU machine lacks ("
+        + ", ".join(gpu_setup.carried_pins())
+        + ") into DIR and print how to carry and install them; nothing is measured",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="with --download-wheels: print pip's command only"
+    )
+    parser.add_argument(
+        "--cpu-test",
+        action="store_true",
+        help="for the tests: every section's code on the CPU with the tiny model and tiny shapes "
+        "(no number from it means anything)",
+    )
     # The check's own: a child process running one section into the parent's report.
     parser.add_argument("--child-section", help=argparse.SUPPRESS)
     parser.add_argument("--child-deadline", type=float, help=argparse.SUPPRESS)
@@ -202,20 +318,29 @@ def download(args: argparse.Namespace) -> int:
     wheels = gpu_setup.download_wheels(folder, pins)
     size = sum(w.stat().st_size for w in wheels) / 2**20
     print(f"{len(wheels)} wheel(s), {size:.0f} MiB, in {folder}: " + ", ".join(w.name for w in wheels))
-    print(f"carry {folder} (git ignores .whl/) and run first on the GPU machine: {gpu_setup.install_line(str(folder))}")
+    print(
+        f"carry {folder} (git ignores .whl/) and run first on the GPU machine: {gpu_setup.install_line(str(folder))}"
+    )
     return 0
 
 
 def header(args: argparse.Namespace, device: Any, fla_missing: str | None) -> dict[str, Any]:
     import torch
 
-    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                            "args": {k: v for k, v in vars(args).items() if k != "argv"},
-                            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "fla_missing": fla_missing}
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "args": {k: v for k, v in vars(args).items() if k != "argv"},
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "fla_missing": fla_missing,
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        info.update(device=props.name, capability=list(torch.cuda.get_device_capability(device)),
-                    total_memory_gb=round(props.total_memory / 1e9, 1))
+        info.update(
+            device=props.name,
+            capability=list(torch.cuda.get_device_capability(device)),
+            total_memory_gb=round(props.total_memory / 1e9, 1),
+        )
     else:
         info["device"] = "cpu (--cpu-test)"
     for module in ("triton", "fla", "einops", "numpy", "nvidia.dali"):
@@ -237,8 +362,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def child_command(args: argparse.Namespace, section: Section, bound: float) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.gpu", *args.argv, "--child-section", section.name,
-            "--child-deadline", f"{time.time() + bound:.3f}"]
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.gpu",
+        *args.argv,
+        "--child-section",
+        section.name,
+        "--child-deadline",
+        f"{time.time() + bound:.3f}",
+    ]
 
 
 def measure(args: argparse.Namespace) -> int:
@@ -269,11 +402,17 @@ def measure(args: argparse.Namespace) -> int:
         return run_child_section(check, sections, output)
     sections = [s for s in sections if not args.only or s.name in args.only]
     results = Results(output, header(args, device, fla_missing))
-    print(f"{results.data['device']}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"fla {results.data['fla']}; writing {output}", flush=True)
+    print(
+        f"{results.data['device']}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+        f"fla {results.data['fla']}; writing {output}",
+        flush=True,
+    )
     if fla_missing:
-        print(f"fla missing ({fla_missing}): the sections run without it and say so; to carry it: "
-              f"{gpu_setup.install_line()}", flush=True)
+        print(
+            f"fla missing ({fla_missing}): the sections run without it and say so; to carry it: "
+            f"{gpu_setup.install_line()}",
+            flush=True,
+        )
     print(bounds_table(sections, STARTUP_S), flush=True)
     start_watchdog(results, args.time_limit + HARD_STOP_GRACE, COLUMNS)
     for section in sections:  # the report lists them in the order they run

@@ -65,8 +65,17 @@ def section_dali(results: Results, budget: Budget, quick: bool = False) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         prefix = photo_records(Path(tmp), records, unique=256)
         loader = build_loader(
-            f"{prefix}.rec", batch, input_size=224, train=True, backend="dali", device="cuda",
-            num_threads=threads, rank=0, world_size=1, seed=0, cache_dir=tmp,
+            f"{prefix}.rec",
+            batch,
+            input_size=224,
+            train=True,
+            backend="dali",
+            device="cuda",
+            num_threads=threads,
+            rank=0,
+            world_size=1,
+            seed=0,
+            cache_dir=tmp,
         )
         steady_images, steady_s, total_images, total_s = 0, 0.0, 0, 0.0
         for epoch in range(epochs):
@@ -113,7 +122,9 @@ def section_nccl(results: Results, budget: Budget, quick: bool = False) -> None:
     import torch.distributed as dist
 
     version = torch.cuda.nccl.version()
-    case: dict[str, Any] = {"nccl_version": ".".join(map(str, version)) if isinstance(version, tuple) else str(version)}
+    case: dict[str, Any] = {
+        "nccl_version": ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    }
     device = torch.device("cuda", 0)
     started = time.perf_counter()
     dist.init_process_group(

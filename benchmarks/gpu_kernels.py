@@ -38,8 +38,14 @@ def _pass(impl: str, inputs: list[torch.Tensor], grad: torch.Tensor) -> list[tor
     return [y.detach()] + [t.grad.detach() for t in inputs]
 
 
-def section_wkv(results: Results, budget: Budget, device: torch.device, impls: list[str],
-                shapes: dict[str, tuple[int, int, int, int]] = TRAINING_SHAPES, repeats: int = 5) -> None:
+def section_wkv(
+    results: Results,
+    budget: Budget,
+    device: torch.device,
+    impls: list[str],
+    shapes: dict[str, tuple[int, int, int, int]] = TRAINING_SHAPES,
+    repeats: int = 5,
+) -> None:
     from benchmarks.wkv import largest_difference
     from src.open_alip.wkv import resolve_wkv_impl
 
@@ -54,8 +60,15 @@ def section_wkv(results: Results, budget: Budget, device: torch.device, impls: l
         for dtype_name, dtype in DTYPES.items():
             baseline = None
             for impl in runnable:
-                case: dict[str, Any] = {"shape": shape_name, "batch": batch, "tokens": tokens, "heads": heads,
-                                        "head_size": size, "inputs": dtype_name, "impl": impl}
+                case: dict[str, Any] = {
+                    "shape": shape_name,
+                    "batch": batch,
+                    "tokens": tokens,
+                    "heads": heads,
+                    "head_size": size,
+                    "inputs": dtype_name,
+                    "impl": impl,
+                }
                 if not budget.allows(3.0):
                     case["error"] = "skipped: section time budget spent"
                     results.add_case("wkv", case)
@@ -94,6 +107,9 @@ def section_wkv(results: Results, budget: Budget, device: torch.device, impls: l
                     inputs = grad = outs = None
                 results.add_case("wkv", case)
                 print(f"[wkv] {case}", flush=True)
-    results.set("wkv", note="ms: median forward+backward; max_rel_diff: the largest max|impl - chunked| / "
-                            "max|chunked| over the output and the five gradients (largest_in names which), "
-                            "chunked given the same inputs")
+    results.set(
+        "wkv",
+        note="ms: median forward+backward; max_rel_diff: the largest max|impl - chunked| / "
+        "max|chunked| over the output and the five gradients (largest_in names which), "
+        "chunked given the same inputs",
+    )

@@ -53,8 +53,9 @@ class Results:
 
     def __init__(self, path: Path, header: dict[str, Any] | None = None, data: dict[str, Any] | None = None):
         self.path = path
-        self.data: dict[str, Any] = data if data is not None else {**(header or {}), "status": "running",
-                                                                    "sections": {}}
+        self.data: dict[str, Any] = (
+            data if data is not None else {**(header or {}), "status": "running", "sections": {}}
+        )
         self._lock = threading.RLock()
         if data is None:
             self.save()
@@ -187,8 +188,13 @@ def run_child(name: str, command: list[str], bound_s: float, results: Results) -
     return status
 
 
-def run_sections(sections: list[Section], check: Check, results: Results, overall: Budget,
-                 child_command: Callable[[Section, float], list[str]] | None) -> None:
+def run_sections(
+    sections: list[Section],
+    check: Check,
+    results: Results,
+    overall: Budget,
+    child_command: Callable[[Section, float], list[str]] | None,
+) -> None:
     """Each section in order, each with its bound (or what is left of the overall budget, if
     less); one that cannot run here, or would start with less than MIN_START_S, is skipped
     with its reason. `child_command(section, bound)`: the command that runs a section alone in a
@@ -214,11 +220,20 @@ def run_sections(sections: list[Section], check: Check, results: Results, overal
 
 def bounds_table(sections: list[Section], startup_s: float) -> str:
     """The sections in the order they run with their bounds, and the most the whole run takes."""
-    rows = [{"section": s.name, "bound_s": s.bound_s, "where": "child process" if s.child else "in process",
-             "what": s.what} for s in sections]
+    rows = [
+        {
+            "section": s.name,
+            "bound_s": s.bound_s,
+            "where": "child process" if s.child else "in process",
+            "what": s.what,
+        }
+        for s in sections
+    ]
     total = startup_s + sum(s.bound_s for s in sections)
-    return (format_table(rows, ["section", "bound_s", "where", "what"])
-            + f"\nat most {total:.0f} s in all ({startup_s:.0f} s start-up + the bounds)")
+    return (
+        format_table(rows, ["section", "bound_s", "where", "what"])
+        + f"\nat most {total:.0f} s in all ({startup_s:.0f} s start-up + the bounds)"
+    )
 
 
 def first_line(exc: BaseException) -> str:
@@ -256,11 +271,28 @@ def print_tables(results: Results, columns: dict[str, list[str]]) -> None:
             print(format_table(rows, columns.get(table) or sorted({k for row in rows for k in row})))
         for key in ("note", "shares", "fla"):
             if key in section:
-                print(f"{key}: {json.dumps(section[key]) if isinstance(section[key], dict) else section[key]}")
-    summary = [{"section": name, "status": s.get("status"), "bound_s": s.get("bound_s"), "seconds": s.get("seconds"),
-                "note": "; ".join(filter(None, [s.get("error"), s.get("note") if s.get("status") in ("skipped", "killed")
-                                                else None, f"fla {s['fla']}" if s.get("fla") else None]))}
-               for name, s in sections.items()]
+                print(
+                    f"{key}: {json.dumps(section[key]) if isinstance(section[key], dict) else section[key]}"
+                )
+    summary = [
+        {
+            "section": name,
+            "status": s.get("status"),
+            "bound_s": s.get("bound_s"),
+            "seconds": s.get("seconds"),
+            "note": "; ".join(
+                filter(
+                    None,
+                    [
+                        s.get("error"),
+                        s.get("note") if s.get("status") in ("skipped", "killed") else None,
+                        f"fla {s['fla']}" if s.get("fla") else None,
+                    ],
+                )
+            ),
+        }
+        for name, s in sections.items()
+    ]
     print("\n== summary")
     print(format_table(summary, ["section", "status", "bound_s", "seconds", "note"]))
 
@@ -276,7 +308,9 @@ def start_watchdog(results: Results, limit_s: float, columns: dict[str, list[str
         results.data["status"] = f"stopped at the {limit_s:g} s time limit"
         with contextlib.suppress(Exception):
             results.save()
-        print(f"\ntime limit of {limit_s:g} s reached; stopping (results so far in {results.path})", flush=True)
+        print(
+            f"\ntime limit of {limit_s:g} s reached; stopping (results so far in {results.path})", flush=True
+        )
         with contextlib.suppress(Exception):
             print_tables(results, columns)
         sys.stdout.flush()

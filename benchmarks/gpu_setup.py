@@ -28,8 +28,12 @@ DEFAULT_WHEEL_DIR = ".whl"  # ignored by git (.gitignore); the device tool carri
 INSTALL_TARGET = "/tmp/site"
 # The machine's Python: the wheels with compiled parts (numpy, Pillow, regex) must match it.
 TARGET_PYTHON = "3.12"
-TARGET_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
-                    "manylinux2014_x86_64")
+TARGET_PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+)
 
 
 @dataclass(frozen=True)
@@ -49,17 +53,34 @@ CARRIED = (
     Carried("ftfy", "", "ftfy", "src.open_alip's tokenizer"),
     Carried("wcwidth", "0.9.5", "wcwidth", "ftfy's one requirement"),
     Carried("einops", "0.8.2", "einops", "fla-core's one declared requirement"),
-    Carried("packaging", "26.3", "packaging", "fla-core (fla/utils/env.py imports it; fla-core does not declare it)"),
-    Carried("fla-core", "", "fla", "--wkv-impl fla (what auto takes on CUDA): flash-linear-attention's kernels"),
+    Carried(
+        "packaging",
+        "26.3",
+        "packaging",
+        "fla-core (fla/utils/env.py imports it; fla-core does not declare it)",
+    ),
+    Carried(
+        "fla-core", "", "fla", "--wkv-impl fla (what auto takes on CUDA): flash-linear-attention's kernels"
+    ),
 )
 FLA = "fla-core"
 # The check's own import chain: every module a section imports, so that a missing package is
 # found before anything is timed. fla's kernels are imported apart (FLA_MODULES): without them
 # the sections that need no fla still run.
 CHECK_MODULES = (
-    "numpy", "triton", "benchmarks.gpu_report", "benchmarks.gpu_train", "benchmarks.gpu_kernels",
-    "benchmarks.gpu_extras", "benchmarks.wkv", "src.training.main", "src.perf.cost_model",
-    "src.perf.planner", "src.open_alip.factory", "src.open_alip.wkv_bi_triton", "src.open_alip.mix",
+    "numpy",
+    "triton",
+    "benchmarks.gpu_report",
+    "benchmarks.gpu_train",
+    "benchmarks.gpu_kernels",
+    "benchmarks.gpu_extras",
+    "benchmarks.wkv",
+    "src.training.main",
+    "src.perf.cost_model",
+    "src.perf.planner",
+    "src.open_alip.factory",
+    "src.open_alip.wkv_bi_triton",
+    "src.open_alip.mix",
     "torch.profiler",
 )
 FLA_MODULES = ("fla.ops.rwkv6",)
@@ -112,21 +133,39 @@ def check_imports() -> str | None:
 
 
 def missing_message(problems: list[str], wheel_dir: str = DEFAULT_WHEEL_DIR) -> str:
-    return (f"cannot import {'; '.join(problems)}. Download the wheels where pip works: python -m benchmarks.gpu "
-            f"--download-wheels {wheel_dir}; carry {wheel_dir} and first run there: {install_line(wheel_dir)}")
+    return (
+        f"cannot import {'; '.join(problems)}. Download the wheels where pip works: python -m benchmarks.gpu "
+        f"--download-wheels {wheel_dir}; carry {wheel_dir} and first run there: {install_line(wheel_dir)}"
+    )
 
 
 def install_line(wheel_dir: str = DEFAULT_WHEEL_DIR, target: str = INSTALL_TARGET) -> str:
     """The shell line that installs the carried wheels without touching the machine's torch."""
-    return (f"python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
-            f"--target {target} {wheel_dir}/*.whl && export PYTHONPATH={target}")
+    return (
+        f"python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
+        f"--target {target} {wheel_dir}/*.whl && export PYTHONPATH={target}"
+    )
 
 
-def download_command(folder: Path, pins: list[str], python: str = sys.executable,
-                     python_version: str = TARGET_PYTHON) -> list[str]:
+def download_command(
+    folder: Path, pins: list[str], python: str = sys.executable, python_version: str = TARGET_PYTHON
+) -> list[str]:
     """pip download of exactly `pins`, without their requirements, as wheels for the machine."""
-    cmd = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", python_version,
-           "--implementation", "cp", "--disable-pip-version-check", "-d", str(folder)]
+    cmd = [
+        python,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        python_version,
+        "--implementation",
+        "cp",
+        "--disable-pip-version-check",
+        "-d",
+        str(folder),
+    ]
     for platform in TARGET_PLATFORMS:
         cmd += ["--platform", platform]
     return cmd + pins
@@ -136,7 +175,9 @@ def _stem(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def download_wheels(folder: Path, pins: list[str] | None = None, python_version: str = TARGET_PYTHON) -> list[Path]:
+def download_wheels(
+    folder: Path, pins: list[str] | None = None, python_version: str = TARGET_PYTHON
+) -> list[Path]:
     """Download the carried wheels into `folder` (created); the wheels there afterwards.
 
     A wheel of another version of a pinned package already in `folder` would be installed
@@ -151,10 +192,13 @@ def download_wheels(folder: Path, pins: list[str] | None = None, python_version:
         for wheel in folder.glob("*.whl"):
             wheel_name, wheel_version = wheel.name.split("-")[:2]
             if _stem(wheel_name) == _stem(name) and wheel_version != version:
-                raise UserError(f"--download-wheels {folder}: holds {wheel.name}, another version than {pin}; "
-                                f"remove it (two versions of one package stop the install there)")
-    proc = subprocess.run(download_command(folder, pins, python_version=python_version), capture_output=True,
-                          text=True)
+                raise UserError(
+                    f"--download-wheels {folder}: holds {wheel.name}, another version than {pin}; "
+                    f"remove it (two versions of one package stop the install there)"
+                )
+    proc = subprocess.run(
+        download_command(folder, pins, python_version=python_version), capture_output=True, text=True
+    )
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise UserError(f"--download-wheels {folder}: pip could not download {' '.join(pins)}: {tail}")

@@ -59,14 +59,32 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
-def train_config(model: str, batch: int, wkv_impl: str, compile: bool, device: torch.device,
-                 backend: str = "inductor", precision: str = "bf16", output: str = "", mix_impl: str = "torch"):
+def train_config(
+    model: str,
+    batch: int,
+    wkv_impl: str,
+    compile: bool,
+    device: torch.device,
+    backend: str = "inductor",
+    precision: str = "bf16",
+    output: str = "",
+    mix_impl: str = "torch",
+):
     """The TrainConfig train.py would build from these flags (nothing is read or written)."""
     from src.training.config import build_config
 
-    given = {"config": MODELS[model], "batch_size": batch, "wkv_impl": wkv_impl, "mix_impl": mix_impl, "compile": compile,
-             "compile_backend": backend, "precision": precision, "device": str(device),
-             "train_data": ["(generated batches)"], "output": output or tempfile.gettempdir()}
+    given = {
+        "config": MODELS[model],
+        "batch_size": batch,
+        "wkv_impl": wkv_impl,
+        "mix_impl": mix_impl,
+        "compile": compile,
+        "compile_backend": backend,
+        "precision": precision,
+        "device": str(device),
+        "train_data": ["(generated batches)"],
+        "output": output or tempfile.gettempdir(),
+    }
     return build_config(given, {})
 
 
@@ -75,33 +93,69 @@ def generated_batch(batch: int, size: int, ctx_len: int, device: torch.device):
     g = torch.Generator(device="cpu").manual_seed(0)
     images = torch.randn(batch, 3, size, size, generator=g)
     tokens = torch.zeros(batch, ctx_len, dtype=torch.long)
-    tokens[:, 0], tokens[:, 1:21], tokens[:, 21] = 49406, torch.randint(1, 49406, (batch, 20), generator=g), 49407
+    tokens[:, 0], tokens[:, 1:21], tokens[:, 21] = (
+        49406,
+        torch.randint(1, 49406, (batch, 20), generator=g),
+        49407,
+    )
     return images.to(device), tokens.to(device)
 
 
-def section_train(check: Check, results: Results, budget: Budget, *, section: str, compile: bool,
-                  fused: bool = False, model: str | None = None, profile: bool = False) -> None:
+def section_train(
+    check: Check,
+    results: Results,
+    budget: Budget,
+    *,
+    section: str,
+    compile: bool,
+    fused: bool = False,
+    model: str | None = None,
+    profile: bool = False,
+) -> None:
     """One training case of the check: B/32 (or `model`) at --batch, bf16, --wkv-impl (default
     auto, as the recipes) with eager token-shift mixes, or `fused`: our own kernels (bi_triton,
     --mix-impl triton); `compile`: inductor, as the recipes. `profile`: then one more step under
     torch.profiler, its kernels in the section's "profile" table."""
     args, cpu = check.args, check.cpu_test
     wkv, mixes = ("bi_triton", "triton") if fused else (args.wkv_impl, "torch")
-    case = {"model": model or ("tiny" if cpu else "B32"), "batch": 8 if cpu else args.batch, "wkv": wkv,
-            "mixes": mixes, "compile": compile, "backend": "aot_eager" if cpu else "inductor"}
+    case = {
+        "model": model or ("tiny" if cpu else "B32"),
+        "batch": 8 if cpu else args.batch,
+        "wkv": wkv,
+        "mixes": mixes,
+        "compile": compile,
+        "backend": "aot_eager" if cpu else "inductor",
+    }
     kept = Kept()
     try:
-        time_training(results, section, budget, case, kept, check.device, 2 if cpu else args.steps, keep=profile,
-                      fla_missing=check.fla_missing)
+        time_training(
+            results,
+            section,
+            budget,
+            case,
+            kept,
+            check.device,
+            2 if cpu else args.steps,
+            keep=profile,
+            fla_missing=check.fla_missing,
+        )
         if profile:
             section_profile(results, section, kept, check.device)
     finally:
         kept.drop()
 
 
-def time_training(results: Results, section: str | None, budget: Budget, case: dict[str, Any], kept: Kept,
-                  device: torch.device, steps: int = 10, keep: bool = False,
-                  fla_missing: str | None = None) -> dict[str, Any]:
+def time_training(
+    results: Results,
+    section: str | None,
+    budget: Budget,
+    case: dict[str, Any],
+    kept: Kept,
+    device: torch.device,
+    steps: int = 10,
+    keep: bool = False,
+    fla_missing: str | None = None,
+) -> dict[str, Any]:
     """Build the run's Trainer for `case`, tune its WKV kernels at the micro-batch, and time its
     steps, the first and second apart (compile, autotune) from the steady step time; the case
     goes to `section` of the report (if one is named) and is returned. Each phase is noted in
@@ -122,14 +176,23 @@ def time_training(results: Results, section: str | None, budget: Budget, case: d
         free_memory()
         phase("building the model")
         started = time.perf_counter()
-        cfg = train_config(case["model"], case["batch"], case["wkv"], case["compile"], device,
-                           backend=case.get("backend", "inductor"), precision=case.get("precision", "bf16"),
-                           mix_impl=case.get("mixes", "torch"))
+        cfg = train_config(
+            case["model"],
+            case["batch"],
+            case["wkv"],
+            case["compile"],
+            device,
+            backend=case.get("backend", "inductor"),
+            precision=case.get("precision", "bf16"),
+            mix_impl=case.get("mixes", "torch"),
+        )
         trainer, plan = build_training_step(cfg, env, total_steps=1000)
         # A compiler failure is this measurement's result, not a reason to time the eager step.
         trainer.eager_fallback = None
         case["build_s"] = round(time.perf_counter() - started, 2)
-        case["wkv"] = "/".join(sorted({m.wkv_impl for m in trainer.raw_model.modules() if hasattr(m, "wkv_impl")}))
+        case["wkv"] = "/".join(
+            sorted({m.wkv_impl for m in trainer.raw_model.modules() if hasattr(m, "wkv_impl")})
+        )
         if fla_missing and asked == "auto":
             case["note"] = f"fla missing: auto ran {case['wkv']}"
         case["checkpointing"] = any(getattr(m, "with_cp", False) for m in trainer.raw_model.modules())
@@ -170,8 +233,11 @@ def time_training(results: Results, section: str | None, budget: Budget, case: d
             case["peak_bytes"] = torch.cuda.max_memory_allocated(device)
             case["peak_gb"] = gb(case["peak_bytes"])
         if keep:
-            kept.step, kept.label = one_step, f"{case['model']} batch {case['batch']} {case['wkv']} " + (
-                "compiled" if case["compile"] else "eager")
+            kept.step, kept.label = (
+                one_step,
+                f"{case['model']} batch {case['batch']} {case['wkv']} "
+                + ("compiled" if case["compile"] else "eager"),
+            )
     except Exception as exc:
         case["error"] = "OOM" if is_oom(exc) else f"{type(exc).__name__}: {first_line(exc)}"
         if device.type == "cuda":
@@ -214,15 +280,25 @@ def section_predict(check: Check, results: Results, budget: Budget) -> None:
             results.add_case("predict", {**row, "error": "skipped: section time budget spent"})
             continue
         try:
-            cost = estimate_cost(MODELS[case["model"]], wkv_impl=case["wkv"], precision="bf16", device_type="cuda")
+            cost = estimate_cost(
+                MODELS[case["model"]], wkv_impl=case["wkv"], precision="bf16", device_type="cuda"
+            )
             parts = cost.step_bytes(case["batch"], 1, 1, bool(case["checkpointing"]))
             # The planner counts the loader's prefetched batches; this step holds one batch.
             predicted = parts["total"] - parts["inputs"] + cost.input_bytes * case["batch"]
             row["predicted_gb"] = gb(predicted)
-            plan = plan_micro_batch(MODELS[case["model"]], wkv_impl=case["wkv"], precision="bf16",
-                                    device_memory_bytes=memory, global_batch=case["batch"], world_size=1)
-            row["planner"] = (f"micro {plan.micro_batch}, checkpointing {'on' if plan.grad_checkpointing else 'off'}, "
-                              f"{gb(plan.predicted_bytes)} GB with loader prefetch")
+            plan = plan_micro_batch(
+                MODELS[case["model"]],
+                wkv_impl=case["wkv"],
+                precision="bf16",
+                device_memory_bytes=memory,
+                global_batch=case["batch"],
+                world_size=1,
+            )
+            row["planner"] = (
+                f"micro {plan.micro_batch}, checkpointing {'on' if plan.grad_checkpointing else 'off'}, "
+                f"{gb(plan.predicted_bytes)} GB with loader prefetch"
+            )
             if "peak_bytes" in case:
                 row["measured_gb"] = gb(case["peak_bytes"])
                 row["measured_over_predicted"] = round(case["peak_bytes"] / predicted, 3)
@@ -231,8 +307,11 @@ def section_predict(check: Check, results: Results, budget: Budget) -> None:
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {first_line(exc)}"
         results.add_case("predict", row)
-    results.set("predict", note="predicted: parameters, gradients, AdamW, activations, loss and one batch "
-                                "(src/perf/cost_model.py); measured: torch.cuda.max_memory_allocated")
+    results.set(
+        "predict",
+        note="predicted: parameters, gradients, AdamW, activations, loss and one batch "
+        "(src/perf/cost_model.py); measured: torch.cuda.max_memory_allocated",
+    )
 
 
 # Kernel names to kinds, first match wins: fla's and our WKV kernels, then matrix products
@@ -240,8 +319,14 @@ def section_predict(check: Check, results: Results, budget: Budget) -> None:
 # (Inductor's fused pointwise/reduction kernels, norms, the optimizer).
 KINDS = (
     ("wkv", re.compile(r"rwkv|wkv|IntraChunk", re.I)),
-    ("gemm", re.compile(r"gemm|gemv|cutlass|cublas|nvjet|xmma|wgmma|triton_tem_|(^|[^a-z])(bmm|addmm|mm|matmul|"
-                        r"linear|conv\w*)([^a-z]|$)", re.I)),
+    (
+        "gemm",
+        re.compile(
+            r"gemm|gemv|cutlass|cublas|nvjet|xmma|wgmma|triton_tem_|(^|[^a-z])(bmm|addmm|mm|matmul|"
+            r"linear|conv\w*)([^a-z]|$)",
+            re.I,
+        ),
+    ),
     ("copy", re.compile(r"memcpy|memset", re.I)),
 )
 OTHER_KIND = "element-wise"
@@ -254,15 +339,25 @@ def kernel_kind(name: str) -> str:
     return OTHER_KIND
 
 
-def kernel_table(times: list[tuple[str, float, int]], top: int = 15) -> tuple[list[dict[str, Any]], dict[str, float]]:
+def kernel_table(
+    times: list[tuple[str, float, int]], top: int = 15
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """(the `top` kernels by time, each kind's share of all kernel time) from (name, us, calls)."""
     total = sum(us for _, us, _ in times) or 1.0
     shares: dict[str, float] = {}
     for name, us, _ in times:
         kind = kernel_kind(name)
         shares[kind] = shares.get(kind, 0.0) + us / total
-    rows = [{"kernel": name[:90], "kind": kernel_kind(name), "calls": calls, "ms": round(us / 1e3, 3),
-             "share": round(us / total, 4)} for name, us, calls in sorted(times, key=lambda t: -t[1])[:top]]
+    rows = [
+        {
+            "kernel": name[:90],
+            "kind": kernel_kind(name),
+            "calls": calls,
+            "ms": round(us / 1e3, 3),
+            "share": round(us / total, 4),
+        }
+        for name, us, calls in sorted(times, key=lambda t: -t[1])[:top]
+    ]
     return rows, {k: round(v, 4) for k, v in sorted(shares.items(), key=lambda kv: -kv[1])}
 
 
@@ -290,8 +385,16 @@ def section_profile(results: Results, section: str, kept: Kept, device: torch.de
         if us > 0:
             times.append((event.key, float(us), int(event.count)))
     rows, shares = kernel_table(times)
-    results.set(section, tables={"profile": rows}, shares=shares, profile={
-        "step": kept.label, "kernel_ms": round(sum(t[1] for t in times) / 1e3, 2),
-        "note": "one optimizer step; kinds by kernel name: " + ", ".join(k for k, _ in KINDS)
-        + f", {OTHER_KIND} (the rest); the WKV's share counts fla's and bi_triton's kernels (chunked's "
-        "matrix products count as gemm)"})
+    results.set(
+        section,
+        tables={"profile": rows},
+        shares=shares,
+        profile={
+            "step": kept.label,
+            "kernel_ms": round(sum(t[1] for t in times) / 1e3, 2),
+            "note": "one optimizer step; kinds by kernel name: "
+            + ", ".join(k for k, _ in KINDS)
+            + f", {OTHER_KIND} (the rest); the WKV's share counts fla's and bi_triton's kernels (chunked's "
+            "matrix products count as gemm)",
+        },
+    )

@@ -86,8 +86,10 @@ def default_open_clip_dir() -> Path:
 def load_open_clip(folder: Path) -> types.ModuleType:
     """open_clip's `model` module from `folder`, without its package __init__ (module docstring)."""
     if not (folder / "model.py").is_file() or not (folder / "transformer.py").is_file():
-        raise SystemExit(f"error: {folder} holds no open_clip model code (model.py, transformer.py); "
-                         "pass --open-clip PATH/open_clip")
+        raise SystemExit(
+            f"error: {folder} holds no open_clip model code (model.py, transformer.py); "
+            "pass --open-clip PATH/open_clip"
+        )
     if "torchvision.ops.misc" not in sys.modules:
         try:
             importlib.import_module("torchvision.ops.misc")
@@ -112,7 +114,9 @@ def load_open_clip(folder: Path) -> types.ModuleType:
 
 def build_vit(open_clip_model: types.ModuleType, name: str, size: int):
     """open_clip's CLIP from its own `name`.json, for `size`-px images, in eval mode."""
-    config = json.loads((Path(open_clip_model.__file__).parent / "model_configs" / f"{name}.json").read_text())
+    config = json.loads(
+        (Path(open_clip_model.__file__).parent / "model_configs" / f"{name}.json").read_text()
+    )
     config["vision_cfg"]["image_size"] = size
     return open_clip_model.CLIP(**config).eval()
 
@@ -137,8 +141,9 @@ def sync(device: Any) -> None:
         torch.cuda.synchronize()
 
 
-def time_turns(calls: dict[str, Callable[[], object]], rounds: int, clock: Callable[[], float],
-               device: Any = "cpu") -> dict[str, list[float]]:
+def time_turns(
+    calls: dict[str, Callable[[], object]], rounds: int, clock: Callable[[], float], device: Any = "cpu"
+) -> dict[str, list[float]]:
     """Seconds of each call in each round, after one warm-up call each; the order alternates."""
     for call in calls.values():
         call()
@@ -227,16 +232,28 @@ def memory_child(spec: dict[str, Any]) -> None:
     print(json.dumps(peaks))
 
 
-def cpu_peaks(pair: tuple[str, str], sizes: list[tuple[int, int]], precision: str, threads: int,
-              open_clip: Path) -> dict[str, dict[int, int]]:
+def cpu_peaks(
+    pair: tuple[str, str], sizes: list[tuple[int, int]], precision: str, threads: int, open_clip: Path
+) -> dict[str, dict[int, int]]:
     """{"rwkv"/"vit": {size: peak bytes}} of RWKV-CLIP `pair[0]` and the ViT `pair[1]`, measured in one
     fresh child process."""
     from benchmarks.peak_rss import child_env
 
-    spec = {"rwkv": pair[0], "vit": pair[1], "sizes": sizes, "precision": precision, "threads": threads,
-            "open_clip": str(open_clip)}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.inference", "--_memory-child", json.dumps(spec)],
-                          env=child_env(), cwd=REPO_ROOT, capture_output=True, text=True)
+    spec = {
+        "rwkv": pair[0],
+        "vit": pair[1],
+        "sizes": sizes,
+        "precision": precision,
+        "threads": threads,
+        "open_clip": str(open_clip),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.inference", "--_memory-child", json.dumps(spec)],
+        env=child_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"the memory child for {pair} failed: {proc.stderr.strip().splitlines()[-1:]}")
     found = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -265,17 +282,23 @@ def measure_images(args: argparse.Namespace, open_clip_model: types.ModuleType) 
                     for name, fn in calls.items():
                         start = time.perf_counter()
                         fn(images)
-                        print(f"  compiled {name} for {size} px in {time.perf_counter() - start:.0f} s", flush=True)
+                        print(
+                            f"  compiled {name} for {size} px in {time.perf_counter() - start:.0f} s",
+                            flush=True,
+                        )
             with torch.inference_mode():
-                times = time_turns({name: partial(fn, images) for name, fn in calls.items()}, args.rounds, clock,
-                                   args.device)
+                times = time_turns(
+                    {name: partial(fn, images) for name, fn in calls.items()}, args.rounds, clock, args.device
+                )
             row = Row(pair, size, tokens_of(size, patch), batch, times["rwkv"], times["vit"])
             rows.append(row)
             print_row(row, args.precision, live=True)
     return rows
 
 
-def measure_text(args: argparse.Namespace, open_clip_model: types.ModuleType) -> tuple[list[float], list[float]]:
+def measure_text(
+    args: argparse.Namespace, open_clip_model: types.ModuleType
+) -> tuple[list[float], list[float]]:
     import torch
 
     dtype = dtype_of(args.precision)
@@ -295,34 +318,51 @@ def mib(n: int | None) -> str:
 def print_row(row: Row, precision: str, live: bool = False) -> None:
     ratios = row.ratios()
     rwkv_rate, vit_rate = 1 / row.per_image("rwkv"), 1 / row.per_image("vit")
-    line = (f"{row.pair[0]}/{row.pair[1:]:<3} {row.size:>5} {row.tokens:>6} {row.batch:>5}  "
-            f"{rwkv_rate:>10.3g} {vit_rate:>10.3g}  {statistics.median(ratios):>6.2f}x "
-            f"[{min(ratios):.2f}-{max(ratios):.2f}]")
+    line = (
+        f"{row.pair[0]}/{row.pair[1:]:<3} {row.size:>5} {row.tokens:>6} {row.batch:>5}  "
+        f"{rwkv_rate:>10.3g} {vit_rate:>10.3g}  {statistics.median(ratios):>6.2f}x "
+        f"[{min(ratios):.2f}-{max(ratios):.2f}]"
+    )
     if row.peaks:
         line += f"  {mib(row.peaks.get('rwkv')):>9} {mib(row.peaks.get('vit')):>9}"
     print(("  measured: " if live else "") + line, flush=True)
 
 
-def print_report(args: argparse.Namespace, rows: list[Row], text: tuple[list[float], list[float]] | None) -> None:
+def print_report(
+    args: argparse.Namespace, rows: list[Row], text: tuple[list[float], list[float]] | None
+) -> None:
     import torch
 
-    where = f"cpu, {torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name()
+    where = (
+        f"cpu, {torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name()
+    )
     compiled = ", torch.compile (inductor) on both" if args.compile else ""
-    print(f"\nencode_image, {args.precision}{compiled}, {where}, torch {torch.__version__}, {args.clock} clock; "
-          f"median of {args.rounds} rounds, the models alternating in each")
-    print("model  px    tokens batch  RWKV img/s  ViT img/s  RWKV/ViT [rounds]" +
-          ("   peak MiB: RWKV       ViT" if any(r.peaks for r in rows) else ""))
+    print(
+        f"\nencode_image, {args.precision}{compiled}, {where}, torch {torch.__version__}, {args.clock} clock; "
+        f"median of {args.rounds} rounds, the models alternating in each"
+    )
+    print(
+        "model  px    tokens batch  RWKV img/s  ViT img/s  RWKV/ViT [rounds]"
+        + ("   peak MiB: RWKV       ViT" if any(r.peaks for r in rows) else "")
+    )
     for row in rows:
         print_row(row, args.precision)
     if len(args.sizes) > 1:
-        print("growth exponent in tokens (time per image ~ tokens^e, 1 = linear), between neighbouring sizes:")
+        print(
+            "growth exponent in tokens (time per image ~ tokens^e, 1 = linear), between neighbouring sizes:"
+        )
     for pair in args.models:
         mine = [r for r in rows if r.pair == pair]
         if len(mine) < 2:
             continue
-        for which, label in (("rwkv", f"RWKV-CLIP {pair[0]}/{pair[1:]}"), ("vit", f"ViT-{pair[0]}/{pair[1:]}")):
-            steps = [f"{a.size}->{b.size} {growth_exponent((a.tokens, b.tokens), (a.per_image(which), b.per_image(which))):.2f}"
-                     for a, b in zip(mine, mine[1:])]
+        for which, label in (
+            ("rwkv", f"RWKV-CLIP {pair[0]}/{pair[1:]}"),
+            ("vit", f"ViT-{pair[0]}/{pair[1:]}"),
+        ):
+            steps = [
+                f"{a.size}->{b.size} {growth_exponent((a.tokens, b.tokens), (a.per_image(which), b.per_image(which))):.2f}"
+                for a, b in zip(mine, mine[1:])
+            ]
             if len(mine) > 2:
                 a, b = mine[0], mine[-1]
                 whole = growth_exponent((a.tokens, b.tokens), (a.per_image(which), b.per_image(which)))
@@ -331,9 +371,11 @@ def print_report(args: argparse.Namespace, rows: list[Row], text: tuple[list[flo
     if text is not None:
         rwkv, vit = text
         ratios = [v / r for r, v in zip(rwkv, vit)]
-        print(f"encode_text, batch {args.text_batch} x 77 tokens: RWKV-CLIP {args.text_batch / statistics.median(rwkv):.3g} "
-              f"texts/s, ViT-B/32's text transformer {args.text_batch / statistics.median(vit):.3g} texts/s, "
-              f"RWKV/ViT {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]")
+        print(
+            f"encode_text, batch {args.text_batch} x 77 tokens: RWKV-CLIP {args.text_batch / statistics.median(rwkv):.3g} "
+            f"texts/s, ViT-B/32's text transformer {args.text_batch / statistics.median(vit):.3g} texts/s, "
+            f"RWKV/ViT {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+        )
     print_goals(rows)
 
 
@@ -343,19 +385,36 @@ def print_goals(rows: list[Row]) -> None:
     goals = []
     if ("B32", 224) in by:
         ratios = by["B32", 224].ratios()
-        goals.append((f"B/32 at 224 px >= {GOAL_224}x ViT-B/32", statistics.median(ratios) >= GOAL_224,
-                      f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"))
+        goals.append(
+            (
+                f"B/32 at 224 px >= {GOAL_224}x ViT-B/32",
+                statistics.median(ratios) >= GOAL_224,
+                f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]",
+            )
+        )
     if ("B32", 224) in by and ("B32", 448) in by:
         growth = by["B32", 448].per_image("rwkv") / by["B32", 224].per_image("rwkv")
-        goals.append((f"B/32 time per image 448 px / 224 px <= {GOAL_GROWTH}", growth <= GOAL_GROWTH, f"{growth:.2f}"))
+        goals.append(
+            (f"B/32 time per image 448 px / 224 px <= {GOAL_GROWTH}", growth <= GOAL_GROWTH, f"{growth:.2f}")
+        )
     if ("B16", 1024) in by:
         ratios = by["B16", 1024].ratios()
-        goals.append((f"B/16 at 1024 px >= {GOAL_1024}x ViT-B/16", statistics.median(ratios) >= GOAL_1024,
-                      f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"))
+        goals.append(
+            (
+                f"B/16 at 1024 px >= {GOAL_1024}x ViT-B/16",
+                statistics.median(ratios) >= GOAL_1024,
+                f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]",
+            )
+        )
         peaks = by["B16", 1024].peaks
         if "rwkv" in peaks and "vit" in peaks:
-            goals.append(("B/16 peak memory at 1024 px <= ViT-B/16's", peaks["rwkv"] <= peaks["vit"],
-                          f"{mib(peaks['rwkv'])} MiB vs {mib(peaks['vit'])} MiB"))
+            goals.append(
+                (
+                    "B/16 peak memory at 1024 px <= ViT-B/16's",
+                    peaks["rwkv"] <= peaks["vit"],
+                    f"{mib(peaks['rwkv'])} MiB vs {mib(peaks['vit'])} MiB",
+                )
+            )
     if goals:
         print("issue 44's goals (median round; range in brackets):")
         for what, met, value in goals:
@@ -378,27 +437,41 @@ def measure_wkv(args: argparse.Namespace) -> None:
     from src.open_alip.wkv import wkv_chunked_autograd
     from src.open_alip.wkv_inference import wkv_chunked_inference
 
-    where = f"cpu, {torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name()
-    print(f"WKV alone, forward only, float32, {WKV_HEADS} heads of {WKV_HEAD_SIZE}, decay logits in "
-          f"[{DECAY_RANGE[0]:g}, {DECAY_RANGE[1]:g}], {where}, {args.clock} clock; median of {args.rounds} rounds, "
-          "the two forms alternating")
-    print("tokens batch  inference form us/token  autograd form us/token  speed-up [rounds]  max|diff|/max|y|")
+    where = (
+        f"cpu, {torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name()
+    )
+    print(
+        f"WKV alone, forward only, float32, {WKV_HEADS} heads of {WKV_HEAD_SIZE}, decay logits in "
+        f"[{DECAY_RANGE[0]:g}, {DECAY_RANGE[1]:g}], {where}, {args.clock} clock; median of {args.rounds} rounds, "
+        "the two forms alternating"
+    )
+    print(
+        "tokens batch  inference form us/token  autograd form us/token  speed-up [rounds]  max|diff|/max|y|"
+    )
     found = []
     for batch, tokens in WKV_CASES:
         inputs = make_inputs((batch, tokens, WKV_HEADS * WKV_HEAD_SIZE, WKV_HEADS), args.device)
         with torch.no_grad():
-            calls = {"inference": partial(wkv_chunked_inference, *inputs), "autograd": partial(wkv_chunked_autograd, *inputs)}
+            calls = {
+                "inference": partial(wkv_chunked_inference, *inputs),
+                "autograd": partial(wkv_chunked_autograd, *inputs),
+            }
             times = time_turns(calls, args.rounds, clock_of(args.clock), args.device)
             new, old = (fn() for fn in calls.values())
         per_token = {name: statistics.median(t) / (batch * tokens) * 1e6 for name, t in times.items()}
         speedups = [o / n for n, o in zip(times["inference"], times["autograd"])]
         diff = ((new - old).abs().max() / old.abs().max()).item()
         found.append((tokens, per_token))
-        print(f"{tokens:>6} {batch:>5}  {per_token['inference']:>23.1f}  {per_token['autograd']:>22.1f}  "
-              f"{statistics.median(speedups):>7.2f}x [{min(speedups):.2f}-{max(speedups):.2f}]  {diff:.1e}", flush=True)
+        print(
+            f"{tokens:>6} {batch:>5}  {per_token['inference']:>23.1f}  {per_token['autograd']:>22.1f}  "
+            f"{statistics.median(speedups):>7.2f}x [{min(speedups):.2f}-{max(speedups):.2f}]  {diff:.1e}",
+            flush=True,
+        )
     for name in ("inference", "autograd"):  # of the time per sequence: per token times tokens
-        steps = [f"{a}->{b} {growth_exponent((a, b), (pa[name] * a, pb[name] * b)):.2f}"
-                 for (a, pa), (b, pb) in zip(found, found[1:])]
+        steps = [
+            f"{a}->{b} {growth_exponent((a, b), (pa[name] * a, pb[name] * b)):.2f}"
+            for (a, pa), (b, pb) in zip(found, found[1:])
+        ]
         print(f"growth exponent in tokens (time per sequence ~ tokens^e), {name} form: " + ", ".join(steps))
 
 
@@ -410,8 +483,9 @@ GPU_BATCH = 64
 GPU_IMPLS = ("fla", "bi_triton")
 
 
-def section_gpu(results: Any, budget: Any, device: Any, cpu_test: bool = False,
-                open_clip_dir: Path | None = None) -> None:
+def section_gpu(
+    results: Any, budget: Any, device: Any, cpu_test: bool = False, open_clip_dir: Path | None = None
+) -> None:
     """benchmarks.gpu's `inference` section: the CPU table's rows on the GPU, bf16 weights, RWKV-CLIP
     with each GPU WKV (fla, bi_triton) against the ViT when open_clip's code is importable there
     (`open_clip` installed, or `open_clip_dir`). With `cpu_test`, the tiny model at two small sizes
@@ -424,7 +498,13 @@ def section_gpu(results: Any, budget: Any, device: Any, cpu_test: bool = False,
     from src.open_alip.wkv import resolve_wkv_impl
 
     if cpu_test:
-        pairs, sizes, impls, batch, dtype = {"tiny": ("RWKV_CLIP_tiny", None, 8)}, {"tiny": (32, 64)}, ("chunked",), 2, torch.float32
+        pairs, sizes, impls, batch, dtype = (
+            {"tiny": ("RWKV_CLIP_tiny", None, 8)},
+            {"tiny": (32, 64)},
+            ("chunked",),
+            2,
+            torch.float32,
+        )
     else:
         pairs, sizes, impls, batch, dtype = PAIRS, GPU_SIZES, GPU_IMPLS, GPU_BATCH, torch.bfloat16
     open_clip_model, vit_note = None, None
@@ -432,7 +512,9 @@ def section_gpu(results: Any, budget: Any, device: Any, cpu_test: bool = False,
         spec = importlib.util.find_spec("open_clip") if open_clip_dir is None else None
         folder = open_clip_dir or (Path(spec.submodule_search_locations[0]) if spec else None)
         if folder is None:
-            vit_note = "no ViT rows: open_clip is not installed here (pip install --no-deps open_clip_torch==3.3.0)"
+            vit_note = (
+                "no ViT rows: open_clip is not installed here (pip install --no-deps open_clip_torch==3.3.0)"
+            )
         else:
             open_clip_model = load_open_clip(folder)
     runnable = {}
@@ -476,10 +558,14 @@ def section_gpu(results: Any, budget: Any, device: Any, cpu_test: bool = False,
                             base = torch.cuda.memory_allocated(device)
                             torch.cuda.reset_peak_memory_stats(device)
                             call()
-                            case[f"{name}_peak_gb"] = round((torch.cuda.max_memory_allocated(device) - base) / 1e9, 3)
+                            case[f"{name}_peak_gb"] = round(
+                                (torch.cuda.max_memory_allocated(device) - base) / 1e9, 3
+                            )
                 if "vit" in times:
                     for impl in runnable:
-                        case[f"{impl}_over_vit"] = round(statistics.median(times["vit"]) / statistics.median(times[impl]), 3)
+                        case[f"{impl}_over_vit"] = round(
+                            statistics.median(times["vit"]) / statistics.median(times[impl]), 3
+                        )
             except Exception as exc:
                 case["error"] = f"{type(exc).__name__}: {first_line(exc)}"
             finally:
@@ -489,8 +575,22 @@ def section_gpu(results: Any, budget: Any, device: Any, cpu_test: bool = False,
         rwkv = None
 
 
-GPU_COLUMNS = ["model", "px", "tokens", "batch", "vit_img_s", "fla_img_s", "bi_triton_img_s", "chunked_img_s",
-               "fla_over_vit", "bi_triton_over_vit", "vit_peak_gb", "fla_peak_gb", "bi_triton_peak_gb", "error"]
+GPU_COLUMNS = [
+    "model",
+    "px",
+    "tokens",
+    "batch",
+    "vit_img_s",
+    "fla_img_s",
+    "bi_triton_img_s",
+    "chunked_img_s",
+    "fla_over_vit",
+    "bi_triton_over_vit",
+    "vit_peak_gb",
+    "fla_peak_gb",
+    "bi_triton_peak_gb",
+    "error",
+]
 
 
 # ------------------------------------------------------------------------------ command line
@@ -511,36 +611,74 @@ def _csv(kind: Callable[[str], Any], choices: tuple | None = None) -> Callable[[
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.inference", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    parser.add_argument("--models", type=_csv(str, tuple(PAIRS)), default=list(PAIRS),
-                        help="comma-separated pairs out of B32, B16 (default B32,B16)")
-    parser.add_argument("--sizes", type=_csv(int), default=list(SIZES),
-                        help="comma-separated image sizes in px (default 224,384,448,640,1024)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.inference",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--models",
+        type=_csv(str, tuple(PAIRS)),
+        default=list(PAIRS),
+        help="comma-separated pairs out of B32, B16 (default B32,B16)",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=_csv(int),
+        default=list(SIZES),
+        help="comma-separated image sizes in px (default 224,384,448,640,1024)",
+    )
     parser.add_argument("--batch", type=int, default=16, help="images per call, at most (default 16)")
-    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
-                        help=f"patch tokens per call, at most: the batch shrinks for large images (default {MAX_TOKENS})")
-    parser.add_argument("--text-batch", type=int, default=64, help="texts per encode_text call; 0 skips text (default 64)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=MAX_TOKENS,
+        help=f"patch tokens per call, at most: the batch shrinks for large images (default {MAX_TOKENS})",
+    )
+    parser.add_argument(
+        "--text-batch", type=int, default=64, help="texts per encode_text call; 0 skips text (default 64)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per size (default 3)")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default 0: torch's default)")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                        help="weights and inputs of both models (default fp32; bf16: the user's choice)")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="wall time, or this process's CPU time (steadier on a shared machine with "
-                             "--threads 1; default wall)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads (default 0: torch's default)"
+    )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="weights and inputs of both models (default fp32; bf16: the user's choice)",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall time, or this process's CPU time (steadier on a shared machine with "
+        "--threads 1; default wall)",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
     parser.add_argument("--wkv-impl", default="auto", help="RWKV-CLIP's WKV (default auto: chunked on CPU)")
-    parser.add_argument("--wkv", action="store_true",
-                        help="only the WKV alone, forward only: its inference form against the autograd form at "
-                             "49, 196, 1024 and 4096 tokens (no ViT, no open_clip)")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile (inductor) both models' encode_image first; the compile is timed apart")
+    parser.add_argument(
+        "--wkv",
+        action="store_true",
+        help="only the WKV alone, forward only: its inference form against the autograd form at "
+        "49, 196, 1024 and 4096 tokens (no ViT, no open_clip)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile (inductor) both models' encode_image first; the compile is timed apart",
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement (CPU)")
-    parser.add_argument("--open-clip", type=Path, help="an open_clip package folder (default: the oracle venv's)")
+    parser.add_argument(
+        "--open-clip", type=Path, help="an open_clip package folder (default: the oracle venv's)"
+    )
     parser.add_argument("--_memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.batch < 1 or args.rounds < 1 or args.max_tokens < 1 or args.text_batch < 0 or args.threads < 0:
-        parser.error("--batch, --rounds and --max-tokens must be positive, --text-batch and --threads not negative")
+        parser.error(
+            "--batch, --rounds and --max-tokens must be positive, --text-batch and --threads not negative"
+        )
     if any(s < 32 for s in args.sizes):
         parser.error("--sizes: each size must be at least 32 px (one B/32 patch)")
     if args.device == "cuda" and args.clock == "cpu":
@@ -572,16 +710,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     folder = args.open_clip or default_open_clip_dir()
     open_clip_model = load_open_clip(folder)
-    print(f"ViT: open_clip's model code from {folder}; {args.precision}, "
-          f"{'cpu, ' + str(torch.get_num_threads()) + ' threads' if args.device == 'cpu' else args.device}", flush=True)
+    print(
+        f"ViT: open_clip's model code from {folder}; {args.precision}, "
+        f"{'cpu, ' + str(torch.get_num_threads()) + ' threads' if args.device == 'cpu' else args.device}",
+        flush=True,
+    )
     rows = measure_images(args, open_clip_model)
     if args.device == "cpu" and not args.no_memory:
         print("peak memory: one call per size and model, in a fresh process per pair", flush=True)
         for pair in args.models:
             rwkv_name, vit_name, _ = PAIRS[pair]
             mine = [r for r in rows if r.pair == pair]
-            peaks = cpu_peaks((rwkv_name, vit_name), [(r.size, r.batch) for r in mine], args.precision,
-                              torch.get_num_threads(), folder)
+            peaks = cpu_peaks(
+                (rwkv_name, vit_name),
+                [(r.size, r.batch) for r in mine],
+                args.precision,
+                torch.get_num_threads(),
+                folder,
+            )
             for row in mine:
                 row.peaks = {kind: peaks[kind][row.size] for kind in ("rwkv", "vit")}
     text = measure_text(args, open_clip_model) if args.text_batch else None

@@ -55,8 +55,14 @@ BARRIER_CYCLES = 100
 MEMORY_CYCLES = 500  # one dependent global-memory round trip
 # H200 SXM datasheet rates (dense: half the "with sparsity" tensor figures), FLOP/s per GPU.
 FP32_FLOPS = 67e12
-TENSOR_FLOPS = {"bf16": 989.5e12, "f16": 989.5e12, "tf32": 494.7e12, "e4m3": 1979e12, "e5m2": 1979e12,
-                "f64": 67e12}
+TENSOR_FLOPS = {
+    "bf16": 989.5e12,
+    "f16": 989.5e12,
+    "tf32": 494.7e12,
+    "e4m3": 1979e12,
+    "e5m2": 1979e12,
+    "f64": 67e12,
+}
 ISSUE_PER_SM = 4  # instructions per cycle (four schedulers); one per cycle per warp
 # Residency limits of one sm_90 SM.
 MAX_BLOCKS_PER_SM = 32
@@ -70,11 +76,16 @@ TARGET = ("cuda", 90, 32)
 
 def model_constants() -> dict[str, object]:
     return {
-        "SMs": SMS, "clock_GHz": CLOCK_HZ / 1e9, "barrier_cycles": BARRIER_CYCLES,
-        "memory_round_trip_cycles": MEMORY_CYCLES, "fp32_TFLOPs": FP32_FLOPS / 1e12,
+        "SMs": SMS,
+        "clock_GHz": CLOCK_HZ / 1e9,
+        "barrier_cycles": BARRIER_CYCLES,
+        "memory_round_trip_cycles": MEMORY_CYCLES,
+        "fp32_TFLOPs": FP32_FLOPS / 1e12,
         "tensor_TFLOPs_dense": {k: v / 1e12 for k, v in TENSOR_FLOPS.items()},
-        "issue_per_SM_per_cycle": ISSUE_PER_SM, "max_blocks_per_SM": MAX_BLOCKS_PER_SM,
-        "max_warps_per_SM": MAX_WARPS_PER_SM, "registers_per_SM": REGISTERS_PER_SM,
+        "issue_per_SM_per_cycle": ISSUE_PER_SM,
+        "max_blocks_per_SM": MAX_BLOCKS_PER_SM,
+        "max_warps_per_SM": MAX_WARPS_PER_SM,
+        "registers_per_SM": REGISTERS_PER_SM,
         "shared_bytes_per_SM": SHARED_PER_SM,
     }
 
@@ -109,8 +120,10 @@ def work_cycles(p: Program) -> float:
     """SM cycles one program's arithmetic and issue occupy when it shares the SM."""
     per_cycle = CLOCK_HZ * SMS
     fp32 = p.warps * p.fp32_flop / (FP32_FLOPS / per_cycle)
-    tensor = sum(p.warps * flop / (TENSOR_FLOPS.get(kind, TENSOR_FLOPS["tf32"]) / per_cycle)
-                 for kind, flop in p.mma_flop.items())
+    tensor = sum(
+        p.warps * flop / (TENSOR_FLOPS.get(kind, TENSOR_FLOPS["tf32"]) / per_cycle)
+        for kind, flop in p.mma_flop.items()
+    )
     issue = p.warps * p.instructions / ISSUE_PER_SM
     return max(fp32, tensor, issue)
 
@@ -141,7 +154,9 @@ class Compiled:
     code: list  # sass.Instruction
 
 
-def compile_sm90(fn, arguments: dict[str, tuple[str, object]], num_warps: int, num_stages: int = 3) -> Compiled:
+def compile_sm90(
+    fn, arguments: dict[str, tuple[str, object]], num_warps: int, num_stages: int = 3
+) -> Compiled:
     """Compile JIT function `fn` for sm_90. `arguments`: name -> (type, value) with type a Triton
     signature type ("*bf16", "i32", "fp32") or "constexpr"; the value decides the specialisation a
     launch would make (pointers 16-byte aligned, integers divisible by 16)."""
@@ -158,15 +173,20 @@ def compile_sm90(fn, arguments: dict[str, tuple[str, object]], num_warps: int, n
         signature[name] = kind
         if kind == "constexpr":
             constants[name] = value
-        elif kind.startswith("*") or (kind in ("i32", "i64") and isinstance(value, int) and value % 16 == 0
-                                      and names.index(name) not in fn.do_not_specialize):
+        elif kind.startswith("*") or (
+            kind in ("i32", "i64")
+            and isinstance(value, int)
+            and value % 16 == 0
+            and names.index(name) not in fn.do_not_specialize
+        ):
             attrs[(names.index(name),)] = [["tt.divisibility", 16]]
     missing = set(arguments) - set(names)
     if missing:
         raise ValueError(f"{fn.__name__} has no arguments {sorted(missing)}")
     source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    kernel = triton.compile(source, target=GPUTarget(*TARGET),
-                            options={"num_warps": num_warps, "num_stages": num_stages})
+    kernel = triton.compile(
+        source, target=GPUTarget(*TARGET), options={"num_warps": num_warps, "num_stages": num_stages}
+    )
     _, usage = sass.disassemble(kernel.asm["cubin"])
     code, _ = sass.disassemble(rolled_cubin(kernel.asm["ptx"]))
     # Triton's shared memory is dynamic (metadata.shared); cuobjdump's SHARED is the static part.
@@ -195,8 +215,11 @@ def rolled_cubin(ptx: str) -> bytes:
         src, out = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
         src.write_text("\n".join(lines) + "\n")
         # The options Triton 3.7 gives ptxas (its backends/nvidia/compiler.py), for sm_90a.
-        subprocess.run([str(sass.tool("ptxas")), "--regAllocOptLevel=2", "--gpu-name=sm_90a", str(src), "-o", str(out)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [str(sass.tool("ptxas")), "--regAllocOptLevel=2", "--gpu-name=sm_90a", str(src), "-o", str(out)],
+            check=True,
+            capture_output=True,
+        )
         return out.read_bytes()
 
 
@@ -250,11 +273,21 @@ class Row:
     def to_json(self) -> dict[str, object]:
         la = self.launch
         return {
-            "kernel": la.kernel, "impl": la.impl, "tower": la.tower, "pass": la.pass_,
-            "registers": self.registers, "spills": self.spills, "shared_bytes": self.shared_bytes,
-            "blocks_per_sm": self.blocks_per_sm, "barriers_per_step": round(self.barriers_per_step, 3),
-            "serial_steps": self.serial_steps, "programs": self.programs, "waves": self.waves,
-            "mma": self.mma, "cp_async": self.cp_async, "est_ms": round(self.est_ms, 4),
+            "kernel": la.kernel,
+            "impl": la.impl,
+            "tower": la.tower,
+            "pass": la.pass_,
+            "registers": self.registers,
+            "spills": self.spills,
+            "shared_bytes": self.shared_bytes,
+            "blocks_per_sm": self.blocks_per_sm,
+            "barriers_per_step": round(self.barriers_per_step, 3),
+            "serial_steps": self.serial_steps,
+            "programs": self.programs,
+            "waves": self.waves,
+            "mma": self.mma,
+            "cp_async": self.cp_async,
+            "est_ms": round(self.est_ms, 4),
         }
 
 
@@ -263,16 +296,31 @@ def measure(launch: Launch, compiled: Compiled | None = None) -> Row:
 
     compiled = compiled or compile_sm90(launch.fn, launch.arguments, launch.num_warps, launch.num_stages)
     counts = sass.analyse(compiled.code, launch.trips)
-    program = Program(launch.num_warps, counts.barriers, counts.round_trips, counts.instructions,
-                      counts.fp32_flop, counts.mma_flop)
+    program = Program(
+        launch.num_warps,
+        counts.barriers,
+        counts.round_trips,
+        counts.instructions,
+        counts.fp32_flop,
+        counts.mma_flop,
+    )
     resident = blocks_per_sm(compiled.registers, launch.num_warps, compiled.shared)
     seconds, waves = estimate_seconds(program, launch.programs, resident)
     serial = round(sum(lp["trips"] for lp in counts.loops if lp["depth"] == 0))
     return Row(
-        launch=launch, registers=compiled.registers, spills=compiled.spills, shared_bytes=compiled.shared,
-        blocks_per_sm=resident, barriers_per_step=counts.barriers_in_loops / max(launch.tokens, 1),
-        serial_steps=serial, programs=launch.programs, waves=waves, mma=counts.mma * launch.num_warps,
-        cp_async=counts.cp_async * launch.num_warps, est_ms=1e3 * seconds * launch.calls, loops=counts.loops,
+        launch=launch,
+        registers=compiled.registers,
+        spills=compiled.spills,
+        shared_bytes=compiled.shared,
+        blocks_per_sm=resident,
+        barriers_per_step=counts.barriers_in_loops / max(launch.tokens, 1),
+        serial_steps=serial,
+        programs=launch.programs,
+        waves=waves,
+        mma=counts.mma * launch.num_warps,
+        cp_async=counts.cp_async * launch.num_warps,
+        est_ms=1e3 * seconds * launch.calls,
+        loops=counts.loops,
     )
 
 
@@ -300,13 +348,22 @@ def towers(batch: int, accumulation: int = 1, checkpointing: bool = False) -> li
     out = []
     for name in TOWERS:
         shape = tower_wkv_shape(cfg, name)
-        out.append(Tower(
-            name, batch, shape.tokens, shape.heads, shape.head_size, shape.channels, tower_depth(cfg, name),
-            forward_runs=accumulation * (2 if checkpointing else 1), backward_runs=accumulation,
-            # The image tower's decay logit is float32 (a float32 parameter plus a LoRA); the text
-            # tower keeps its decays in bf16 as the released models do.
-            w_dtype="fp32" if name == "image" else "bf16",
-        ))
+        out.append(
+            Tower(
+                name,
+                batch,
+                shape.tokens,
+                shape.heads,
+                shape.head_size,
+                shape.channels,
+                tower_depth(cfg, name),
+                forward_runs=accumulation * (2 if checkpointing else 1),
+                backward_runs=accumulation,
+                # The image tower's decay logit is float32 (a float32 parameter plus a LoRA); the text
+                # tower keeps its decays in bf16 as the released models do.
+                w_dtype="fp32" if name == "image" else "bf16",
+            )
+        )
     return out
 
 
@@ -322,11 +379,23 @@ def bi_triton_launches(t: Tower) -> list[Launch]:
     from src.open_alip import wkv_bi_triton as binding
 
     return [
-        Launch(kernel=f"wkv_bi_{name}", impl="bi_triton", tower=t.name, pass_=pass_, fn=jit_function(fn),
-               arguments=args, num_warps=warps, programs=programs, trips=trips, tokens=tokens,
-               calls=t.layers * (t.forward_runs if pass_ == "fwd" else t.backward_runs), num_stages=stages)
-        for name, pass_, fn, args, warps, stages, programs, trips, tokens
-        in binding.static_launches(t.batch, t.tokens, t.heads, t.size, "bf16", t.w_dtype)
+        Launch(
+            kernel=f"wkv_bi_{name}",
+            impl="bi_triton",
+            tower=t.name,
+            pass_=pass_,
+            fn=jit_function(fn),
+            arguments=args,
+            num_warps=warps,
+            programs=programs,
+            trips=trips,
+            tokens=tokens,
+            calls=t.layers * (t.forward_runs if pass_ == "fwd" else t.backward_runs),
+            num_stages=stages,
+        )
+        for name, pass_, fn, args, warps, stages, programs, trips, tokens in binding.static_launches(
+            t.batch, t.tokens, t.heads, t.size, "bf16", t.w_dtype
+        )
     ]
 
 
@@ -343,18 +412,43 @@ def mix_launches(t: Tower) -> list[Launch]:
     # Per block: the time mix's first mix (x + xx * maa_x, no LoRA term), its five mixes with the
     # LoRA term, and the channel mix's two (rwkv6.py, vision_rwkv.py, text_rwkv.py).
     for mixes, has_m in ((1, False), (5, True), (2, False)):
-        forward = (_pointers("fp32", "a_ptr", "b_ptr", "coef_ptr") | _pointers("bf16", "m_ptr")
-                   | _pointers("bf16", *(f"out{j}_ptr" for j in range(5))) | sizes
-                   | _const(K=mixes, HAS_M=has_m) | blocks)
-        backward = (_pointers("bf16", *(f"g{j}_ptr" for j in range(5))) | _pointers("fp32", "a_ptr", "b_ptr", "coef_ptr")
-                    | _pointers("bf16", "m_ptr", "dm_ptr") | _pointers("fp32", "da_ptr", "db_ptr", "dcoef_ptr")
-                    | sizes | _const(K=mixes, K_PAD=1 << (mixes - 1).bit_length(), HAS_M=has_m) | blocks)
+        forward = (
+            _pointers("fp32", "a_ptr", "b_ptr", "coef_ptr")
+            | _pointers("bf16", "m_ptr")
+            | _pointers("bf16", *(f"out{j}_ptr" for j in range(5)))
+            | sizes
+            | _const(K=mixes, HAS_M=has_m)
+            | blocks
+        )
+        backward = (
+            _pointers("bf16", *(f"g{j}_ptr" for j in range(5)))
+            | _pointers("fp32", "a_ptr", "b_ptr", "coef_ptr")
+            | _pointers("bf16", "m_ptr", "dm_ptr")
+            | _pointers("fp32", "da_ptr", "db_ptr", "dcoef_ptr")
+            | sizes
+            | _const(K=mixes, K_PAD=1 << (mixes - 1).bit_length(), HAS_M=has_m)
+            | blocks
+        )
         name = f"mix_K{mixes}{'_lora' if has_m else ''}"
-        for pass_, fn, args, runs in (("fwd", kernels.mix_forward_kernel, forward, t.forward_runs),
-                                      ("bwd", kernels.mix_backward_kernel, backward, t.backward_runs)):
-            out.append(Launch(kernel=f"{name}_{pass_}", impl="mix", tower=t.name, pass_=pass_, fn=jit_function(fn),
-                              arguments=args, num_warps=mix.NUM_WARPS, programs=programs, trips=[spans],
-                              tokens=mix._BLOCK_R * spans, calls=t.layers * runs))
+        for pass_, fn, args, runs in (
+            ("fwd", kernels.mix_forward_kernel, forward, t.forward_runs),
+            ("bwd", kernels.mix_backward_kernel, backward, t.backward_runs),
+        ):
+            out.append(
+                Launch(
+                    kernel=f"{name}_{pass_}",
+                    impl="mix",
+                    tower=t.name,
+                    pass_=pass_,
+                    fn=jit_function(fn),
+                    arguments=args,
+                    num_warps=mix.NUM_WARPS,
+                    programs=programs,
+                    trips=[spans],
+                    tokens=mix._BLOCK_R * spans,
+                    calls=t.layers * runs,
+                )
+            )
     return out
 
 
@@ -365,8 +459,14 @@ def fla_launches(t: Tower) -> list[list[Launch]]:
 
     fused = binding._import_fla()
     n, T, H, K = t.batch, t.tokens, t.heads, t.size
-    common = {"scale": ("fp32", 1.0), "T": ("i32", T), "B": ("constexpr", n), "H": ("constexpr", H),
-              "cu_seqlens": ("constexpr", None), "IS_VARLEN": ("constexpr", False)}
+    common = {
+        "scale": ("fp32", 1.0),
+        "T": ("i32", T),
+        "B": ("constexpr", n),
+        "H": ("constexpr", H),
+        "cu_seqlens": ("constexpr", None),
+        "IS_VARLEN": ("constexpr", False),
+    }
     per_call = 2  # one launch per direction
     fwd_calls, bwd_calls = t.layers * t.forward_runs * per_call, t.layers * t.backward_runs * per_call
 
@@ -385,37 +485,103 @@ def fla_launches(t: Tower) -> list[list[Launch]]:
             run_args = args | extra
             grid_programs = programs(cfg.kwargs) if callable(programs) else programs
             loop_trips = trips(cfg.kwargs) if callable(trips) else trips
-            out.append(Launch(kernel=name, impl="fla", tower=t.name, pass_=pass_, fn=jit_function(kernel),
-                              arguments=run_args, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                              programs=grid_programs, trips=loop_trips, tokens=tokens, calls=calls,
-                              config=", ".join([f"{k}={v}" for k, v in cfg.kwargs.items()]
-                                               + [f"num_warps={cfg.num_warps}"])))
+            out.append(
+                Launch(
+                    kernel=name,
+                    impl="fla",
+                    tower=t.name,
+                    pass_=pass_,
+                    fn=jit_function(kernel),
+                    arguments=run_args,
+                    num_warps=cfg.num_warps,
+                    num_stages=cfg.num_stages,
+                    programs=grid_programs,
+                    trips=loop_trips,
+                    tokens=tokens,
+                    calls=calls,
+                    config=", ".join(
+                        [f"{k}={v}" for k, v in cfg.kwargs.items()] + [f"num_warps={cfg.num_warps}"]
+                    ),
+                )
+            )
         return out
 
     f32 = "fp32"
     bk, bv, tiles_fwd = tiles("fwd")
-    forward = (_pointers(f32, "q", "k", "v", "w", "u", "o") | common
-               | _const(h0=None, ht=None, K=K, V=K, BK=bk, BV=bv, REVERSE=False, USE_INITIAL_STATE=False,
-                        STORE_FINAL_STATE=False))
+    forward = (
+        _pointers(f32, "q", "k", "v", "w", "u", "o")
+        | common
+        | _const(
+            h0=None,
+            ht=None,
+            K=K,
+            V=K,
+            BK=bk,
+            BV=bv,
+            REVERSE=False,
+            USE_INITIAL_STATE=False,
+            STORE_FINAL_STATE=False,
+        )
+    )
     qk, qv, tiles_dq = tiles("dq")
-    dq = (_pointers(f32, "k", "v", "w", "u", "do", "dq", "dq1") | common
-          | _const(h0=None, K=K, V=K, BK=qk, BV=qv, REVERSE=False, USE_INITIAL_STATE=False))
+    dq = (
+        _pointers(f32, "k", "v", "w", "u", "do", "dq", "dq1")
+        | common
+        | _const(h0=None, K=K, V=K, BK=qk, BV=qv, REVERSE=False, USE_INITIAL_STATE=False)
+    )
     kk, kv, tiles_dkv = tiles("dkv")
-    dkv = (_pointers(f32, "q", "k", "v", "w", "u", "do", "dk", "dk1", "dv") | common
-           | _const(dh0=None, K=K, V=K, BK=kk, BV=kv, REVERSE=False, USE_INITIAL_STATE=False))
-    dw = (_pointers(f32, "q", "k", "dq", "dk", "dw") | {k: common[k] for k in ("scale", "T", "cu_seqlens",
-                                                                               "IS_VARLEN", "H")}
-          | _const(K=K, REVERSE=True))
+    dkv = (
+        _pointers(f32, "q", "k", "v", "w", "u", "do", "dk", "dk1", "dv")
+        | common
+        | _const(dh0=None, K=K, V=K, BK=kk, BV=kv, REVERSE=False, USE_INITIAL_STATE=False)
+    )
+    dw = (
+        _pointers(f32, "q", "k", "dq", "dk", "dw")
+        | {k: common[k] for k in ("scale", "T", "cu_seqlens", "IS_VARLEN", "H")}
+        | _const(K=K, REVERSE=True)
+    )
     heads = n * H
     return [
-        variants("fla_fused_recurrent_fwd", fused.fused_recurrent_rwkv6_fwd_kernel, forward, "fwd",
-                 tiles_fwd * heads, [T], T, fwd_calls),
-        variants("fla_fused_recurrent_bwd_dq", fused.fused_recurrent_rwkv6_bwd_kernel_dq, dq, "bwd",
-                 tiles_dq * heads, [T], T, bwd_calls),
-        variants("fla_fused_recurrent_bwd_dkv", fused.fused_recurrent_rwkv6_bwd_kernel_dkv, dkv, "bwd",
-                 tiles_dkv * heads, [T], T, bwd_calls),
-        variants("fla_fused_recurrent_bwd_dw", fused.fused_recurrent_rwkv6_bwd_kernel_dw, dw, "bwd",
-                 lambda c: -(-K // c["BK"]) * heads, lambda c: [-(-T // c["BT"])], T, bwd_calls),
+        variants(
+            "fla_fused_recurrent_fwd",
+            fused.fused_recurrent_rwkv6_fwd_kernel,
+            forward,
+            "fwd",
+            tiles_fwd * heads,
+            [T],
+            T,
+            fwd_calls,
+        ),
+        variants(
+            "fla_fused_recurrent_bwd_dq",
+            fused.fused_recurrent_rwkv6_bwd_kernel_dq,
+            dq,
+            "bwd",
+            tiles_dq * heads,
+            [T],
+            T,
+            bwd_calls,
+        ),
+        variants(
+            "fla_fused_recurrent_bwd_dkv",
+            fused.fused_recurrent_rwkv6_bwd_kernel_dkv,
+            dkv,
+            "bwd",
+            tiles_dkv * heads,
+            [T],
+            T,
+            bwd_calls,
+        ),
+        variants(
+            "fla_fused_recurrent_bwd_dw",
+            fused.fused_recurrent_rwkv6_bwd_kernel_dw,
+            dw,
+            "bwd",
+            lambda c: -(-K // c["BK"]) * heads,
+            lambda c: [-(-T // c["BT"])],
+            T,
+            bwd_calls,
+        ),
     ]
 
 
@@ -438,11 +604,18 @@ def planned_batch() -> tuple[int, int, bool, str]:
 
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     code = "from benchmarks.kernel_static import _print_plan; _print_plan()"
-    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode:
-        raise UserError(f"the planner failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}; "
-                        "give --batch N to skip it")
+        raise UserError(
+            f"the planner failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}; "
+            "give --batch N to skip it"
+        )
     plan = json.loads(done.stdout.strip().splitlines()[-1])
     return plan["micro_batch"], plan["accum_steps"], plan["grad_checkpointing"], plan["explanation"]
 
@@ -451,15 +624,33 @@ def _print_plan() -> None:
     from benchmarks.training_cost import GLOBAL_BATCH, GPU_SPECS, GPUS
     from src.perf.planner import plan_micro_batch
 
-    plan = plan_micro_batch(CONFIG, wkv_impl="fla", precision="bf16",
-                            device_memory_bytes=GPU_SPECS["h200"].memory_bytes, global_batch=GLOBAL_BATCH,
-                            world_size=GPUS, bucket_view=True)
-    print(json.dumps({"micro_batch": plan.micro_batch, "accum_steps": plan.accum_steps,
-                      "grad_checkpointing": plan.grad_checkpointing, "explanation": plan.explanation}))
+    plan = plan_micro_batch(
+        CONFIG,
+        wkv_impl="fla",
+        precision="bf16",
+        device_memory_bytes=GPU_SPECS["h200"].memory_bytes,
+        global_batch=GLOBAL_BATCH,
+        world_size=GPUS,
+        bucket_view=True,
+    )
+    print(
+        json.dumps(
+            {
+                "micro_batch": plan.micro_batch,
+                "accum_steps": plan.accum_steps,
+                "grad_checkpointing": plan.grad_checkpointing,
+                "explanation": plan.explanation,
+            }
+        )
+    )
 
 
-def collect(batch: int, accumulation: int = 1, checkpointing: bool = False,
-            progress: Callable[[str], None] = lambda line: None) -> list[Row]:
+def collect(
+    batch: int,
+    accumulation: int = 1,
+    checkpointing: bool = False,
+    progress: Callable[[str], None] = lambda line: None,
+) -> list[Row]:
     rows = []
     for tower in towers(batch, accumulation, checkpointing):
         for launch in bi_triton_launches(tower) + mix_launches(tower):
@@ -471,8 +662,23 @@ def collect(batch: int, accumulation: int = 1, checkpointing: bool = False,
     return rows
 
 
-COLUMNS = ("kernel", "impl", "tower", "pass", "registers", "spills", "shared_bytes", "blocks_per_sm",
-           "barriers_per_step", "serial_steps", "programs", "waves", "mma", "cp_async", "est_ms")
+COLUMNS = (
+    "kernel",
+    "impl",
+    "tower",
+    "pass",
+    "registers",
+    "spills",
+    "shared_bytes",
+    "blocks_per_sm",
+    "barriers_per_step",
+    "serial_steps",
+    "programs",
+    "waves",
+    "mma",
+    "cp_async",
+    "est_ms",
+)
 
 
 def render(rows: list[Row]) -> list[str]:
@@ -514,11 +720,19 @@ def goals(rows: list[Row]) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    parser.add_argument("--batch", type=int, default=None,
-                        help="micro-batch per GPU (default: what the planner picks for B/32 on an H200 with fla, "
-                             "global batch 4096 on 8 GPUs; about half a minute to work out)")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {PROG}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="micro-batch per GPU (default: what the planner picks for B/32 on an H200 with fla, "
+        "global batch 4096 on 8 GPUs; about half a minute to work out)",
+    )
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the rows as JSON")
     args = parser.parse_args(argv)
     if args.batch is not None and args.batch < 1:
@@ -544,7 +758,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         batch = args.batch
         print(f"micro-batch {batch} (given)", flush=True)
-    rows = collect(batch, accumulation, checkpointing, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    rows = collect(
+        batch, accumulation, checkpointing, progress=lambda line: print(line, file=sys.stderr, flush=True)
+    )
     print(f"model constants: {json.dumps(model_constants())}")
     print("\n".join(render(rows)))
     for impl, ms in totals(rows).items():

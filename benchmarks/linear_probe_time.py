@@ -45,8 +45,16 @@ from src.evaluation.paper_datasets import CALTECH101_SPLIT, PAPER_DATASETS, SUN3
 from src.evaluation.probe_settings import LINEAR_PROBE_DATASETS
 
 # Width x height of the generated JPEGs: sizes typical of each dataset's images.
-SIZES = {"food101": (512, 384), "pets": (500, 375), "flowers": (500, 600), "sun397": (500, 375),
-         "stanford_car": (700, 470), "dtd": (600, 450), "caltech101": (300, 200), "aircraft": (1000, 680)}
+SIZES = {
+    "food101": (512, 384),
+    "pets": (500, 375),
+    "flowers": (500, 600),
+    "sun397": (500, 375),
+    "stanford_car": (700, 470),
+    "dtd": (600, 450),
+    "caltech101": (300, 200),
+    "aircraft": (1000, 680),
+}
 DISTINCT = 4  # distinct images per class; the others are hard links of these
 
 
@@ -63,7 +71,9 @@ class Writer:
         for k in range(classes):
             for j in range(DISTINCT):
                 pixels = hues[k][None, None] + rng.normal(0, 30, (h // 8, w // 8, 3))
-                image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).resize((w, h), Image.BILINEAR)
+                image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).resize(
+                    (w, h), Image.BILINEAR
+                )
                 path = self.pool / f"{k}_{j}.jpg"
                 image.save(path, "JPEG", quality=90)
                 self.files[k, j] = path
@@ -93,10 +103,20 @@ def _cifar(root: Path, name: str, scale: float) -> None:
     rng = np.random.default_rng(0)
     hues = rng.uniform(30, 225, (classes, 3))
     if name == "cifar10":
-        base, meta, names_key, labels_key = root / "cifar-10-batches-py", "batches.meta", b"label_names", b"labels"
+        base, meta, names_key, labels_key = (
+            root / "cifar-10-batches-py",
+            "batches.meta",
+            b"label_names",
+            b"labels",
+        )
         files = [(f"data_batch_{i}", 10000) for i in range(1, 6)] + [("test_batch", 10000)]
     else:
-        base, meta, names_key, labels_key = root / "cifar-100-python", "meta", b"fine_label_names", b"fine_labels"
+        base, meta, names_key, labels_key = (
+            root / "cifar-100-python",
+            "meta",
+            b"fine_label_names",
+            b"fine_labels",
+        )
         files = [("train", 50000), ("test", 10000)]
     base.mkdir(parents=True)
     with open(base / meta, "wb") as f:
@@ -170,9 +190,14 @@ def _stanford_car(root: Path, scale: float) -> None:
     base, classes = root / "stanford_cars", 196
     writer = Writer(base, SIZES["stanford_car"], classes)
     (base / "devkit").mkdir(parents=True)
-    savemat(base / "devkit" / "cars_meta.mat", {"class_names": np.array([[f"Car {k}" for k in range(classes)]], dtype=object)})
-    for mat, folder, total in ((base / "devkit" / "cars_train_annos.mat", "cars_train", 8144),
-                               (base / "cars_test_annos_withlabels.mat", "cars_test", 8041)):
+    savemat(
+        base / "devkit" / "cars_meta.mat",
+        {"class_names": np.array([[f"Car {k}" for k in range(classes)]], dtype=object)},
+    )
+    for mat, folder, total in (
+        (base / "devkit" / "cars_train_annos.mat", "cars_train", 8144),
+        (base / "cars_test_annos_withlabels.mat", "cars_test", 8041),
+    ):
         rows = []
         for i, label in enumerate(_per_class(max(classes, round(total * scale)), classes)):
             writer.link(base / folder / f"{i:05d}.jpg", label)
@@ -223,8 +248,14 @@ def _aircraft(root: Path, scale: float) -> None:
 GENERATORS: dict[str, Callable[[Path, float], None]] = {
     "cifar10": lambda root, scale: _cifar(root, "cifar10", scale),
     "cifar100": lambda root, scale: _cifar(root, "cifar100", scale),
-    "food101": _food101, "pets": _pets, "flowers": _flowers, "sun397": _sun397, "stanford_car": _stanford_car,
-    "dtd": _dtd, "caltech101": _caltech101, "aircraft": _aircraft,
+    "food101": _food101,
+    "pets": _pets,
+    "flowers": _flowers,
+    "sun397": _sun397,
+    "stanford_car": _stanford_car,
+    "dtd": _dtd,
+    "caltech101": _caltech101,
+    "aircraft": _aircraft,
 }
 
 
@@ -247,14 +278,31 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _probe(args: argparse.Namespace, name: str, data: Path, cache: Path, output: Path) -> tuple[dict, float, float]:
+def _probe(
+    args: argparse.Namespace, name: str, data: Path, cache: Path, output: Path
+) -> tuple[dict, float, float]:
     """One linear_probe.py run: (its result, wall seconds, CPU seconds)."""
     import linear_probe
 
     model = ["--model-name", args.model_name] if args.model_name else []
-    argv = [*model, "--model-weight", args.model_weight, "--device", args.device,
-            "--workers", str(args.workers), "--batch-size", str(args.batch_size), "--no-progress",
-            "--datasets", f"{name}={data}", "--feature-cache", str(cache), "--output-dir", str(output)]
+    argv = [
+        *model,
+        "--model-weight",
+        args.model_weight,
+        "--device",
+        args.device,
+        "--workers",
+        str(args.workers),
+        "--batch-size",
+        str(args.batch_size),
+        "--no-progress",
+        "--datasets",
+        f"{name}={data}",
+        "--feature-cache",
+        str(cache),
+        "--output-dir",
+        str(output),
+    ]
     start, cpu = time.perf_counter(), _cpu_seconds()
     if linear_probe.main(argv) != 0:
         raise SystemExit(f"linear_probe.py failed on {name}")
@@ -264,7 +312,9 @@ def _probe(args: argparse.Namespace, name: str, data: Path, cache: Path, output:
 
 def _anonymous_kb() -> tuple[int, int]:
     """(anonymous resident memory now, peak resident memory) of this process, in kB (Linux)."""
-    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    fields = dict(
+        line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line
+    )
     return int(fields["RssAnon"].split()[0]), int(fields["VmHWM"].split()[0])
 
 
@@ -281,14 +331,18 @@ def solver(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     with tempfile.TemporaryDirectory(prefix="probe-solver-", dir=args.data) as folder:
         path = Path(folder) / "features.f32"
-        features = np.lib.format.open_memmap(path.with_suffix(".npy"), mode="w+", dtype=np.float32, shape=(rows, dim))
+        features = np.lib.format.open_memmap(
+            path.with_suffix(".npy"), mode="w+", dtype=np.float32, shape=(rows, dim)
+        )
         rng = np.random.default_rng(0)
         step = max(1, (1 << 24) // dim)
         labels = rng.integers(0, classes, rows)
         centres = rng.normal(size=(classes, dim)).astype(np.float32)
         for start in range(0, rows, step):  # class centres plus noise, L2-normalised, written chunk by chunk
-            block = centres[labels[start:start + step]] + rng.normal(size=(min(step, rows - start), dim)).astype(np.float32)
-            features[start:start + step] = block / np.linalg.norm(block, axis=1, keepdims=True)
+            block = centres[labels[start : start + step]] + rng.normal(
+                size=(min(step, rows - start), dim)
+            ).astype(np.float32)
+            features[start : start + step] = block / np.linalg.norm(block, axis=1, keepdims=True)
         features.flush()
         del features
         mapped = torch.from_numpy(np.load(path.with_suffix(".npy"), mmap_mode="c"))
@@ -301,38 +355,66 @@ def solver(args: argparse.Namespace) -> int:
         fit = fit_logistic([placed], classes, 1e-2, device, max_iter=args.max_iter)
         after, peak = _anonymous_kb()
         size_gb = rows * dim * 4 / 1e9
-        print(f"[bench] solver: {rows:,} x {dim} features ({size_gb:.2f} GB, memory-mapped), {classes} classes, "
-              f"on {device}: placed in {placed_s:.1f} s; {fit.iterations} L-BFGS iterations, {fit.evaluations} "
-              f"evaluations in {fit.seconds:.1f} s ({fit.seconds / max(fit.evaluations, 1):.2f} s per evaluation)")
+        print(
+            f"[bench] solver: {rows:,} x {dim} features ({size_gb:.2f} GB, memory-mapped), {classes} classes, "
+            f"on {device}: placed in {placed_s:.1f} s; {fit.iterations} L-BFGS iterations, {fit.evaluations} "
+            f"evaluations in {fit.seconds:.1f} s ({fit.seconds / max(fit.evaluations, 1):.2f} s per evaluation)"
+        )
         if device.type == "cuda":
             print(f"[bench] solver: peak GPU memory {torch.cuda.max_memory_allocated(device) / 1e9:.2f} GB")
         else:
-            print(f"[bench] solver: anonymous memory {before / 1e6:.2f} -> {after / 1e6:.2f} GB "
-                  f"(peak resident, file pages included: {peak / 1e6:.2f} GB)")
+            print(
+                f"[bench] solver: anonymous memory {before / 1e6:.2f} -> {after / 1e6:.2f} GB "
+                f"(peak resident, file pages included: {peak / 1e6:.2f} GB)"
+            )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model-weight", default=None, help="weights to probe (e.g. make demo's last checkpoint)")
-    p.add_argument("--solver", default=None, metavar="ROWSxDIMxCLASSES",
-                   help="time the solver alone on random memory-mapped features of this shape")
-    p.add_argument("--max-iter", type=int, default=10, help="--solver: L-BFGS iterations at most (default %(default)s)")
-    p.add_argument("--model-name", default=None,
-                   help="model config (default: the one the weights record, as linear_probe.py)")
-    p.add_argument("--datasets", default=",".join(LINEAR_PROBE_DATASETS),
-                   help="comma-separated names (default: all ten)")
+    p.add_argument(
+        "--solver",
+        default=None,
+        metavar="ROWSxDIMxCLASSES",
+        help="time the solver alone on random memory-mapped features of this shape",
+    )
+    p.add_argument(
+        "--max-iter", type=int, default=10, help="--solver: L-BFGS iterations at most (default %(default)s)"
+    )
+    p.add_argument(
+        "--model-name",
+        default=None,
+        help="model config (default: the one the weights record, as linear_probe.py)",
+    )
+    p.add_argument(
+        "--datasets", default=",".join(LINEAR_PROBE_DATASETS), help="comma-separated names (default: all ten)"
+    )
     p.add_argument("--scale", type=float, default=1.0, help="share of each split's real size (default 1)")
-    p.add_argument("--data", type=Path, default=None, help="folder for the generated datasets, kept and reused "
-                                                            "(default: a temporary folder)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="folder for the generated datasets, kept and reused (default: a temporary folder)",
+    )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--workers", type=int, default=2, help="image decoding processes (default %(default)s)")
-    p.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default %(default)s)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (default %(default)s: steadier on a machine shared with other jobs)")
-    p.add_argument("--no-rerun", action="store_true",
-                   help="skip the second, cached run (it repeats every fit: the probe seconds again)")
+    p.add_argument(
+        "--batch-size", type=int, default=256, help="images per forward pass (default %(default)s)"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default %(default)s: steadier on a machine shared with other jobs)",
+    )
+    p.add_argument(
+        "--no-rerun",
+        action="store_true",
+        help="skip the second, cached run (it repeats every fit: the probe seconds again)",
+    )
     p.add_argument("--output", type=Path, default=None, help="write the timings as JSON here")
     args = p.parse_args(argv)
     if args.solver:
@@ -347,11 +429,22 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     data_root = args.data or Path(tempfile.mkdtemp(prefix="probe-bench-"))
-    rows, report = [], {"model": args.model_name, "weights": args.model_weight, "device": args.device,
-                        "scale": args.scale, "workers": args.workers, "batch_size": args.batch_size,
-                        "cpus": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
-                        "machine": platform.processor() or platform.machine(),
-                        "load_average_at_start": os.getloadavg(), "datasets": {}}
+    rows, report = (
+        [],
+        {
+            "model": args.model_name,
+            "weights": args.model_weight,
+            "device": args.device,
+            "scale": args.scale,
+            "workers": args.workers,
+            "batch_size": args.batch_size,
+            "cpus": len(os.sched_getaffinity(0)),
+            "torch_threads": torch.get_num_threads(),
+            "machine": platform.processor() or platform.machine(),
+            "load_average_at_start": os.getloadavg(),
+            "datasets": {},
+        },
+    )
     try:
         for name in names:
             start = time.perf_counter()
@@ -367,29 +460,65 @@ def main(argv: list[str] | None = None) -> int:
                     assert all(e["reused"] for e in second["feature_cache"].values())
             fits = first["regularization"]["fits"]
             iterations = [s["iterations"] for s in first["regularization"]["sweep"]]
-            entry = {"images": first["images"], "generate_seconds": generated,
-                     "extract_seconds": first["seconds"]["features"], "probe_seconds": first["seconds"]["probe"],
-                     "fits": fits, "seconds_per_fit": first["seconds"]["probe"] / fits,
-                     "lbfgs_iterations": iterations + [first["regularization"]["final_iterations"]],
-                     "first_wall_seconds": first_wall, "first_cpu_seconds": first_cpu,
-                     "cached_wall_seconds": second_wall, "cached_cpu_seconds": second_cpu,
-                     "score": first["score"], "metric": first["metric"]}
+            entry = {
+                "images": first["images"],
+                "generate_seconds": generated,
+                "extract_seconds": first["seconds"]["features"],
+                "probe_seconds": first["seconds"]["probe"],
+                "fits": fits,
+                "seconds_per_fit": first["seconds"]["probe"] / fits,
+                "lbfgs_iterations": iterations + [first["regularization"]["final_iterations"]],
+                "first_wall_seconds": first_wall,
+                "first_cpu_seconds": first_cpu,
+                "cached_wall_seconds": second_wall,
+                "cached_cpu_seconds": second_cpu,
+                "score": first["score"],
+                "metric": first["metric"],
+            }
             report["datasets"][name] = entry
             images = first["images"]
             cached = "-" if second_wall is None else f"{second_wall:.1f}"
             ratio = "-" if second_wall is None else f"{first_wall / second_wall:.1f}x"
-            rows.append([name, f"{images['train']:,}/{images['val']:,}/{images['test']:,}",
-                         f"{entry['extract_seconds']:.1f}", f"{entry['probe_seconds']:.1f}", str(fits),
-                         f"{entry['seconds_per_fit']:.2f}", f"{first_wall:.1f}", f"{first_cpu:.1f}", cached, ratio])
-            print(f"[bench] {name}: first run {first_wall:.1f} s ({first_cpu:.1f} CPU s), from the cache {cached} s",
-                  flush=True)
+            rows.append(
+                [
+                    name,
+                    f"{images['train']:,}/{images['val']:,}/{images['test']:,}",
+                    f"{entry['extract_seconds']:.1f}",
+                    f"{entry['probe_seconds']:.1f}",
+                    str(fits),
+                    f"{entry['seconds_per_fit']:.2f}",
+                    f"{first_wall:.1f}",
+                    f"{first_cpu:.1f}",
+                    cached,
+                    ratio,
+                ]
+            )
+            print(
+                f"[bench] {name}: first run {first_wall:.1f} s ({first_cpu:.1f} CPU s), from the cache {cached} s",
+                flush=True,
+            )
     finally:
         if args.data is None:
             shutil.rmtree(data_root, ignore_errors=True)
     from src.evaluation.results import format_rows
 
-    print(format_rows(["dataset", "train/val/test", "extract s", "probe s", "fits", "s/fit", "first run s",
-                       "CPU s", "cached run s", "ratio"], rows))
+    print(
+        format_rows(
+            [
+                "dataset",
+                "train/val/test",
+                "extract s",
+                "probe s",
+                "fits",
+                "s/fit",
+                "first run s",
+                "CPU s",
+                "cached run s",
+                "ratio",
+            ],
+            rows,
+        )
+    )
     report["load_average_at_end"] = os.getloadavg()
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -87,7 +87,7 @@ def measure(loader, epochs: int) -> tuple[float, float, int]:
     next(it)
     images, cpu0, wall0 = 0, _cpu_seconds(), time.perf_counter()
     for epoch in range(epochs):
-        for batch, _tokens in (it if epoch == 0 else loader):
+        for batch, _tokens in it if epoch == 0 else loader:
             images += batch.shape[0]
     wall = time.perf_counter() - wall0
     reader = getattr(loader, "reader", None)
@@ -98,9 +98,26 @@ def measure(loader, epochs: int) -> tuple[float, float, int]:
 
 def dali_py_rate(data, args: argparse.Namespace, steps: int) -> float:
     """The images/s dali.py prints for the same shards and settings (a process of its own)."""
-    cmd = [sys.executable, "dali.py", "--data", str(data), "--batch-size", str(args.batch_size),
-           "--input-size", str(args.input_size), "--workers", str(args.workers), "--steps", "1", "--time-steps", str(steps),
-           "--device", "cpu", "--cache-dir", str(Path(tempfile.gettempdir()) / "rwkv-clip-bench-cache")]
+    cmd = [
+        sys.executable,
+        "dali.py",
+        "--data",
+        str(data),
+        "--batch-size",
+        str(args.batch_size),
+        "--input-size",
+        str(args.input_size),
+        "--workers",
+        str(args.workers),
+        "--steps",
+        "1",
+        "--time-steps",
+        str(steps),
+        "--device",
+        "cpu",
+        "--cache-dir",
+        str(Path(tempfile.gettempdir()) / "rwkv-clip-bench-cache"),
+    ]
     ran = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
     found = re.search(r"delivers ([0-9.]+) images/s", ran.stdout)
     if ran.returncode or not found:
@@ -129,8 +146,16 @@ def stage_costs(data, input_size: int, batch_size: int, batches: int = 8, repeat
     from src.open_alip.transform import resize_box_pil
 
     cache = Path(tempfile.gettempdir()) / "rwkv-clip-bench-cache"
-    loader = build_loader(data, batch_size, input_size=input_size, train=True, device="cpu", cache_dir=cache,
-                          rank=0, world_size=1)
+    loader = build_loader(
+        data,
+        batch_size,
+        input_size=input_size,
+        train=True,
+        device="cpu",
+        cache_dir=cache,
+        rank=0,
+        world_size=1,
+    )
     reader = RecordDataset(loader.shardset, input_size, True)  # the records, read once up front
     n = min(loader.shardset.total_records, batch_size * batches) // batch_size * batch_size
     payloads = [reader.read(i)[1] for i in range(n)]
@@ -140,9 +165,15 @@ def stage_costs(data, input_size: int, batch_size: int, batches: int = 8, repeat
     extent = np.stack([heights, widths], axis=1).astype(np.float64)
     starts = (boxes[:, [1, 0]] / extent).astype(np.float32)
     ends = (boxes[:, [3, 2]] / extent).astype(np.float32)
-    feeds = [([np.frombuffer(p, np.uint8) for p in payloads[i : i + batch_size]], list(starts[i : i + batch_size]),
-              list(ends[i : i + batch_size]), list(mirror[i : i + batch_size].astype(np.int32)))
-             for i in range(0, n, batch_size)]
+    feeds = [
+        (
+            [np.frombuffer(p, np.uint8) for p in payloads[i : i + batch_size]],
+            list(starts[i : i + batch_size]),
+            list(ends[i : i + batch_size]),
+            list(mirror[i : i + batch_size].astype(np.int32)),
+        )
+        for i in range(0, n, batch_size)
+    ]
     mean, std = [m * 255 for m in CLIP_MEAN], [s * 255 for s in CLIP_STD]
 
     def dali_step(step: str):
@@ -157,18 +188,25 @@ def stage_costs(data, input_size: int, batch_size: int, batches: int = 8, repeat
 
         @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None, prefetch_queue_depth=1)
         def pipe():
-            fed = fn.external_source(source=source, num_outputs=inputs, batch=True,
-                                     dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32][:inputs])
+            fed = fn.external_source(
+                source=source,
+                num_outputs=inputs,
+                batch=True,
+                dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32][:inputs],
+            )
             jpegs, start, end, flip = (list(fed) + [None] * 3)[:4]
             if step == "decode":
                 return fn.decoders.image(jpegs, device="cpu", adjust_orientation=False)
             loader.roi_decode = step.startswith("window")
             images = loader._crops(jpegs, start, end)
             if step.startswith("full"):
-                images = fn.resize(images, resize_x=input_size, resize_y=input_size, interp_type=types.INTERP_LINEAR)
+                images = fn.resize(
+                    images, resize_x=input_size, resize_y=input_size, interp_type=types.INTERP_LINEAR
+                )
             if step == "full+normalise":
-                images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=mean,
-                                                  std=std, mirror=flip)
+                images = fn.crop_mirror_normalize(
+                    images, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std, mirror=flip
+                )
             return images
 
         p = pipe()
@@ -187,7 +225,9 @@ def stage_costs(data, input_size: int, batch_size: int, batches: int = 8, repeat
                         for crop in crops:
                             resize_crop(crop, input_size)
                     else:
-                        resize_flip_normalize(crops, mirror[b * batch_size : (b + 1) * batch_size], input_size)
+                        resize_flip_normalize(
+                            crops, mirror[b * batch_size : (b + 1) * batch_size], input_size
+                        )
             rate = n / (time.process_time() - t)
             torch.set_num_threads(threads)
             return rate
@@ -223,8 +263,10 @@ def stage_costs(data, input_size: int, batch_size: int, batches: int = 8, repeat
             dali_rates.append(dali())
             if pil:
                 pil_rates.append(pil())
-    print(f"stage costs over {n} images with the loaders' crop boxes, one thread, median images per CPU-second "
-          f"of {repeats} (higher is better):")
+    print(
+        f"stage costs over {n} images with the loaders' crop boxes, one thread, median images per CPU-second "
+        f"of {repeats} (higher is better):"
+    )
     for (label, _, _), (dali_rates, pil_rates) in zip(rows, rates):
         pil = f"   PIL {np.median(pil_rates):7.1f}" if pil_rates else ""
         print(f"  {label:46s} DALI {np.median(dali_rates):7.1f}{pil}")
@@ -238,7 +280,9 @@ def _spin(stop: threading.Event, count: list[int]) -> None:
         count[0] += 1
 
 
-def reader_rate(data, cache: Path, workers: int, batch_size: int, records: int, busy: bool) -> tuple[float, float]:
+def reader_rate(
+    data, cache: Path, workers: int, batch_size: int, records: int, busy: bool
+) -> tuple[float, float]:
     """(records/s the reader delivers, busy-thread rounds/s) for `records` records in random order."""
     from dataloaders.read_ahead import BatchReader
     from dataloaders.shards import load_shards
@@ -314,8 +358,10 @@ def crop_draw_costs(batch_size: int, batches: int = 20) -> tuple[float, float]:
 
 def reader_report(data, cache: Path, args: argparse.Namespace) -> None:
     old, new = crop_draw_costs(args.batch_size)
-    print(f"crop draws: {old:.1f} us/sample with a Generator per sample, {new:.1f} us/sample drawn per batch "
-          f"of {args.batch_size}; ratio {old / new:.1f}x")
+    print(
+        f"crop draws: {old:.1f} us/sample with a Generator per sample, {new:.1f} us/sample drawn per batch "
+        f"of {args.batch_size}; ratio {old / new:.1f}x"
+    )
     stop, count = threading.Event(), [0]
     spinner = threading.Thread(target=_spin, args=(stop, count), daemon=True)
     start = time.perf_counter()
@@ -337,15 +383,20 @@ def reader_report(data, cache: Path, args: argparse.Namespace) -> None:
                     kept.setdefault(workers, []).append(spins / alone)
                     note = f", the busy thread keeps {spins / alone:.0%} of its speed"
                 name = "a thread" if not workers else f"{workers} processes"
-                print(f"reader in {name:>11}, {'beside a busy thread' if busy else 'alone':>20}: "
-                      f"{rate:9,.0f} records/s{note}", flush=True)
+                print(
+                    f"reader in {name:>11}, {'beside a busy thread' if busy else 'alone':>20}: "
+                    f"{rate:9,.0f} records/s{note}",
+                    flush=True,
+                )
     med = {k: float(np.median(v)) for k, v in rates.items()}
     w = args.reader_workers
-    print(f"median records/s beside a busy Python thread: in a thread {med[(0, True)]:,.0f} (keeps "
-          f"{np.median(kept[0]):.0%}), in {w} processes {med[(w, True)]:,.0f} (keeps {np.median(kept[w]):.0%}); "
-          f"ratio processes / thread: {med[(w, True)] / med[(0, True)]:.1f}x; alone: {med[(0, False)]:,.0f} and "
-          f"{med[(w, False)]:,.0f}; goal >= 12,000 beside it (batch {args.batch_size}, {args.reader_records} "
-          "records per run)")
+    print(
+        f"median records/s beside a busy Python thread: in a thread {med[(0, True)]:,.0f} (keeps "
+        f"{np.median(kept[0]):.0%}), in {w} processes {med[(w, True)]:,.0f} (keeps {np.median(kept[w]):.0%}); "
+        f"ratio processes / thread: {med[(w, True)] / med[(0, True)]:.1f}x; alone: {med[(0, False)]:,.0f} and "
+        f"{med[(w, False)]:,.0f}; goal >= 12,000 beside it (batch {args.batch_size}, {args.reader_records} "
+        "records per run)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -358,13 +409,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2, help="alternate the two loaders this many times")
     p.add_argument("--stages", action="store_true", help="also time decode and resize alone, DALI vs PIL")
-    p.add_argument("--vs-dali-py", action="store_true",
-                   help="also run dali.py on the same shards (same batch, workers, images) and compare its rate")
+    p.add_argument(
+        "--vs-dali-py",
+        action="store_true",
+        help="also run dali.py on the same shards (same batch, workers, images) and compare its rate",
+    )
     p.add_argument("--synthetic-out", metavar="DIR", help="write the synthetic shards here and keep them")
-    p.add_argument("--reader", action="store_true",
-                   help="time only the record reader (no decoding), in a thread vs processes, alone and beside a busy thread")
+    p.add_argument(
+        "--reader",
+        action="store_true",
+        help="time only the record reader (no decoding), in a thread vs processes, alone and beside a busy thread",
+    )
     p.add_argument("--reader-workers", type=int, default=2, help="reader processes for --reader (default 2)")
-    p.add_argument("--reader-records", type=int, default=20000, help="records read per --reader run (default 20000)")
+    p.add_argument(
+        "--reader-records", type=int, default=20000, help="records read per --reader run (default 20000)"
+    )
     args = p.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -377,13 +436,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.reader:
             reader_report(data, Path(tmp) / "cache", args)
             return 0
-        common = dict(input_size=args.input_size, train=True, device="cpu", num_threads=args.workers,
-                      cache_dir=Path(tmp) / "cache", rank=0, world_size=1)
+        common = dict(
+            input_size=args.input_size,
+            train=True,
+            device="cpu",
+            num_threads=args.workers,
+            cache_dir=Path(tmp) / "cache",
+            rank=0,
+            world_size=1,
+        )
 
         def make(name: str):
             """dali: the CPU pipeline (window decodes, torch resizes); dali-full: whole decodes and
             DALI's resize, as `mixed` does."""
-            loader = build_loader(data, args.batch_size, backend="torch" if name == "torch" else "dali", **common)
+            loader = build_loader(
+                data, args.batch_size, backend="torch" if name == "torch" else "dali", **common
+            )
             if name == "dali-full":
                 loader.roi_decode = False
             return loader
@@ -404,24 +472,36 @@ def main(argv: list[str] | None = None) -> int:
                 rate, per_cpu, n = measure(loader, args.epochs)
                 wall[name].append(rate)
                 cpu[name].append(per_cpu)
-                print(f"{name:>9}: {rate:8.1f} images/s, {per_cpu:8.1f} images per CPU-second "
-                      f"({n} images timed)", flush=True)
+                print(
+                    f"{name:>9}: {rate:8.1f} images/s, {per_cpu:8.1f} images per CPU-second "
+                    f"({n} images timed)",
+                    flush=True,
+                )
                 del loader
             if args.vs_dali_py:
                 # dali.py times the batches after its first: the same images this run times.
                 cli.append(dali_py_rate(data, args, args.epochs * len(shape) - 1))
-                print(f"dali.py: {cli[-1]:8.1f} images/s (its own process, same shards and settings)", flush=True)
-        print(f"records {shape.total_records}, batch {args.batch_size}, input {args.input_size}, "
-              f"workers {args.workers}, epochs {args.epochs}, repeats {args.repeats}")
+                print(
+                    f"dali.py: {cli[-1]:8.1f} images/s (its own process, same shards and settings)",
+                    flush=True,
+                )
+        print(
+            f"records {shape.total_records}, batch {args.batch_size}, input {args.input_size}, "
+            f"workers {args.workers}, epochs {args.epochs}, repeats {args.repeats}"
+        )
         for name, table, unit in (("wall", wall, "images/s"), ("cpu", cpu, "images per CPU-second")):
             dali, full, fallback = (float(np.median(table[b])) for b in names)
-            print(f"median {unit}: DALI CPU {dali:.1f}, PyTorch fallback {fallback:.1f}; "
-                  f"ratio DALI / fallback ({name}): {dali / fallback:.2f}x; the mixed way on the CPU (whole decodes, "
-                  f"DALI's resize) {full:.1f}, {full / fallback:.2f}x (the CPU pipeline gains {dali / full:.2f}x)")
+            print(
+                f"median {unit}: DALI CPU {dali:.1f}, PyTorch fallback {fallback:.1f}; "
+                f"ratio DALI / fallback ({name}): {dali / fallback:.2f}x; the mixed way on the CPU (whole decodes, "
+                f"DALI's resize) {full:.1f}, {full / fallback:.2f}x (the CPU pipeline gains {dali / full:.2f}x)"
+            )
         if cli:
             bench = float(np.median(wall["dali"]))
-            print(f"median images/s: dali.py {np.median(cli):.1f}, this benchmark's DALI {bench:.1f}; "
-                  f"ratio dali.py / benchmark: {np.median(cli) / bench:.2f}")
+            print(
+                f"median images/s: dali.py {np.median(cli):.1f}, this benchmark's DALI {bench:.1f}; "
+                f"ratio dali.py / benchmark: {np.median(cli) / bench:.2f}"
+            )
         if args.stages:
             stage_costs(data, args.input_size, args.batch_size)
     return 0

@@ -58,8 +58,12 @@ def project_torch_site() -> tuple[Path, str]:
     return Path(torch.__file__).parent.parent, torch.__version__
 
 
-def oracle_python(name: str, packages: tuple[str, ...] | list[str], pip_args: tuple[str, ...] = (),
-                  share_torch: bool = False) -> Path:
+def oracle_python(
+    name: str,
+    packages: tuple[str, ...] | list[str],
+    pip_args: tuple[str, ...] = (),
+    share_torch: bool = False,
+) -> Path:
     """Return the python of venv `name` holding `packages`, building it on first use.
 
     `share_torch`: the venv also sees the project's site-packages, after its own (a `.pth` line),
@@ -82,8 +86,12 @@ def oracle_python(name: str, packages: tuple[str, ...] | list[str], pip_args: tu
             check=True,
         )
         if shared:
-            site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  check=True, capture_output=True, text=True).stdout.strip()
+            site = subprocess.run(
+                [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
             (Path(site) / "project_torch.pth").write_text(f"{shared[0]}\n")
         stamp.write_text(wanted + "\n")
     return python
@@ -94,8 +102,14 @@ def mxnet_python() -> Path:
     return oracle_python("mxnet", MXNET_PACKAGES)
 
 
-def run_oracle(python: Path, code: str, *args: str, timeout: float = 600,
-               cwd: Path | None = None, options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def run_oracle(
+    python: Path,
+    code: str,
+    *args: str,
+    timeout: float = 600,
+    cwd: Path | None = None,
+    options: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess:
     """Run `code` in the oracle interpreter (from `cwd`, whose modules it can then import, as
     `python -c` puts the working folder first on its path), with interpreter `options` (e.g. "-O");
     raise with its stderr on failure."""
@@ -120,9 +134,20 @@ def run_oracle(python: Path, code: str, *args: str, timeout: float = 600,
 OPEN_CLIP_VERSION = "3.3.0"
 # regex is pinned to the project venv's version: its Unicode tables decide what is a letter.
 CLIP_REF_PACKAGES = (
-    f"open_clip_torch=={OPEN_CLIP_VERSION}", "ftfy==6.3.1", "wcwidth", "regex==2026.11.19", "numpy",
-    "torch==2.13.0", "typing-extensions", "filelock", "sympy", "mpmath", "networkx", "jinja2",
-    "MarkupSafe", "fsspec",
+    f"open_clip_torch=={OPEN_CLIP_VERSION}",
+    "ftfy==6.3.1",
+    "wcwidth",
+    "regex==2026.11.19",
+    "numpy",
+    "torch==2.13.0",
+    "typing-extensions",
+    "filelock",
+    "sympy",
+    "mpmath",
+    "networkx",
+    "jinja2",
+    "MarkupSafe",
+    "fsspec",
 )
 
 _SERVER = r"""
@@ -160,7 +185,10 @@ class ReferenceTokenizer:
 
     def __init__(self, python: Path) -> None:
         self._proc = subprocess.Popen(
-            [str(python), "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            [str(python), "-c", _SERVER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
             encoding="ascii",
         )
         hello = json.loads(self._proc.stdout.readline() or "{}")
@@ -200,9 +228,28 @@ class ReferenceTokenizer:
 # (`share_torch`), not a second copy.
 CLIP_BENCHMARK_VERSION = "1.6.2"
 CLIP_BENCHMARK_PACKAGES = (
-    f"clip_benchmark=={CLIP_BENCHMARK_VERSION}", "scikit-learn", "joblib", "cloudpickle", "narwhals", "threadpoolctl", "scipy",
-    "numpy>=2", "tqdm", "pillow", "typing-extensions", "filelock", "sympy", "mpmath",
-    "networkx", "jinja2", "MarkupSafe", "fsspec", "ftfy==6.3.1", "wcwidth", "regex==2026.11.19", "safetensors",
+    f"clip_benchmark=={CLIP_BENCHMARK_VERSION}",
+    "scikit-learn",
+    "joblib",
+    "cloudpickle",
+    "narwhals",
+    "threadpoolctl",
+    "scipy",
+    "numpy>=2",
+    "tqdm",
+    "pillow",
+    "typing-extensions",
+    "filelock",
+    "sympy",
+    "mpmath",
+    "networkx",
+    "jinja2",
+    "MarkupSafe",
+    "fsspec",
+    "ftfy==6.3.1",
+    "wcwidth",
+    "regex==2026.11.19",
+    "safetensors",
 )
 # Named apart from the venv of the list that installed its own torch: two checkouts with the two
 # lists would otherwise rebuild one shared venv in turn (RWKV_CLIP_TEST_VENVS).
@@ -211,4 +258,6 @@ CLIP_BENCHMARK_VENV = "clip-benchmark-2"
 
 def clip_benchmark_python() -> Path:
     """Python of a venv holding CLIP_benchmark's metric code (see above)."""
-    return oracle_python(CLIP_BENCHMARK_VENV, CLIP_BENCHMARK_PACKAGES, pip_args=("--no-deps",), share_torch=True)
+    return oracle_python(
+        CLIP_BENCHMARK_VENV, CLIP_BENCHMARK_PACKAGES, pip_args=("--no-deps",), share_torch=True
+    )

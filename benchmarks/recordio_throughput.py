@@ -74,7 +74,9 @@ def best_of(repeats: int, fn) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     ap.add_argument("--records", type=int, default=1000, help="records to write (default 1000)")
     ap.add_argument("--size", type=int, default=45000, help="mean payload bytes (default 45000, a YFCC JPEG)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per measurement; the best is kept")
@@ -119,25 +121,40 @@ def main() -> None:
 
         print(f"{args.records} records, {mb:.1f} MB")
         print(f"write  plain file   {mb / t_raw_w:8.0f} MB/s")
-        print(f"write  ours         {mb / t_ours_w:8.0f} MB/s  {args.records / t_ours_w:9.0f} rec/s  "
-              f"= {t_raw_w / t_ours_w:.2f}x plain write")
+        print(
+            f"write  ours         {mb / t_ours_w:8.0f} MB/s  {args.records / t_ours_w:9.0f} rec/s  "
+            f"= {t_raw_w / t_ours_w:.2f}x plain write"
+        )
         print(f"write  naive Python {mb / t_naive_w:8.1f} MB/s  ours is {t_naive_w / t_ours_w:.0f}x faster")
         if args.mxnet_python:
             blob, sizes = os.path.join(tmp, "blob"), os.path.join(tmp, "sizes")
             Path(blob).write_bytes(b"".join(records))
             Path(sizes).write_text("\n".join(str(len(r)) for r in records))
             out = subprocess.run(
-                [args.mxnet_python, "-c", _MXNET_WRITER, blob, sizes, os.path.join(tmp, "mx.rec"),
-                 str(args.repeats)],
-                capture_output=True, text=True, check=True,
+                [
+                    args.mxnet_python,
+                    "-c",
+                    _MXNET_WRITER,
+                    blob,
+                    sizes,
+                    os.path.join(tmp, "mx.rec"),
+                    str(args.repeats),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
             ).stdout
             t_mx = float(out.strip().splitlines()[-1])
             same = Path(rec).read_bytes() == Path(tmp, "mx.rec").read_bytes()
-            print(f"write  MXNet 1.9.1  {mb / t_mx:8.0f} MB/s  ours = {t_mx / t_ours_w:.2f}x MXNet "
-                  f"(files identical: {same})")
+            print(
+                f"write  MXNet 1.9.1  {mb / t_mx:8.0f} MB/s  ours = {t_mx / t_ours_w:.2f}x MXNet "
+                f"(files identical: {same})"
+            )
         print(f"read   plain file   {mb / t_raw_r:8.0f} MB/s")
-        print(f"read   ours         {mb / t_ours_r:8.0f} MB/s  {args.records / t_ours_r:9.0f} rec/s  "
-              f"= {t_raw_r / t_ours_r:.2f}x plain read")
+        print(
+            f"read   ours         {mb / t_ours_r:8.0f} MB/s  {args.records / t_ours_r:9.0f} rec/s  "
+            f"= {t_raw_r / t_ours_r:.2f}x plain read"
+        )
 
         # Index parsing at combined-index scale, against a plain line-by-line parse.
         n = args.index_lines
@@ -152,8 +169,12 @@ def main() -> None:
         t_index = best_of(args.repeats, lambda: recordio.read_index(big))
         t_arrays = best_of(args.repeats, lambda: recordio.read_index_arrays(big))
         print(f"index  {n} lines: line-by-line {n / t_lines:10,.0f} lines/s")
-        print(f"index  read_index        {n / t_index:10,.0f} lines/s = {t_lines / t_index:.1f}x line-by-line")
-        print(f"index  read_index_arrays {n / t_arrays:10,.0f} lines/s = {t_lines / t_arrays:.1f}x line-by-line")
+        print(
+            f"index  read_index        {n / t_index:10,.0f} lines/s = {t_lines / t_index:.1f}x line-by-line"
+        )
+        print(
+            f"index  read_index_arrays {n / t_arrays:10,.0f} lines/s = {t_lines / t_arrays:.1f}x line-by-line"
+        )
     finally:
         shutil.rmtree(tmp)
 

@@ -35,11 +35,44 @@ TENSOR_CORE = frozenset({"HMMA", "HGMMA", "IMMA", "IGMMA", "QGMMA", "DMMA", "BMM
 # The FP32 (FMA) pipe: what the datasheet's non-tensor FP32 rate counts. One instruction is
 # 32 lanes of one operation (an FFMA is a multiply and an add: 2 FLOP a lane).
 FP32_PIPE = {"FFMA": 2, "FADD": 1, "FMUL": 1}
-_NO_DESTINATION = frozenset({
-    "ST", "STG", "STS", "STL", "RED", "REDG", "BAR", "BRA", "EXIT", "BSSY", "BSYNC", "WARPSYNC", "DEPBAR",
-    "MEMBAR", "ERRBAR", "NOP", "CALL", "RET", "YIELD", "LDGSTS", "LDGDEPBAR", "UTMALDG", "UTMASTG", "UBLKCP",
-    "ARRIVES", "SYNCS", "FENCE", "CCTL", "WARPGROUP", "UTMACMDFLUSH", "BPT", "KILL", "NANOSLEEP", "STSM",
-})
+_NO_DESTINATION = frozenset(
+    {
+        "ST",
+        "STG",
+        "STS",
+        "STL",
+        "RED",
+        "REDG",
+        "BAR",
+        "BRA",
+        "EXIT",
+        "BSSY",
+        "BSYNC",
+        "WARPSYNC",
+        "DEPBAR",
+        "MEMBAR",
+        "ERRBAR",
+        "NOP",
+        "CALL",
+        "RET",
+        "YIELD",
+        "LDGSTS",
+        "LDGDEPBAR",
+        "UTMALDG",
+        "UTMASTG",
+        "UBLKCP",
+        "ARRIVES",
+        "SYNCS",
+        "FENCE",
+        "CCTL",
+        "WARPGROUP",
+        "UTMACMDFLUSH",
+        "BPT",
+        "KILL",
+        "NANOSLEEP",
+        "STSM",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -85,10 +118,15 @@ def disassemble(cubin: bytes) -> tuple[list[Instruction], dict[str, int]]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        sass = subprocess.run([str(tool("cuobjdump")), "-sass", str(path)], capture_output=True, text=True,
-                              check=True).stdout
-        usage = subprocess.run([str(tool("cuobjdump")), "--dump-resource-usage", str(path)], capture_output=True,
-                               text=True, check=True).stdout
+        sass = subprocess.run(
+            [str(tool("cuobjdump")), "-sass", str(path)], capture_output=True, text=True, check=True
+        ).stdout
+        usage = subprocess.run(
+            [str(tool("cuobjdump")), "--dump-resource-usage", str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     resources = {key: int(value) for key, value in re.findall(r"\b(REG|SHARED|LOCAL|STACK):(\d+)", usage)}
     return parse(sass), resources
 
@@ -190,7 +228,8 @@ def loops(code: list[Instruction], graph: list[Block] | None = None) -> list[Loo
                         body.add(m)
                         stack.extend(preds[m])
     return sorted(
-        (Loop(h, frozenset(b), code[graph[h].start].address) for h, b in bodies.items()), key=lambda lp: lp.address
+        (Loop(h, frozenset(b), code[graph[h].start].address) for h, b in bodies.items()),
+        key=lambda lp: lp.address,
     )
 
 
@@ -205,7 +244,7 @@ def _registers(text: str) -> list[str]:
             continue
         count = {".64": 2, ".128": 4}.get(width, 1)
         prefix = name.rstrip("0123456789")
-        number = int(name[len(prefix):])
+        number = int(name[len(prefix) :])
         names.extend(f"{prefix}{number + i}" for i in range(count))
     return names
 
@@ -235,7 +274,7 @@ def _destinations(ins: Instruction) -> list[str]:
     first = _registers(parts[0])
     if len(first) == 1 and width > 1:
         prefix = first[0].rstrip("0123456789")
-        number = int(first[0][len(prefix):])
+        number = int(first[0][len(prefix) :])
         first = [f"{prefix}{number + i}" for i in range(width)]
     # Carry-out / compare predicates written next to the result (IADD3 R4, P0, ...; ISETP P1, PT, ...).
     for part in parts[1:]:
@@ -248,8 +287,10 @@ def _destinations(ins: Instruction) -> list[str]:
 
 def _sources(ins: Instruction, destinations: list[str]) -> list[str]:
     parts = _split_operands(ins.operands)
-    skip = 0 if ins.family in _NO_DESTINATION else 1 + sum(
-        1 for p in parts[1:len(destinations)] if re.fullmatch(r"U?P[0-6T]", p)
+    skip = (
+        0
+        if ins.family in _NO_DESTINATION
+        else 1 + sum(1 for p in parts[1 : len(destinations)] if re.fullmatch(r"U?P[0-6T]", p))
     )
     found = [r for p in parts[skip:] for r in _registers(p)]
     if ins.predicate:
@@ -315,8 +356,13 @@ _HMMA_SHAPE = re.compile(r"\.(\d)(\d)(\d+)\b")  # HMMA.16816 -> m16 n8 k16
 def _mma_flop(opcode: str) -> tuple[str, int]:
     """(input type, FLOP per warp) of one tensor-core instruction."""
     family = opcode.split(".")[0]
-    kind = "f64" if family == "DMMA" else next(
-        (t for t in ("BF16", "F16", "TF32", "E4M3", "E5M2", "S8") if f".{t}" in opcode), "?").lower()
+    kind = (
+        "f64"
+        if family == "DMMA"
+        else next(
+            (t for t in ("BF16", "F16", "TF32", "E4M3", "E5M2", "S8") if f".{t}" in opcode), "?"
+        ).lower()
+    )
     if family.endswith("GMMA"):  # one warpgroup instruction, issued by each of its 4 warps
         m, n, k = map(int, _MMA_SHAPE.search(opcode).groups())
         return kind, 2 * m * n * k // 4
@@ -326,8 +372,13 @@ def _mma_flop(opcode: str) -> tuple[str, int]:
         return kind, 2 * m * n * k
     shape = re.search(r"\.(\d{3,5})\b", opcode)
     digits = shape[1] if shape else "1688"
-    m, n, k = {"16816": (16, 8, 16), "1688": (16, 8, 8), "884": (8, 8, 4), "16832": (16, 8, 32),
-               "1684": (16, 8, 4)}.get(digits, (16, 8, 8))
+    m, n, k = {
+        "16816": (16, 8, 16),
+        "1688": (16, 8, 8),
+        "884": (8, 8, 4),
+        "16832": (16, 8, 32),
+        "1684": (16, 8, 4),
+    }.get(digits, (16, 8, 8))
     return kind, 2 * m * n * k
 
 
@@ -337,7 +388,9 @@ def analyse(code: list[Instruction], trips: list[int]) -> Counts:
     found = loops(code, graph)
     if len(trips) != len(found):
         described = ", ".join(f"0x{lp.address:x} ({len(lp.body)} blocks)" for lp in found)
-        raise ValueError(f"the kernel has {len(found)} loops ({described or 'none'}); {len(trips)} trip counts given")
+        raise ValueError(
+            f"the kernel has {len(found)} loops ({described or 'none'}); {len(trips)} trip counts given"
+        )
     reachable = set(_reachable(graph))
     counts = Counts(loops=[])
 
@@ -353,7 +406,7 @@ def analyse(code: list[Instruction], trips: list[int]) -> Counts:
     for b in sorted(reachable):
         times = runs(b)
         in_loop = bool(enclosing(b))
-        for ins in code[graph[b].start:graph[b].end]:
+        for ins in code[graph[b].start : graph[b].end]:
             family = ins.family
             counts.instructions += times
             if family in BARRIERS:
@@ -376,7 +429,7 @@ def analyse(code: list[Instruction], trips: list[int]) -> Counts:
     # Round trips: each loop's own blocks (not those of loops inside it) per iteration, and
     # the code outside every loop once.
     def own_code(block_ids: set[int]) -> list[Instruction]:
-        return [ins for b in sorted(block_ids) for ins in code[graph[b].start:graph[b].end]]
+        return [ins for b in sorted(block_ids) for ins in code[graph[b].start : graph[b].end]]
 
     outside = reachable - set().union(*(lp.body for lp in found)) if found else reachable
     counts.round_trips = round_trips(own_code(outside))
@@ -387,12 +440,14 @@ def analyse(code: list[Instruction], trips: list[int]) -> Counts:
         times = runs(lp.header)
         counts.round_trips += per_iteration * times
         body = own_code(mine)
-        counts.loops.append({
-            "address": lp.address,
-            "depth": len(enclosing(lp.header)) - 1,
-            "trips": trips[i],
-            "barriers": sum(ins.family in BARRIERS for ins in body),
-            "round_trips": per_iteration,
-            "instructions": len(body),
-        })
+        counts.loops.append(
+            {
+                "address": lp.address,
+                "depth": len(enclosing(lp.header)) - 1,
+                "trips": trips[i],
+                "barriers": sum(ins.family in BARRIERS for ins in body),
+                "round_trips": per_iteration,
+                "instructions": len(body),
+            }
+        )
     return counts

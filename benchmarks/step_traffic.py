@@ -68,18 +68,28 @@ def render(report, top: int, baseline: dict | None) -> list[str]:
         f"{'class':<12} {'per pair':>12} {'per step':>12} {'at 4.3 TB/s':>12}",
     ]
     for c in CLASSES:
-        lines.append(f"{c:<12} {_mb(report.per_pair(c))} {report.per_pair(c) * b / 1e9:9.2f} GB {_ms(report.per_pair(c) * b, bw)}")
+        lines.append(
+            f"{c:<12} {_mb(report.per_pair(c))} {report.per_pair(c) * b / 1e9:9.2f} GB {_ms(report.per_pair(c) * b, bw)}"
+        )
     fusible = report.per_pair(*FUSIBLE)
-    lines.append(f"{'total':<12} {_mb(report.per_pair())} {report.per_pair() * b / 1e9:9.2f} GB {_ms(report.per_pair() * b, bw)}")
+    lines.append(
+        f"{'total':<12} {_mb(report.per_pair())} {report.per_pair() * b / 1e9:9.2f} GB {_ms(report.per_pair() * b, bw)}"
+    )
     lines.append(f"element-wise + cast + copy: {_mb(fusible)} per pair, {_ms(fusible * b, bw)} per step")
     lines.append("")
-    lines.append("largest contributors by source line (backward ops under the forward line that made them), per pair:")
+    lines.append(
+        "largest contributors by source line (backward ops under the forward line that made them), per pair:"
+    )
     for c, site, nbytes in report.top_lines(top):
         lines.append(f"  {_mb(nbytes / b)}  {c:<11} {site}")
     lines.append("")
-    lines.append("WKV per layer and pair, counted from the launch shapes (fla: two passes with flips and fp32 copies):")
+    lines.append(
+        "WKV per layer and pair, counted from the launch shapes (fla: two passes with flips and fp32 copies):"
+    )
     for tower, fla, ours in wkv_per_layer(report):
-        lines.append(f"  {tower:<5} fla {_mb(fla)}   bi_triton {_mb(ours)}   fla / bi_triton {fla / ours:5.2f}x")
+        lines.append(
+            f"  {tower:<5} fla {_mb(fla)}   bi_triton {_mb(ours)}   fla / bi_triton {fla / ours:5.2f}x"
+        )
     if baseline is not None:
         lines.append("")
         lines.extend(compare(report, baseline))
@@ -92,8 +102,10 @@ def compare(report, baseline: dict) -> list[str]:
     fusible = report.per_pair(*FUSIBLE)
     rows = [("element-wise + cast + copy", b_fusible, fusible), ("total", before["total"], report.per_pair())]
     rows += [(c, before[c], report.per_pair(c)) for c in FUSIBLE]
-    out = [f"against the baseline {baseline.get('label', '')!s} (same config, batch, precision, wkv; mixes "
-           f"{baseline.get('mix_impl', 'torch')}), per pair:"]
+    out = [
+        f"against the baseline {baseline.get('label', '')!s} (same config, batch, precision, wkv; mixes "
+        f"{baseline.get('mix_impl', 'torch')}), per pair:"
+    ]
     for name, old, new in rows:
         ratio = f"{old / new:5.2f}x lower" if new else "all gone"
         out.append(f"  {name:<27} before {_mb(old)}   after {_mb(new)}   {ratio}")
@@ -105,7 +117,9 @@ def _load_baseline(path: Path, args: argparse.Namespace) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise UserError(f"--baseline {path}: cannot read it as JSON ({exc}); give a file saved with --save") from None
+        raise UserError(
+            f"--baseline {path}: cannot read it as JSON ({exc}); give a file saved with --save"
+        ) from None
     same = ("config", "batch", "precision", "wkv_impl")
     if any(data.get(k) != getattr(args, k) for k in same):
         raise UserError(
@@ -118,14 +132,21 @@ def _load_baseline(path: Path, args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+        prog=PROG,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("--config", default="RWKV_CLIP_B32", help="model config name or JSON file")
     parser.add_argument("--batch", type=int, default=512, help="pairs per GPU step (the micro-batch)")
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--wkv-impl", default="fla", choices=("fla", "bi_triton", "chunked", "reference"))
-    parser.add_argument("--mix-impl", default="torch", choices=MIX_IMPLS,
-                        help="token-shift mixes: eager torch ops, or one fused Triton op per mix site")
+    parser.add_argument(
+        "--mix-impl",
+        default="torch",
+        choices=MIX_IMPLS,
+        help="token-shift mixes: eager torch ops, or one fused Triton op per mix site",
+    )
     parser.add_argument("--top", type=int, default=15, help="source lines to list")
     parser.add_argument("--save", type=Path, help="write the counts as JSON here (a baseline for later runs)")
     parser.add_argument("--label", default="", help="a name for this run, stored with --save")
@@ -142,9 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(PROG, exc)
     print("\n".join(render(report, args.top, baseline)))
     if args.save:
-        data = report.as_json() | {"label": args.label, "command": " ".join(["python -m", PROG, *(argv or sys.argv[1:])])}
+        data = report.as_json() | {
+            "label": args.label,
+            "command": " ".join(["python -m", PROG, *(argv or sys.argv[1:])]),
+        }
         data["wkv_per_layer"] = [
-            {"tower": t, "fla_bytes_per_pair": f, "bi_triton_bytes_per_pair": o} for t, f, o in wkv_per_layer(report)
+            {"tower": t, "fla_bytes_per_pair": f, "bi_triton_bytes_per_pair": o}
+            for t, f, o in wkv_per_layer(report)
         ]
         atomic_write_json(args.save, data, indent=1)
         print(f"saved {args.save}")

@@ -43,10 +43,14 @@ def _load_reference(path: Path | None):
         from benchmarks.oracles import reference_python
 
         python = reference_python()
-        purelib = sysconfig.get_paths(vars={"base": str(python.parent.parent), "platbase": str(python.parent.parent)})
+        purelib = sysconfig.get_paths(
+            vars={"base": str(python.parent.parent), "platbase": str(python.parent.parent)}
+        )
         path = Path(purelib["purelib"]) / "open_clip" / "tokenizer.py"
     if not path.is_file():
-        raise SystemExit(f"error: reference tokenizer {path} not found; pass --reference PATH/open_clip/tokenizer.py")
+        raise SystemExit(
+            f"error: reference tokenizer {path} not found; pass --reference PATH/open_clip/tokenizer.py"
+        )
     spec = importlib.util.spec_from_file_location("reference_clip_tokenizer", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -93,7 +97,9 @@ def _parse_corpora(value: str) -> list[str]:
     names = [name.strip() for name in value.split(",") if name.strip()]
     unknown = sorted(set(names) - set(CORPORA))
     if not names or unknown:
-        raise argparse.ArgumentTypeError(f"unknown corpus {', '.join(unknown) or value!r}; choose from {', '.join(CORPORA)}")
+        raise argparse.ArgumentTypeError(
+            f"unknown corpus {', '.join(unknown) or value!r}; choose from {', '.join(CORPORA)}"
+        )
     return list(dict.fromkeys(names))
 
 
@@ -104,7 +110,9 @@ def _compare(ref_module, texts: list[str], batch: int, rounds: int) -> dict[str,
     from src.open_alip.tokenizer import SimpleTokenizer
 
     if not np.array_equal(SimpleTokenizer().tokenize_np(texts), ref_module.tokenize(texts).numpy()):
-        raise SystemExit("error: outputs differ from the reference on this corpus; timings would be meaningless")
+        raise SystemExit(
+            "error: outputs differ from the reference on this corpus; timings would be meaningless"
+        )
     # "first pass": fresh instances, empty caches. "second pass": the same instances
     # again, caches warm, as in a long conversion run where words keep recurring.
     times: dict[tuple[str, str], list[float]] = {}
@@ -118,22 +126,36 @@ def _compare(ref_module, texts: list[str], batch: int, rounds: int) -> dict[str,
         ref_rate = len(texts) / statistics.median(times[("reference", phase)])
         ours_rate = len(texts) / statistics.median(times[("ours", phase)])
         ratios[phase] = ours_rate / ref_rate
-        print(f"  {phase + ':':12} reference (open_clip) {ref_rate:9,.0f} captions/s | "
-              f"ours (tokenize_np) {ours_rate:9,.0f} captions/s | ratio {ratios[phase]:.1f}x", flush=True)
+        print(
+            f"  {phase + ':':12} reference (open_clip) {ref_rate:9,.0f} captions/s | "
+            f"ours (tokenize_np) {ours_rate:9,.0f} captions/s | ratio {ratios[phase]:.1f}x",
+            flush=True,
+        )
     return ratios
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("--texts", type=Path,
-                        help="file with one caption per line, timed instead of the synthetic corpora")
-    parser.add_argument("--corpora", type=_parse_corpora, default=["clean", "hostile"],
-                        help=f"comma-separated synthetic corpora out of {', '.join(CORPORA)} (default clean,hostile)")
+    parser.add_argument(
+        "--texts", type=Path, help="file with one caption per line, timed instead of the synthetic corpora"
+    )
+    parser.add_argument(
+        "--corpora",
+        type=_parse_corpora,
+        default=["clean", "hostile"],
+        help=f"comma-separated synthetic corpora out of {', '.join(CORPORA)} (default clean,hostile)",
+    )
     parser.add_argument("-n", "--num", type=int, default=20000, help="captions per corpus (default 20000)")
-    parser.add_argument("--intl-fraction", type=float, default=0.15,
-                        help="share of non-ASCII captions in the clean corpus (default 0.15)")
+    parser.add_argument(
+        "--intl-fraction",
+        type=float,
+        default=0.15,
+        help="share of non-ASCII captions in the clean corpus (default 0.15)",
+    )
     parser.add_argument("--batch", type=int, default=256, help="captions per tokenize call (default 256)")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds; the median is reported (default 3)")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="timed rounds; the median is reported (default 3)"
+    )
     parser.add_argument("--reference", type=Path, help="path of open_clip/tokenizer.py to compare against")
     args = parser.parse_args(argv)
     if args.num < 1 or args.batch < 1 or args.rounds < 1:
@@ -148,12 +170,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.texts:
         corpora = [(args.texts.name, str(args.texts), _read_texts(args.texts, args.num))]
     else:
-        corpora = [(name, CORPORA[name].format(intl=args.intl_fraction), _corpus(name, args.num, args.intl_fraction))
-                   for name in args.corpora]
+        corpora = [
+            (name, CORPORA[name].format(intl=args.intl_fraction), _corpus(name, args.num, args.intl_fraction))
+            for name in args.corpora
+        ]
     ref_module, ref_path = _load_reference(args.reference)
     print(f"reference: {ref_path}")
-    print(f"one core; batch {args.batch}; median of {args.rounds} rounds; "
-          "first pass = empty caches on both sides, second pass = warm caches")
+    print(
+        f"one core; batch {args.batch}; median of {args.rounds} rounds; "
+        "first pass = empty caches on both sides, second pass = warm caches"
+    )
     summary = []
     for name, description, texts in corpora:
         print(f"{name}: {len(texts)} texts ({description})", flush=True)

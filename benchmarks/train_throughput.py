@@ -36,8 +36,13 @@ RECIPE = RECIPES["rwkv_clip_b32_yfcc15m"].values
 
 
 def _adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=RECIPE["weight_decay"],
-                             betas=(RECIPE["beta1"], RECIPE["beta2"]), eps=RECIPE["eps"])
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=RECIPE["lr"],
+        weight_decay=RECIPE["weight_decay"],
+        betas=(RECIPE["beta1"], RECIPE["beta2"]),
+        eps=RECIPE["eps"],
+    )
 
 
 def _batches(n: int, batch: int, side: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -80,8 +85,9 @@ def bench_trainer(cfg: dict, precision: str, batches, batch: int, warmup: int, a
     torch.manual_seed(0)
     model = create_model(cfg)
     opt = _adamw(model)
-    schedule = Schedule(RECIPE["lr_scheduler"], RECIPE["lr"], total_steps=len(batches),
-                        warmup=RECIPE["warmup"])
+    schedule = Schedule(
+        RECIPE["lr_scheduler"], RECIPE["lr"], total_steps=len(batches), warmup=RECIPE["warmup"]
+    )
     env = DistEnv(0, 0, 1, torch.device("cpu"), None)
     trainer = Trainer(model, opt, schedule, ClipLoss(), env, precision=precision, accum_freq=accum)
     half = batch // accum
@@ -102,11 +108,30 @@ def bench_train_py(cfg_name: str, precision: str, batch: int, steps: int, worker
     with tempfile.TemporaryDirectory() as tmp:
         data = write_colour_records(Path(tmp) / "data" / "colours", batch * steps, side=48)
         out = Path(tmp) / "run"
-        config = parse_config([
-            "--train-data", str(data), "--output", str(out), "--config", cfg_name, "--precision", precision,
-            "--batch-size", str(batch), "--epochs", "1", "--workers", str(workers), "--device", "cpu",
-            "--log-every-n-steps", "5", "--save-every-n-steps", "0",
-        ])
+        config = parse_config(
+            [
+                "--train-data",
+                str(data),
+                "--output",
+                str(out),
+                "--config",
+                cfg_name,
+                "--precision",
+                precision,
+                "--batch-size",
+                str(batch),
+                "--epochs",
+                "1",
+                "--workers",
+                str(workers),
+                "--device",
+                "cpu",
+                "--log-every-n-steps",
+                "5",
+                "--save-every-n-steps",
+                "0",
+            ]
+        )
         run(config)
         reports = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     # The first interval holds start-up (pipeline build, first decode); leave it out.
@@ -115,7 +140,9 @@ def bench_train_py(cfg_name: str, precision: str, batch: int, steps: int, worker
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     p.add_argument("--config", default="RWKV_CLIP_tiny", help="model config name or JSON")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--batch-size", type=int, default=16)
@@ -131,14 +158,24 @@ def main() -> None:
     cfg = get_model_config(args.config)
     side = cfg["input_size"]
     batches = _batches(args.steps + args.warmup, args.batch_size, side)
-    print(f"{args.config} ({sum(p.numel() for p in create_model(cfg).parameters()):,} parameters), "
-          f"{args.precision}, batch {args.batch_size}, {side}x{side} images, {torch.get_num_threads()} "
-          f"torch thread(s), {args.steps} timed steps")
+    print(
+        f"{args.config} ({sum(p.numel() for p in create_model(cfg).parameters()):,} parameters), "
+        f"{args.precision}, batch {args.batch_size}, {side}x{side} images, {torch.get_num_threads()} "
+        f"torch thread(s), {args.steps} timed steps"
+    )
     rows = [("bare", bench_bare(cfg, args.precision, batches, args.batch_size, args.warmup))]
     rows.append(("trainer", bench_trainer(cfg, args.precision, batches, args.batch_size, args.warmup)))
-    rows.append(("accum2", bench_trainer(cfg, args.precision, batches, args.batch_size, args.warmup, accum=2)))
-    rows.append(("train.py", bench_train_py(args.config, args.precision, args.batch_size,
-                                            args.steps + args.warmup, args.workers)))
+    rows.append(
+        ("accum2", bench_trainer(cfg, args.precision, batches, args.batch_size, args.warmup, accum=2))
+    )
+    rows.append(
+        (
+            "train.py",
+            bench_train_py(
+                args.config, args.precision, args.batch_size, args.steps + args.warmup, args.workers
+            ),
+        )
+    )
     base = rows[0][1]
     for name, rate in rows:
         print(f"{name:9s} {rate:8.1f} samples/s   x{rate / base:.2f} of bare")

@@ -55,7 +55,9 @@ def samples_per_s(flops_per_sample: float, gpu: Gpu, mfu: float) -> float:
     return mfu * gpu.peak_flops / flops_per_sample
 
 
-def run_hours(rate_per_gpu: float, gpus: int = GPUS, epochs: int = EPOCHS, pairs: int = YFCC15M_PAIRS) -> float:
+def run_hours(
+    rate_per_gpu: float, gpus: int = GPUS, epochs: int = EPOCHS, pairs: int = YFCC15M_PAIRS
+) -> float:
     return epochs * pairs / (rate_per_gpu * gpus) / 3600
 
 
@@ -117,7 +119,9 @@ def report(cost, args: argparse.Namespace) -> list[str]:
         )
 
     lines += [
-        "Memory (bf16 autocast keeps float32 master weights):" if cost.precision in ("bf16", "fp16") else "Memory:",
+        "Memory (bf16 autocast keeps float32 master weights):"
+        if cost.precision in ("bf16", "fp16")
+        else "Memory:",
         f"  parameters {_mb(cost.param_bytes)}, gradients {_mb(cost.grad_bytes)}, AdamW state "
         f"{_mb(cost.optimizer_bytes)}",
         "  activations per sample   saved for backward   alive after forward   with checkpointing",
@@ -144,8 +148,13 @@ def report(cost, args: argparse.Namespace) -> list[str]:
         )
     try:
         plan = plan_micro_batch(
-            cost.config, wkv_impl=cost.wkv_impl, precision=cost.precision, device_memory_bytes=gpu.memory_bytes,
-            global_batch=GLOBAL_BATCH, world_size=GPUS, cost=cost,
+            cost.config,
+            wkv_impl=cost.wkv_impl,
+            precision=cost.precision,
+            device_memory_bytes=gpu.memory_bytes,
+            global_batch=GLOBAL_BATCH,
+            world_size=GPUS,
+            cost=cost,
         )
         lines.append(f"Planner on {gpu.name}: {plan.explanation}")
     except ValueError as exc:
@@ -176,14 +185,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="model config name (e.g. RWKV_CLIP_B32) or JSON path")
     parser.add_argument("--batch-size", type=int, default=512, help="per-GPU batch to check (default 512)")
     parser.add_argument("--gpu", choices=sorted(GPU_SPECS), default="h100", help="GPU type (default h100)")
-    parser.add_argument("--wkv-impl", default="auto", choices=WKV_IMPL_CHOICES,
-                        help='WKV implementation the model runs (default auto: what a GPU run picks, fla when it imports)')
+    parser.add_argument(
+        "--wkv-impl",
+        default="auto",
+        choices=WKV_IMPL_CHOICES,
+        help="WKV implementation the model runs (default auto: what a GPU run picks, fla when it imports)",
+    )
     parser.add_argument("--precision", default=None, help="bf16, fp16, fp32 or tf32 (default: the config's)")
-    parser.add_argument("--mfu", type=float, default=0.2, help="assumed model-FLOPs utilisation (default 0.2)")
+    parser.add_argument(
+        "--mfu", type=float, default=0.2, help="assumed model-FLOPs utilisation (default 0.2)"
+    )
     args = parser.parse_args(argv)
     if args.batch_size < 1 or not 0 < args.mfu <= 1:
-        return report_error(PROG, UserError(f"--batch-size {args.batch_size} and --mfu {args.mfu}: need a batch "
-                                            "of at least 1 and an MFU in (0, 1]"))
+        return report_error(
+            PROG,
+            UserError(
+                f"--batch-size {args.batch_size} and --mfu {args.mfu}: need a batch "
+                "of at least 1 and an MFU in (0, 1]"
+            ),
+        )
 
     import torch
 

@@ -272,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         f"WKV forward+backward, {args.dtype} inputs, {device_name}, median of {args.repeats}, "
         f"decay logits in [{lo:g}, {hi:g}]"
     )
-    print("  speed-up: chunked time / this time; diff: largest |this - chunked| / max|chunked| over y and grads")
+    print(
+        "  speed-up: chunked time / this time; diff: largest |this - chunked| / max|chunked| over y and grads"
+    )
     for name in args.shapes:
         shape = SHAPES[name]
         b, t, c, h = shape

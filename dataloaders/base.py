@@ -77,7 +77,9 @@ def select_captions(labels: torch.Tensor, seed: int, all_captions: bool = False)
     and is made on the labels' device for the whole batch at once.
     """
     if labels.ndim != 2 or labels.shape[1] % CONTEXT_LENGTH or labels.shape[1] == 0:
-        raise ValueError(f"labels of shape {tuple(labels.shape)}: expected [B, K*{CONTEXT_LENGTH}] caption tokens")
+        raise ValueError(
+            f"labels of shape {tuple(labels.shape)}: expected [B, K*{CONTEXT_LENGTH}] caption tokens"
+        )
     b = labels.shape[0]
     tokens = labels.reshape(b, -1, CONTEXT_LENGTH).to(torch.int64)
     if all_captions:
@@ -195,7 +197,9 @@ class BaseLoader:
             need = self._len * self.batch_size
             if len(records) < need:
                 if not len(records):
-                    raise BadRecordLimitError(f"rank {self.rank}: every record of epoch {epoch} is a known bad record")
+                    raise BadRecordLimitError(
+                        f"rank {self.rank}: every record of epoch {epoch} is a known bad record"
+                    )
                 records, seeds = np.resize(records, need), np.resize(seeds, need)
             records, seeds = records[:need], seeds[:need]
         self._stream_key, self._stream = key, (records, seeds)
@@ -234,18 +238,28 @@ class BaseLoader:
         where = self.shardset.describe(record)
         count = len(self._skipped)
         if count > self.max_bad_records:
-            check = ("check the shards with data2rec.py --verify PREFIX --decode and reconvert or leave out the "
-                     "damaged ones")
+            check = (
+                "check the shards with data2rec.py --verify PREFIX --decode and reconvert or leave out the "
+                "damaged ones"
+            )
             if not self.max_bad_records:
-                raise BadRecordLimitError(f"{where}: {reason}; no bad record may be skipped (max_bad_records=0): "
-                                          f"{check}, or allow some (--max-bad-records N)")
+                raise BadRecordLimitError(
+                    f"{where}: {reason}; no bad record may be skipped (max_bad_records=0): "
+                    f"{check}, or allow some (--max-bad-records N)"
+                )
             raise BadRecordLimitError(
                 f"rank {self.rank}: {count} unreadable or undecodable record(s), more than max_bad_records="
                 f"{self.max_bad_records} allows; the last: {where} ({reason}). {check[0].upper()}{check[1:]}, "
                 "or allow more (--max-bad-records)"
             )
-        LOG.warning("rank %d: skipping %s: %s (%d skipped, at most %d allowed)",
-                    self.rank, where, reason, count, self.max_bad_records)
+        LOG.warning(
+            "rank %d: skipping %s: %s (%d skipped, at most %d allowed)",
+            self.rank,
+            where,
+            reason,
+            count,
+            self.max_bad_records,
+        )
 
     def _drop_iterator(self) -> None:
         """Discard the running epoch's machinery (the next iteration rebuilds it)."""
@@ -320,8 +334,10 @@ class BaseLoader:
         by rank), in which case the bad records all ranks found are left out here too."""
         if isinstance(state, list | tuple):
             if len(state) != self.world_size:
-                raise ShardError(f"loader states of {len(state)} ranks but this run has {self.world_size}; "
-                                 "resume with the same number of processes")
+                raise ShardError(
+                    f"loader states of {len(state)} ranks but this run has {self.world_size}; "
+                    "resume with the same number of processes"
+                )
             known = [r for s in state for r in s.get("skipped_records", ())]
             state = state[self.rank]
         else:
@@ -342,5 +358,3 @@ class BaseLoader:
                 self._skipped.append(int(record))
                 self._skipped_set.add(int(record))
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
-
-

@@ -68,8 +68,14 @@ from dataloaders.torch_loader import TorchLoader
 from src.devices import resolve_device
 from src.open_alip.constants import CLIP_MEAN, CLIP_STD
 
-__all__ = ["DEFAULT_MAX_BAD_RECORDS", "BadRecordLimitError", "CorruptRecordError", "DaliLoader", "build_loader",
-           "select_captions"]
+__all__ = [
+    "DEFAULT_MAX_BAD_RECORDS",
+    "BadRecordLimitError",
+    "CorruptRecordError",
+    "DaliLoader",
+    "build_loader",
+    "select_captions",
+]
 
 # The original's DALI settings (deepglint/RWKV-CLIP dataloaders): nvJPEG's device and pinned-host
 # buffers preallocated large enough that big images cause no reallocation, three batches in flight.
@@ -161,7 +167,9 @@ class DaliLoader(BaseLoader):
         self.reader = BatchReader(self.shardset, workers)
         # Stop the reader processes when the loader goes (the finalizer holds the reader, not the loader).
         weakref.finalize(self, self.reader.close)
-        self.resizer = CropResizer.beside(max(1, self.num_threads))  # the CPU pipeline's resize (resizes_in_torch)
+        self.resizer = CropResizer.beside(
+            max(1, self.num_threads)
+        )  # the CPU pipeline's resize (resizes_in_torch)
         weakref.finalize(self, self.resizer.close)
         self._pipe = None
         self._pipe_dirty = False  # scheduled since it was built or last reset
@@ -189,8 +197,11 @@ class DaliLoader(BaseLoader):
         if self.device.type == "cuda":
             args["device"] = "mixed"
             if not probe:
-                args.update(device_memory_padding=DEVICE_MEMORY_PADDING, host_memory_padding=HOST_MEMORY_PADDING,
-                            hw_decoder_load=HW_DECODER_LOAD)
+                args.update(
+                    device_memory_padding=DEVICE_MEMORY_PADDING,
+                    host_memory_padding=HOST_MEMORY_PADDING,
+                    hw_decoder_load=HW_DECODER_LOAD,
+                )
         else:
             args["device"] = "cpu"
         return args
@@ -212,8 +223,12 @@ class DaliLoader(BaseLoader):
         start = fn.cast(dmath.floor(roi_start * extent + 0.5), dtype=types.INT32)
         end = fn.cast(dmath.floor(roi_end * extent + 0.5), dtype=types.INT32)
         if self.roi_decode:
-            return fn.decoders.image_slice(jpegs, start=start, end=end, axis_names="HW", **self._decoder_args())
-        return fn.slice(fn.decoders.image(jpegs, **self._decoder_args()), start=start, end=end, axis_names="HW")
+            return fn.decoders.image_slice(
+                jpegs, start=start, end=end, axis_names="HW", **self._decoder_args()
+            )
+        return fn.slice(
+            fn.decoders.image(jpegs, **self._decoder_args()), start=start, end=end, axis_names="HW"
+        )
 
     @property
     def resizes_in_torch(self) -> bool:
@@ -227,22 +242,34 @@ class DaliLoader(BaseLoader):
         from nvidia.dali import fn, types
 
         if not self.train:
-            (jpegs,) = fn.external_source(source=_Source(self), num_outputs=1, batch=True, dtype=[types.UINT8],
-                                          ndim=[1])
+            (jpegs,) = fn.external_source(
+                source=_Source(self), num_outputs=1, batch=True, dtype=[types.UINT8], ndim=[1]
+            )
             images = fn.decoders.image(jpegs, **self._decoder_args())
             images, mirror = fn.resize(images, resize_shorter=size, interp_type=types.INTERP_LINEAR), 0
         elif self.resizes_in_torch:  # the flips are applied with the resize, from the fed batch's record
             jpegs, roi_start, roi_end = fn.external_source(
-                source=_Source(self), num_outputs=3, batch=True, dtype=[types.UINT8, types.FLOAT, types.FLOAT],
-                ndim=[1, 1, 1])
+                source=_Source(self),
+                num_outputs=3,
+                batch=True,
+                dtype=[types.UINT8, types.FLOAT, types.FLOAT],
+                ndim=[1, 1, 1],
+            )
             return self._crops(jpegs, roi_start, roi_end)
         else:
             jpegs, roi_start, roi_end, mirror = fn.external_source(
-                source=_Source(self), num_outputs=4, batch=True,
-                dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32], ndim=[1, 1, 1, 0],
+                source=_Source(self),
+                num_outputs=4,
+                batch=True,
+                dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32],
+                ndim=[1, 1, 1, 0],
             )
-            images = fn.resize(self._crops(jpegs, roi_start, roi_end), resize_x=size, resize_y=size,
-                               interp_type=types.INTERP_LINEAR)
+            images = fn.resize(
+                self._crops(jpegs, roi_start, roi_end),
+                resize_x=size,
+                resize_y=size,
+                interp_type=types.INTERP_LINEAR,
+            )
         return fn.crop_mirror_normalize(
             images,
             dtype=types.FLOAT,
@@ -300,8 +327,17 @@ class DaliLoader(BaseLoader):
                 self.skip(record, reason)
             if batch >= self.batches_in(epoch):
                 raise StopIteration
-        self._fed.append(_Batch(epoch, batch, self.batch_items(epoch, batch)[0], read.labels, read.payloads, handle,
-                               read.mirror))
+        self._fed.append(
+            _Batch(
+                epoch,
+                batch,
+                self.batch_items(epoch, batch)[0],
+                read.labels,
+                read.payloads,
+                handle,
+                read.mirror,
+            )
+        )
         self._feed_at = (epoch, batch + 1)
         for ahead in range(batch + 1, batch + 1 + READ_AHEAD):
             self._submit(epoch, ahead)
@@ -385,11 +421,15 @@ class DaliLoader(BaseLoader):
             entry = self._fed.popleft()
             self.reader.release(entry.read)  # DALI copied its images when the source returned
             if (entry.epoch, entry.index) != (self.epoch, self.batch):  # a bookkeeping bug, never data
-                raise RuntimeError(f"DALI delivered batch {entry.index} of epoch {entry.epoch}, "
-                                   f"expected {self.batch} of {self.epoch}")
+                raise RuntimeError(
+                    f"DALI delivered batch {entry.index} of epoch {entry.epoch}, "
+                    f"expected {self.batch} of {self.epoch}"
+                )
             if self.resizes_in_torch:
                 crops = out[0]
-                images = self.resizer([np.asarray(crops[i]) for i in range(len(crops))], entry.mirror, self.input_size)
+                images = self.resizer(
+                    [np.asarray(crops[i]) for i in range(len(crops))], entry.mirror, self.input_size
+                )
             else:
                 images = to_torch_tensor(out[0].as_tensor(), copy=True)
             return images, torch.from_numpy(entry.labels)
@@ -401,8 +441,11 @@ class DaliLoader(BaseLoader):
 
         if not suspects:
             return []
-        LOG.info("DALI failed to decode a batch on rank %d; decoding its %d images one by one to find the bad one",
-                 self.rank, sum(len(s.payloads) for s in suspects))
+        LOG.info(
+            "DALI failed to decode a batch on rank %d; decoding its %d images one by one to find the bad one",
+            self.rank,
+            sum(len(s.payloads) for s in suspects),
+        )
 
         def probe_pipe():
             pipe = Pipeline(batch_size=1, num_threads=1, device_id=self._device_id(), prefetch_queue_depth=1)
@@ -430,7 +473,11 @@ class DaliLoader(BaseLoader):
 def _dali_reason(error: Exception) -> str:
     """The line of a DALI error that says what went wrong (its text is mostly a traceback)."""
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
-    useful = [ln for ln in lines if "failure" in ln.lower() or ("error" in ln.lower() and "pipeline" not in ln.lower())]
+    useful = [
+        ln
+        for ln in lines
+        if "failure" in ln.lower() or ("error" in ln.lower() and "pipeline" not in ln.lower())
+    ]
     return (useful or lines or ["unknown error"])[-1][:200]
 
 
@@ -468,8 +515,20 @@ def build_loader(
     shardset = load_shards(data, cache_dir=cache_dir)
     probe_shards(shardset)
     rank, world_size = dist_env(rank, world_size)
-    args = (shardset, batch_size, input_size, train, resolve_device(device), num_threads,
-            rank, world_size, seed, all_captions, train if drop_last is None else drop_last, max_bad_records)
+    args = (
+        shardset,
+        batch_size,
+        input_size,
+        train,
+        resolve_device(device),
+        num_threads,
+        rank,
+        world_size,
+        seed,
+        all_captions,
+        train if drop_last is None else drop_last,
+        max_bad_records,
+    )
     if backend == "torch":
         return TorchLoader(*args)
     return DaliLoader(*args, reader_workers=reader_workers)

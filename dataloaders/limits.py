@@ -15,4 +15,5 @@ READER_MIN_CORES = 4  # per process on the node (torchrun's LOCAL_WORLD_SIZE) fo
 READER_WORKERS_HELP = (
     "processes per rank reading records for the DALI loader, off the training thread's GIL; 0 reads in a "
     f"thread (default: {READER_WORKERS} where each local process has {READER_MIN_CORES} or more cores, "
-    "else 0)")
+    "else 0)"
+)

@@ -64,8 +64,9 @@ class BatchRead:
     error: str | None = None  # a worker's answer: why it could not hand the batch over
 
 
-def read_batch(reader: RecordReader, records: np.ndarray, seeds: np.ndarray, train: bool,
-               spans: np.ndarray | None = None) -> BatchRead:
+def read_batch(
+    reader: RecordReader, records: np.ndarray, seeds: np.ndarray, train: bool, spans: np.ndarray | None = None
+) -> BatchRead:
     """Read one batch: labels, images, and for training each sample's crop and flip.
 
     `spans` (from `ShardSet.spans(records)`) lets a reader whose shard set has no per-record
@@ -129,8 +130,9 @@ def _worker_main(conn, shardset: ShardSet) -> None:
                     fd = slots[slot] = os.open(slot, os.O_RDWR)
                 _write_all(fd, read.payloads)
             except OSError as e:  # a full /dev/shm (containers often give it 64 MB): said, not a crash
-                read = BatchRead(error=f"{total / 1e6:.0f} MB of images could not be written to its "
-                                       f"buffer ({e.strerror})")
+                read = BatchRead(
+                    error=f"{total / 1e6:.0f} MB of images could not be written to its buffer ({e.strerror})"
+                )
             else:
                 nbytes = total
                 read.ends = ends
@@ -213,7 +215,9 @@ class BatchReader:
         pending = _Pending(self, self._next_id, worker, slot)
         self._next_id += 1
         try:
-            self._conns[worker].send((pending.rid, slot.path, records, seeds, self.shardset.spans(records), train))
+            self._conns[worker].send(
+                (pending.rid, slot.path, records, seeds, self.shardset.spans(records), train)
+            )
         except (BrokenPipeError, OSError):
             self._died(worker)
         self._queues[worker].append(pending)
@@ -269,7 +273,8 @@ class BatchReader:
             raise ReaderDiedError(
                 f"the data loader's record reader: {read.error} in {pending.slot.folder}; give the machine or "
                 "container more shared memory (docker: --shm-size 8g or --ipc=host) or read in the training "
-                "process (--reader-workers 0)")
+                "process (--reader-workers 0)"
+            )
         if not read.bad:
             data = pending.slot.view(nbytes)
             starts = [0, *read.ends[:-1].tolist()]

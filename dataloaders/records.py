@@ -41,15 +41,21 @@ class BadRecord(Exception):
     def __init__(self, reason: str, advice: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
-        self.advice = advice or ("check the shard with data2rec.py --verify PREFIX --decode and reconvert it, "
-                                 "or leave it out of the data")
+        self.advice = advice or (
+            "check the shard with data2rec.py --verify PREFIX --decode and reconvert it, "
+            "or leave it out of the data"
+        )
 
 
 # data2rec refuses such captions when it converts (src/caption_record.py holds the one rule).
-_CAPTIONS_ADVICE = ("the loaders read image-caption records as data2rec.py writes them: convert the data "
-                    "with it (a row it cannot convert is left out and named in its report, with the reason)")
-_FRAMING_ADVICE = ("the .idx does not belong to this .rec, or one of them is damaged; rebuild the shard "
-                   "(data2rec.py writes both files)")
+_CAPTIONS_ADVICE = (
+    "the loaders read image-caption records as data2rec.py writes them: convert the data "
+    "with it (a row it cannot convert is left out and named in its report, with the reason)"
+)
+_FRAMING_ADVICE = (
+    "the .idx does not belong to this .rec, or one of them is damaged; rebuild the shard "
+    "(data2rec.py writes both files)"
+)
 
 
 def image_size(payload: bytes) -> tuple[int, int]:
@@ -124,8 +130,11 @@ class RecordReader:
             if stop != len(buf) and end == int(self.shardset.sizes[shard]):
                 # Records are written back to back, so bytes after a shard's last indexed record are
                 # records its index does not list (an index cut short, or stale).
-                raise BadRecord(f"the record there ends at byte {offset + stop} but the file ends at byte {end}: "
-                                f"the index does not list the {end - stop - offset} bytes after it", _FRAMING_ADVICE)
+                raise BadRecord(
+                    f"the record there ends at byte {offset + stop} but the file ends at byte {end}: "
+                    f"the index does not list the {end - stop - offset} bytes after it",
+                    _FRAMING_ADVICE,
+                )
             record = unpack_caption_record(data)
         except InvalidCaptions as e:
             raise BadRecord(str(e), _CAPTIONS_ADVICE) from None
@@ -150,6 +159,8 @@ def probe_shards(shardset: ShardSet, reader: RecordReader | None = None) -> None
                     reader.read(record)
                 except BadRecord as e:
                     _, key, offset = shardset.locate(record)
-                    raise ShardError(f"{shard.rec} record key {key} at byte {offset}: {e.reason}; {e.advice}") from None
+                    raise ShardError(
+                        f"{shard.rec} record key {key} at byte {offset}: {e.reason}; {e.advice}"
+                    ) from None
     finally:
         reader.close()

@@ -69,7 +69,11 @@ class CropResizer:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="crop-resize")
                 step = -(-len(crops) // self.threads)
-                list(self._pool.map(resize, [range(a, min(a + step, len(crops))) for a in range(0, len(crops), step)]))
+                list(
+                    self._pool.map(
+                        resize, [range(a, min(a + step, len(crops))) for a in range(0, len(crops), step)]
+                    )
+                )
         finally:
             torch.set_num_threads(threads)
         return batch.to(torch.float32).sub_(_MEAN).div_(_STD)

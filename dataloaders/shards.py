@@ -32,7 +32,15 @@ from src.fsutil import atomic_open
 from src.recordio import MAGIC_BYTES, RecordIOError, read_index
 from src.shard_names import DEFAULT_OUTPUT_NAME, IDX, REC, natural_key, pair, scan_folder
 
-__all__ = ["Shard", "ShardError", "ShardSet", "default_cache_dir", "find_rec_file", "load_shards", "resolve_shards"]
+__all__ = [
+    "Shard",
+    "ShardError",
+    "ShardSet",
+    "default_cache_dir",
+    "find_rec_file",
+    "load_shards",
+    "resolve_shards",
+]
 
 LOG = logging.getLogger(__name__)
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -65,8 +73,9 @@ def _in_folder(folder: Path) -> list[Shard]:
     scan = scan_folder(folder)
     if not scan.shards:
         why = f" ({scan.left_out[0][0].name}: {scan.left_out[0][1]})" if scan.left_out else ""
-        raise ShardError(f"{folder}: directory holds no training {REC} files{why}; "
-                         f"pass a folder of {REC}/{IDX} shards")
+        raise ShardError(
+            f"{folder}: directory holds no training {REC} files{why}; pass a folder of {REC}/{IDX} shards"
+        )
     for path, why in scan.left_out:
         LOG.warning("left out %s: %s", path, why)
     return [Shard(rec, idx) for rec, idx in scan.shards]
@@ -87,8 +96,9 @@ def _resolve_one(item: str | os.PathLike[str]) -> list[Shard]:
         return [_named(*pair(rec)) for rec in recs]
     rec, idx = pair(path)
     if not rec.is_file():
-        raise ShardError(f"{text}: no such {REC} file ({rec}); "
-                         f"pass a prefix, a {REC} file, a folder or a glob")
+        raise ShardError(
+            f"{text}: no such {REC} file ({rec}); pass a prefix, a {REC} file, a folder or a glob"
+        )
     return [_named(rec, idx)]
 
 
@@ -120,11 +130,14 @@ def find_rec_file(data_dir: str | os.PathLike[str] | None, rec_file: str) -> Pat
     for path in tried:
         if pair(path)[0].is_file():
             return path
-    where = " nor in the working folder ".join(str((p.parent if p.is_absolute() else Path.cwd() / p.parent).resolve())
-                                              for p in tried)
-    raise ShardError(f"--rec-file {rec_file}: not found in {where}; give the name of a {REC} file in "
-                     f"--data-dir (data2rec.py writes {DEFAULT_OUTPUT_NAME}{REC} by default) or a path to "
-                     "one")
+    where = " nor in the working folder ".join(
+        str((p.parent if p.is_absolute() else Path.cwd() / p.parent).resolve()) for p in tried
+    )
+    raise ShardError(
+        f"--rec-file {rec_file}: not found in {where}; give the name of a {REC} file in "
+        f"--data-dir (data2rec.py writes {DEFAULT_OUTPUT_NAME}{REC} by default) or a path to "
+        "one"
+    )
 
 
 def default_cache_dir() -> Path:
@@ -212,16 +225,20 @@ def _read_shard_index(shard: Shard) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(offsets, kind="stable")
     keys, offsets = keys[order], offsets[order]
     if offsets[-1] >= size:
-        raise ShardError(f"{shard.idx}: offset {offsets[-1]} is past the end of {shard.rec.name} "
-                         f"({size} bytes); the .rec is truncated or the index is stale")
+        raise ShardError(
+            f"{shard.idx}: offset {offsets[-1]} is past the end of {shard.rec.name} "
+            f"({size} bytes); the .rec is truncated or the index is stale"
+        )
     if np.any(np.diff(offsets) == 0):
         raise ShardError(f"{shard.idx}: two entries share one offset; rebuild the index")
     misaligned = np.flatnonzero(offsets & 3)
     if len(misaligned):
         # Every RecordIO part starts on a 4-byte boundary (docs/formats.md), so this offset is not a record's.
         j = misaligned[0]
-        raise ShardError(f"{shard.idx}: offset {offsets[j]} (key {keys[j]}) is not the start of a record in "
-                         f"{shard.rec.name}; the index belongs to another .rec or is damaged: rebuild the shard")
+        raise ShardError(
+            f"{shard.idx}: offset {offsets[j]} (key {keys[j]}) is not the start of a record in "
+            f"{shard.rec.name}; the index belongs to another .rec or is damaged: rebuild the shard"
+        )
     if len(np.unique(keys)) != len(keys):
         raise ShardError(f"{shard.idx}: duplicate keys; rebuild the index")
     return keys, offsets
@@ -239,7 +256,9 @@ def load_shards(data, cache_dir: str | os.PathLike[str] | None = None) -> ShardS
             # Memory-mapped: with 15M records these are 240 MB a rank would otherwise hold.
             loaded = {name: np.load(p, mmap_mode="r") for name, p in arrays.items()}
             if len(loaded["keys"]) == len(loaded["offsets"]) == int(loaded["counts"].sum()):
-                return ShardSet(shards, np.asarray(loaded["counts"]), loaded["keys"], loaded["offsets"], sizes)
+                return ShardSet(
+                    shards, np.asarray(loaded["counts"]), loaded["keys"], loaded["offsets"], sizes
+                )
         except (OSError, ValueError):
             pass  # a damaged cache entry is rebuilt below
     per_shard = [_read_shard_index(s) for s in shards]
@@ -253,6 +272,8 @@ def load_shards(data, cache_dir: str | os.PathLike[str] | None = None) -> ShardS
             with atomic_open(arrays[name], "wb") as f:
                 np.save(f, value)
     except OSError as e:
-        raise ShardError(f"{cache}: cannot write the record index cache ({e.strerror}); "
-                         "set RWKV_CLIP_CACHE to a writable folder") from None
+        raise ShardError(
+            f"{cache}: cannot write the record index cache ({e.strerror}); "
+            "set RWKV_CLIP_CACHE to a writable folder"
+        ) from None
     return ShardSet(shards, counts, keys, offsets, sizes)

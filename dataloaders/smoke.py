@@ -31,8 +31,10 @@ def check_batch(images: torch.Tensor, tokens: torch.Tensor, batch_size: int, inp
     problems = []
     b = images.shape[0] if images.ndim else 0
     if images.ndim != 4 or images.shape[1:] != (3, input_size, input_size) or not 0 < b <= batch_size:
-        problems.append(f"images have shape {tuple(images.shape)}, expected [<= {batch_size}, 3, "
-                        f"{input_size}, {input_size}]")
+        problems.append(
+            f"images have shape {tuple(images.shape)}, expected [<= {batch_size}, 3, "
+            f"{input_size}, {input_size}]"
+        )
     if images.dtype != torch.float32:
         problems.append(f"images are {images.dtype}, expected torch.float32")
     if not problems:
@@ -76,7 +78,9 @@ def denormalize(images: torch.Tensor) -> np.ndarray:
     return (img.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
 
 
-def save_grid(path: str | os.PathLike[str], images: torch.Tensor, captions: list[str], columns: int = 4) -> None:
+def save_grid(
+    path: str | os.PathLike[str], images: torch.Tensor, captions: list[str], columns: int = 4
+) -> None:
     """Write a PNG grid of de-normalised images with their captions, atomically."""
     from PIL import Image, ImageDraw
 
@@ -139,8 +143,10 @@ def run_smoke(loader, steps: int, progress=None, time_steps: int | None = None) 
     batches = _batches(loader)
 
     def check(images: torch.Tensor, tokens: torch.Tensor, read_now: bool = True) -> None:
-        report.problems += [f"batch {report.batches}: {p}" for p in
-                            check_batch(images, tokens, loader.batch_size, loader.input_size)]
+        report.problems += [
+            f"batch {report.batches}: {p}"
+            for p in check_batch(images, tokens, loader.batch_size, loader.input_size)
+        ]
         report.batches += 1
         report.images += images.shape[0]
         if progress is not None and read_now:  # the bar counts batches read: time_steps + steps in all

@@ -59,15 +59,19 @@ def _report(smoke, loader, args: argparse.Namespace) -> int:
     rate = smoke.images_per_second
     threads = max(1, args.workers)
     if smoke.timed_images:
-        print(f"the loader delivers {rate:.1f} images/s ({smoke.timed_images} images in {args.time_steps} batches "
-              f"after the first, timed back to back without the checks), {rate / threads:.1f} per "
-              f"{'thread' if args.backend == 'dali' else 'worker'} ({threads})")
+        print(
+            f"the loader delivers {rate:.1f} images/s ({smoke.timed_images} images in {args.time_steps} batches "
+            f"after the first, timed back to back without the checks), {rate / threads:.1f} per "
+            f"{'thread' if args.backend == 'dali' else 'worker'} ({threads})"
+        )
     print(f"checked {smoke.images} images in {smoke.batches} batch(es)")
     if args.save_grid and smoke.first_batch is not None:
         _write_grid(args.save_grid, smoke.first_batch)
     if loader.bad_records:
-        print(f"skipped {loader.bad_records} record(s) that could not be read or decoded (named above)",
-              file=sys.stderr)
+        print(
+            f"skipped {loader.bad_records} record(s) that could not be read or decoded (named above)",
+            file=sys.stderr,
+        )
     if smoke.problems:
         for problem in smoke.problems[:20]:
             print(f"FAILED: {problem}", file=sys.stderr)
@@ -91,15 +95,20 @@ def run(args: argparse.Namespace, prog: str) -> int:
         loader = _build_loader(args)
     except UserError as e:
         return report(prog, e)
-    print(f"{loader.total_records} records in {len(loader.shardset.shards)} shard(s); rank {loader.rank}/"
-          f"{loader.world_size} reads {loader.num_samples} per epoch in {len(loader)} batches; "
-          f"backend {loader.backend}, device {loader.device}, {args.workers} workers")
+    print(
+        f"{loader.total_records} records in {len(loader.shardset.shards)} shard(s); rank {loader.rank}/"
+        f"{loader.world_size} reads {loader.num_samples} per epoch in {len(loader)} batches; "
+        f"backend {loader.backend}, device {loader.device}, {args.workers} workers"
+    )
     try:
         with tqdm(total=args.time_steps + args.steps, desc="batches", unit="batch", file=sys.stderr) as bar:
             smoke = run_smoke(loader, args.steps, bar, time_steps=args.time_steps)
     except ImportError as e:
-        print(f"{prog}: error: {e}; run `make` (python -m src.install), which installs the DALI wheel for this "
-              "torch's CUDA version, or use --backend torch", file=sys.stderr)
+        print(
+            f"{prog}: error: {e}; run `make` (python -m src.install), which installs the DALI wheel for this "
+            "torch's CUDA version, or use --backend torch",
+            file=sys.stderr,
+        )
         return 2
     except CorruptRecordError as e:
         print(f"{prog}: FAILED: {e}", file=sys.stderr)

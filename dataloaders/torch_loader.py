@@ -113,8 +113,10 @@ class TorchLoader(BaseLoader):
 
     def epoch_batches(self, epoch: int, start: int = 0) -> list[list[tuple[int, int]]]:
         """The (record, augmentation seed) items of batches `start`.. of `epoch` on this rank."""
-        return [list(zip(*(a.tolist() for a in self.batch_items(epoch, b))))
-                for b in range(start, self.batches_in(epoch))]
+        return [
+            list(zip(*(a.tolist() for a in self.batch_items(epoch, b))))
+            for b in range(start, self.batches_in(epoch))
+        ]
 
     def _start(self) -> None:
         workers = max(0, self.num_threads)

@@ -56,16 +56,24 @@ def check_captions(label: Any) -> np.ndarray:
     (`recordio.unpack` gives a float for flag 0) is im2rec's class label, not captions.
     """
     if np.ndim(label) == 0:
-        raise InvalidCaptions("the label is a single number (flag 0), as im2rec writes for classification, "
-                              "not caption tokens")
+        raise InvalidCaptions(
+            "the label is a single number (flag 0), as im2rec writes for classification, not caption tokens"
+        )
     t = np.array(label, dtype=np.float32).reshape(-1)  # a copy: record buffers are read-only
     if t.size == 0 or t.size % CONTEXT_LENGTH:
-        raise InvalidCaptions(f"{t.size} caption token values, not a positive multiple of {CONTEXT_LENGTH} "
-                              f"(one block of {CONTEXT_LENGTH} per caption)")
+        raise InvalidCaptions(
+            f"{t.size} caption token values, not a positive multiple of {CONTEXT_LENGTH} "
+            f"(one block of {CONTEXT_LENGTH} per caption)"
+        )
     # The loaders check every record they read: the common case (every block a caption) in a few
     # whole-array operations, anything else through the checks below, which name the problem.
     lo, hi = t.min(), t.max()
-    if lo >= 0 and hi < VOCAB_SIZE and (t.astype(np.int32) == t).all() and (t[::CONTEXT_LENGTH] == SOT_TOKEN).all():
+    if (
+        lo >= 0
+        and hi < VOCAB_SIZE
+        and (t.astype(np.int32) == t).all()
+        and (t[::CONTEXT_LENGTH] == SOT_TOKEN).all()
+    ):
         return t
     _raise_problem(t, lo, hi)
     return t
@@ -80,8 +88,9 @@ def _raise_problem(t: np.ndarray, lo: float, hi: float) -> None:
         raise InvalidCaptions(f"caption tokens fall outside 0..{VOCAB_SIZE - 1} (min {lo:.0f}, max {hi:.0f})")
     fraction = t != np.floor(t)
     if fraction.any():
-        raise InvalidCaptions(f"the caption tokens hold non-integer values (such as {t[fraction][0]:g}), "
-                              "not token ids")
+        raise InvalidCaptions(
+            f"the caption tokens hold non-integer values (such as {t[fraction][0]:g}), not token ids"
+        )
     blocks = t.reshape(-1, CONTEXT_LENGTH)
     caption = blocks[:, 0] == SOT_TOKEN
     odd = ~caption & blocks.any(axis=1)

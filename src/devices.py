@@ -27,7 +27,9 @@ def local_rank_from_env() -> int:
     return int(value)
 
 
-def resolve_device(name: str | torch.device = "auto", local_rank: int | None = None, option: str = "--device") -> torch.device:
+def resolve_device(
+    name: str | torch.device = "auto", local_rank: int | None = None, option: str = "--device"
+) -> torch.device:
     """`auto` is this process's GPU when CUDA is usable, else the CPU; `cuda` is this process's
     GPU (index LOCAL_RANK); `cuda:N` is GPU N.
 

@@ -141,7 +141,9 @@ def caption_grid(
     for i, (picture, caption) in enumerate(zip(images, captions)):
         x = (i % columns) * cell_w
         y = head + (i // columns) * cell_h
-        img.paste(picture.convert("RGB").resize((tile, tile), Image.NEAREST), (x + (cell_w - tile) // 2, y + 4))
+        img.paste(
+            picture.convert("RGB").resize((tile, tile), Image.NEAREST), (x + (cell_w - tile) // 2, y + 4)
+        )
         for j, (text, colour) in enumerate(caption):
             draw.text((x + cell_w / 2, y + tile + 8 + j * line_h), text, fill=colour, font=font, anchor="mt")
     return _save_png(img, Path(path))
@@ -152,7 +154,10 @@ CONFUSION_MAX_CLASSES = 60
 
 
 def plot_confusion_matrix(
-    matrix: Sequence[Sequence[int]], classnames: Sequence[str], path: Path | str, title: str = "confusion matrix",
+    matrix: Sequence[Sequence[int]],
+    classnames: Sequence[str],
+    path: Path | str,
+    title: str = "confusion matrix",
 ) -> Path:
     """Rows: the true class, columns: the predicted one; each cell shaded by its share of its row
     (white 0, dark blue all), with its count written where the cells are large enough."""
@@ -175,8 +180,13 @@ def plot_confusion_matrix(
             x, y = label_w + j * cell, top + i * cell
             draw.rectangle((x, y, x + cell, y + cell), fill=shade, outline=(225, 225, 225))
             if cell >= 24 and count:
-                draw.text((x + cell / 2, y + cell / 2), str(count), fill="white" if share > 0.5 else INK,
-                          font=small, anchor="mm")
+                draw.text(
+                    (x + cell / 2, y + cell / 2),
+                    str(count),
+                    fill="white" if share > 0.5 else INK,
+                    font=small,
+                    anchor="mm",
+                )
         draw.text((label_w - 6, top + i * cell + cell / 2), names[i], fill=INK, font=small, anchor="rm")
     for j, name in enumerate(names):  # predicted classes, written downwards under their column
         label = Image.new("RGBA", (int(small.getlength(name)) + 4, 16), (255, 255, 255, 0))
@@ -184,5 +194,7 @@ def plot_confusion_matrix(
         label = label.rotate(90, expand=True)
         img.paste(label, (int(label_w + j * cell + cell / 2 - label.width / 2), top + n * cell + 6), label)
     draw.text((img.width / 2, 12), title, fill=INK, font=font, anchor="mt")
-    draw.text((img.width / 2, height - 18), "predicted class (rows: true class)", fill=INK, font=small, anchor="mt")
+    draw.text(
+        (img.width / 2, height - 18), "predicted class (rows: true class)", fill=INK, font=small, anchor="mt"
+    )
     return _save_png(img, Path(path))

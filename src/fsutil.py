@@ -69,7 +69,9 @@ def atomic_path(path: str | os.PathLike[str], *, durable: bool = False) -> Itera
 
 
 @contextmanager
-def atomic_open(path: str | os.PathLike[str], mode: str = "w", *, durable: bool = False, **kwargs: Any) -> Iterator[IO]:
+def atomic_open(
+    path: str | os.PathLike[str], mode: str = "w", *, durable: bool = False, **kwargs: Any
+) -> Iterator[IO]:
     """`open(path, mode)` for writing, through `atomic_path`."""
     if not mode.startswith("w"):
         raise ValueError(f"atomic_open writes whole files; mode {mode!r} must start with 'w'")
@@ -86,7 +88,9 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, *, durable: bool 
     return Path(path)
 
 
-def atomic_write_json(path: str | os.PathLike[str], data: Any, *, durable: bool = False, **dumps: Any) -> Path:
+def atomic_write_json(
+    path: str | os.PathLike[str], data: Any, *, durable: bool = False, **dumps: Any
+) -> Path:
     """JSON with a trailing newline; `dumps` go to json.dumps (default indent=2). With
     ensure_ascii=False the strings go through `json_safe` (a lone surrogate is no JSON text); with
     ASCII escapes they stay exact (\\udcff), for files only this toolkit reads back."""
@@ -139,8 +143,12 @@ class FileTooLarge(OSError):
 
 
 def _kind(mode: int) -> str:
-    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-             (stat.S_ISSOCK, "a socket"))
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
@@ -162,7 +170,9 @@ def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None = DEFA
             raise NotARegularFile(errno.EINVAL, f"not a regular file ({_kind(st.st_mode)})", os.fspath(path))
         limit = max_bytes or None
         if limit is not None and st.st_size > limit:
-            raise FileTooLarge(errno.EFBIG, f"{st.st_size} bytes, more than the limit of {limit}", os.fspath(path))
+            raise FileTooLarge(
+                errno.EFBIG, f"{st.st_size} bytes, more than the limit of {limit}", os.fspath(path)
+            )
         chunks, size = [], 0
         want = (limit + 1) if limit is not None else None
         while want is None or size < want:
@@ -172,7 +182,9 @@ def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None = DEFA
             chunks.append(chunk)
             size += len(chunk)
         if limit is not None and size > limit:
-            raise FileTooLarge(errno.EFBIG, f"grew past the limit of {limit} bytes while read", os.fspath(path))
+            raise FileTooLarge(
+                errno.EFBIG, f"grew past the limit of {limit} bytes while read", os.fspath(path)
+            )
         return b"".join(chunks)
 
 
@@ -181,7 +193,10 @@ def _raise(exc: OSError) -> None:
 
 
 def walk_files(
-    root: str | os.PathLike[str], suffixes: tuple[str, ...] | None = None, *, skip_hidden: bool = True,
+    root: str | os.PathLike[str],
+    suffixes: tuple[str, ...] | None = None,
+    *,
+    skip_hidden: bool = True,
     folders_named_like: list[str] | None = None,
 ) -> tuple[list[str], list[str]]:
     """(files, notes): the relative POSIX paths of the files under `root` whose lower-cased name
@@ -261,9 +276,11 @@ def _encode_printable(exc: UnicodeError) -> tuple[str, int]:
     backslashreplace form for any other character the encoding lacks."""
     if not isinstance(exc, UnicodeEncodeError):
         raise exc
-    bad = exc.object[exc.start:exc.end]
-    return "".join(_printable_char(c) if "\ud800" <= c <= "\udfff" else c.encode("ascii", "backslashreplace").decode()
-                   for c in bad), exc.end
+    bad = exc.object[exc.start : exc.end]
+    return "".join(
+        _printable_char(c) if "\ud800" <= c <= "\udfff" else c.encode("ascii", "backslashreplace").decode()
+        for c in bad
+    ), exc.end
 
 
 # `open(..., errors=PRINTABLE)`: a text stream that writes strings as `printable` shows them.

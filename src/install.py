@@ -193,7 +193,13 @@ def run(requirements: list[Path]) -> None:
             f"no torch in {sys.prefix}: installing torch=={TESTED_TORCH} with triton=={TESTED_TRITON} "
             "(for another build install it first: README, Training on GPUs)"
         )
-        _pip(python, "install", "-q", f"torch=={TESTED_TORCH}", f"triton=={TESTED_TRITON}; sys_platform == 'linux'")
+        _pip(
+            python,
+            "install",
+            "-q",
+            f"torch=={TESTED_TORCH}",
+            f"triton=={TESTED_TRITON}; sys_platform == 'linux'",
+        )
         torch_version = _version("torch")
         origin = "installed"
     else:
@@ -207,7 +213,13 @@ def run(requirements: list[Path]) -> None:
     build = f"CUDA {cuda}" if cuda else "CPU"
     say(
         f"torch {torch_version} ({build}) {origin}; triton "
-        + (f"{triton_version} {origin}" if triton_version else "as torch requires" if triton_req else "none (torch needs none)")
+        + (
+            f"{triton_version} {origin}"
+            if triton_version
+            else "as torch requires"
+            if triton_req
+            else "none (torch needs none)"
+        )
     )
 
     if sys.platform.startswith("linux"):
@@ -234,15 +246,26 @@ def run(requirements: list[Path]) -> None:
             pins.append(f"triton=={triton_version}")
         constraints.write_text("\n".join(pins) + "\n")
         req_args = [arg for path in requirements for arg in ("-r", str(path))]
-        _pip(python, "install", "-q", "-c", str(constraints), *req_args, *installs, hint=(
-            f"; torch and triton stay pinned to {' and '.join(pins)}, so a requirement that needs other "
-            "versions of them shows there as a conflict"
-        ))
+        _pip(
+            python,
+            "install",
+            "-q",
+            "-c",
+            str(constraints),
+            *req_args,
+            *installs,
+            hint=(
+                f"; torch and triton stay pinned to {' and '.join(pins)}, so a requirement that needs other "
+                "versions of them shows there as a conflict"
+            ),
+        )
 
     # pip honours constraints; this says so out loud should anything ever slip past them.
     after = (_version("torch"), _version("triton") if triton_version else None)
     if after != (torch_version, triton_version):
-        raise RuntimeError(f"torch/triton changed from {torch_version}/{triton_version} to {after[0]}/{after[1]}")
+        raise RuntimeError(
+            f"torch/triton changed from {torch_version}/{triton_version} to {after[0]}/{after[1]}"
+        )
     present = installed_dali() if sys.platform.startswith("linux") else []
     if sys.platform.startswith("linux") and (problem := dali_problem(cuda, present, python)):
         raise InstallError(problem)
@@ -261,7 +284,11 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     parser.add_argument(
-        "-r", "--requirements", action="append", type=Path, metavar="FILE",
+        "-r",
+        "--requirements",
+        action="append",
+        type=Path,
+        metavar="FILE",
         help="requirements file(s) to install (default: requirements.txt; make passes requirements-dev.txt)",
     )
     args = parser.parse_args(argv)

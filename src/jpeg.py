@@ -77,7 +77,9 @@ class JpegFault(NamedTuple):
     text: str
 
 
-def jpeg_structure_fault(data: bytes | memoryview, trailer: int = 4096, read_final_scan: bool = True) -> JpegFault | None:
+def jpeg_structure_fault(
+    data: bytes | memoryview, trailer: int = 4096, read_final_scan: bool = True
+) -> JpegFault | None:
     """None when `data` is a structurally sound JPEG, else what is wrong with it.
 
     Sound: SOI first; then marker segments, each a known marker with a length that fits;
@@ -116,7 +118,9 @@ def _final_scan_fault(data: bytes | memoryview, final: _FinalScan, trailer: int)
     its last `trailer` (+ 2) bytes."""
     tail = max(final.start, len(data) - trailer - 2)
     if bytes(data[tail:]).rfind(b"\xff\xd9") < 0:
-        return JpegFault(TRUNCATED, f"the scan at byte {final.at} is cut off (no end-of-image marker after it)")
+        return JpegFault(
+            TRUNCATED, f"the scan at byte {final.at} is cut off (no end-of-image marker after it)"
+        )
     return None
 
 
@@ -190,7 +194,9 @@ def _walk(data: bytes | memoryview, trailer: int, read_final_scan: bool) -> Jpeg
         if length < 2:
             return JpegFault(BROKEN, f"marker FF{marker:02X} at byte {at} has length {length}")
         if end > n:
-            return JpegFault(TRUNCATED, f"the marker FF{marker:02X} at byte {at} runs {end - n} bytes past the end")
+            return JpegFault(
+                TRUNCATED, f"the marker FF{marker:02X} at byte {at} runs {end - n} bytes past the end"
+            )
         # bytes, also when `data` is a view: the table parsers cache by segment, and a cached view
         # would keep the whole buffer it points into alive.
         seg = bytes(data[i + 2 : end]) if marker in _PARSED else b""
@@ -236,7 +242,9 @@ def _frame(seg: bytes) -> tuple[str | None, dict[int, tuple[int, int, int]]]:
     problem = _frame_problem(seg)
     if problem:
         return problem, {}
-    return None, {seg[6 + 3 * c]: (seg[7 + 3 * c] >> 4, seg[7 + 3 * c] & 15, seg[8 + 3 * c]) for c in range(seg[5])}
+    return None, {
+        seg[6 + 3 * c]: (seg[7 + 3 * c] >> 4, seg[7 + 3 * c] & 15, seg[8 + 3 * c]) for c in range(seg[5])
+    }
 
 
 def _frame_problem(seg: bytes) -> str | None:
@@ -303,18 +311,34 @@ def _dqt_tables(seg: bytes) -> tuple[str | None, frozenset[int]]:
     return (None, frozenset(ids)) if seg else ("empty", frozenset())
 
 
-def _scan_fault(seg: bytes, at: int, frame: dict[int, tuple[int, int, int]], huffman: bool, progressive: bool,
-                tables: set[tuple[int, int]], quant: set[int], covered: set[int]) -> JpegFault | None:
+def _scan_fault(
+    seg: bytes,
+    at: int,
+    frame: dict[int, tuple[int, int, int]],
+    huffman: bool,
+    progressive: bool,
+    tables: set[tuple[int, int]],
+    quant: set[int],
+    covered: set[int],
+) -> JpegFault | None:
     ns = seg[0] if seg else 0
     if not 1 <= ns <= 4 or len(seg) != 4 + 2 * ns:
         return JpegFault(BROKEN, f"scan header at byte {at}: {ns} components in {len(seg) + 2} bytes")
     ss, se, ah, al = seg[1 + 2 * ns], seg[2 + 2 * ns], seg[3 + 2 * ns] >> 4, seg[3 + 2 * ns] & 15
     # The progression parameters libjpeg refuses (a DC scan is DC only, an AC scan one component,
     # a refinement one bit below the previous pass).
-    if progressive and (ss > se or se > 63 or (ss == 0) != (se == 0) or (ss > 0 and ns != 1)
-                        or (ah != 0 and al != ah - 1) or al > 13):
-        return JpegFault(BROKEN, f"scan header at byte {at}: spectral range {ss}..{se}, bits {ah}/{al} "
-                                 f"for {ns} component(s)")
+    if progressive and (
+        ss > se
+        or se > 63
+        or (ss == 0) != (se == 0)
+        or (ss > 0 and ns != 1)
+        or (ah != 0 and al != ah - 1)
+        or al > 13
+    ):
+        return JpegFault(
+            BROKEN,
+            f"scan header at byte {at}: spectral range {ss}..{se}, bits {ah}/{al} for {ns} component(s)",
+        )
     blocks = 0
     for c in range(ns):
         cid, sel = seg[1 + 2 * c], seg[2 + 2 * c]
@@ -332,5 +356,7 @@ def _scan_fault(seg: bytes, at: int, frame: dict[int, tuple[int, int, int]], huf
                 return JpegFault(NO_TABLES, f"scan at byte {at} uses a Huffman table that is never defined")
         covered.add(cid)
     if ns > 1 and blocks > _MAX_BLOCKS_IN_MCU:
-        return JpegFault(BROKEN, f"scan at byte {at}: {blocks} blocks per MCU, more than {_MAX_BLOCKS_IN_MCU}")
+        return JpegFault(
+            BROKEN, f"scan at byte {at}: {blocks} blocks per MCU, more than {_MAX_BLOCKS_IN_MCU}"
+        )
     return None

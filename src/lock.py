@@ -77,7 +77,9 @@ def describe(holder: dict, tool: str = "data2rec") -> str:
         return f"another {tool} run"
     started = holder.get("started")
     when = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" if started else ""
-    return f"{holder.get('tool', tool)} run pid {holder.get('pid', '?')} on host {holder.get('host', '?')}{when}"
+    return (
+        f"{holder.get('tool', tool)} run pid {holder.get('pid', '?')} on host {holder.get('host', '?')}{when}"
+    )
 
 
 def held_by(path: Path) -> dict | None:
@@ -100,8 +102,13 @@ def held_by(path: Path) -> dict | None:
 class OutputLock:
     """`with OutputLock(prefix):` holds OUT.lock (or `path`) or raises OutputLocked naming the holder."""
 
-    def __init__(self, prefix: Path, tool: str = "data2rec", path: Path | None = None,
-                 resume_hint: str = "rerun this command afterwards to resume it") -> None:
+    def __init__(
+        self,
+        prefix: Path,
+        tool: str = "data2rec",
+        path: Path | None = None,
+        resume_hint: str = "rerun this command afterwards to resume it",
+    ) -> None:
         self.path = path if path is not None else lock_path(prefix)
         self.output = prefix
         self.tool = tool
@@ -129,8 +136,11 @@ class OutputLock:
                         f"finish or stop it ({self.resume_hint}), or choose another --output"
                     ) from None
                 if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                    print(f"{self.tool}: warning: {self.path.parent} does not support file locks; make sure "
-                          "no other run writes to the same --output", file=sys.stderr)
+                    print(
+                        f"{self.tool}: warning: {self.path.parent} does not support file locks; make sure "
+                        "no other run writes to the same --output",
+                        file=sys.stderr,
+                    )
                     self._fd = None
                     return
                 raise
@@ -147,8 +157,13 @@ class OutputLock:
         previous = read_holder(self.path)
         if previous:
             self.took_over = previous
-        record = {"tool": self.tool, "pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3),
-                  "command": " ".join(sys.argv)[:500]}
+        record = {
+            "tool": self.tool,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": round(time.time(), 3),
+            "command": " ".join(sys.argv)[:500],
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         self._fd = fd

@@ -394,7 +394,9 @@ class MXRecordIO:
             f.write(chunk)
         self._pos += size
 
-    def write_parts(self, head: bytes, payload: bytes | memoryview, payload_magic: list[int] | None = None) -> None:
+    def write_parts(
+        self, head: bytes, payload: bytes | memoryview, payload_magic: list[int] | None = None
+    ) -> None:
         """Append the record `head + payload` without joining them (for a large payload the
         join is a copy of it). `head`'s length must be a multiple of 4, as pack_head's is.
         `payload_magic`: aligned_magic_offsets(payload), when the caller found them already (while

@@ -95,22 +95,27 @@ def _output_rest(machines: bool) -> str:
     machine = f"(?:{_MACHINE})?" if machines else ""
     side = "|".join(re.escape(s) for s in (REPORT, STATE, LOCK))
     shard = "|".join(re.escape(s[1:]) for s in SHARD_SUFFIXES)
-    return (rf"{machine}(?:{_NUMBER})?\.(?:{shard})(?:{re.escape(TMP_SUFFIX)})?"
-            rf"|{machine}(?:{side}|{re.escape(PROBE)})")
+    return (
+        rf"{machine}(?:{_NUMBER})?\.(?:{shard})(?:{re.escape(TMP_SUFFIX)})?"
+        rf"|{machine}(?:{side}|{re.escape(PROBE)})"
+    )
 
 
 def is_output_name(name: str, prefix: Path, machines: bool = True) -> bool:
     """True for a file name a run at `prefix` writes: its shards, their indexes, the side files and
     their temporaries; with `machines`, also those of every machine of a split of `prefix`."""
-    rest = name[len(prefix.name):]
+    rest = name[len(prefix.name) :]
     return name.startswith(prefix.name) and re.fullmatch(_output_rest(machines), rest) is not None
 
 
 def _files_named(prefix: Path, rest: str) -> list[Path]:
     """The files beside `prefix` named `prefix.name` followed by what the regex `rest` matches."""
     pattern = re.compile(rest)
-    found = (p for p in prefix.parent.glob(glob.escape(prefix.name) + "*")
-             if pattern.fullmatch(p.name[len(prefix.name):]))
+    found = (
+        p
+        for p in prefix.parent.glob(glob.escape(prefix.name) + "*")
+        if pattern.fullmatch(p.name[len(prefix.name) :])
+    )
     return sorted(p for p in found if p.is_file())
 
 
@@ -122,8 +127,9 @@ def _shard_rest(machines: bool, numbered_only: bool, suffixes: tuple[str, ...]) 
     return rf"{number}(?:{ends})"
 
 
-def output_shards(prefix: Path, *, machines: bool = False, numbered_only: bool = False,
-                  suffixes: tuple[str, ...] = (REC,)) -> list[Path]:
+def output_shards(
+    prefix: Path, *, machines: bool = False, numbered_only: bool = False, suffixes: tuple[str, ...] = (REC,)
+) -> list[Path]:
     """The finished shard files of the run at `prefix` that exist: `OUT.rec` and `OUT-NNNNN.rec`
     (`numbered_only`: the latter alone); with `machines`, those of every machine of a split too;
     `suffixes` picks `.rec` and/or `.idx` files."""

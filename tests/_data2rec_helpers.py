@@ -1,6 +1,5 @@
 """Small real inputs for the data2rec tests: images of every odd kind, hub parquet, tars, readers."""
 
-
 import io
 import struct
 import tarfile
@@ -95,15 +94,21 @@ def tokens_for(k: int, seed: int) -> np.ndarray:
     return out.reshape(-1)
 
 
-def write_hub_parquet(path: Path, rows: list[tuple[bytes | None, np.ndarray | None]], row_group_size: int = 4,
-                      struct_images: bool = True) -> None:
+def write_hub_parquet(
+    path: Path,
+    rows: list[tuple[bytes | None, np.ndarray | None]],
+    row_group_size: int = 4,
+    struct_images: bool = True,
+) -> None:
     """A parquet shard shaped like the hub's YFCC15M: images {bytes, path}, texts list<float32>."""
     images = [None if b is None else {"bytes": b, "path": None} for b, _ in rows]
     texts = [None if t is None else [float(v) for v in t] for _, t in rows]
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())]) if struct_images else pa.binary()
     if not struct_images:
         images = [None if i is None else i["bytes"] for i in images]
-    table = pa.table({"images": pa.array(images, image_type), "texts": pa.array(texts, pa.list_(pa.float32()))})
+    table = pa.table(
+        {"images": pa.array(images, image_type), "texts": pa.array(texts, pa.list_(pa.float32()))}
+    )
     pq.write_table(table, path, row_group_size=row_group_size)
 
 
@@ -123,4 +128,3 @@ def read_records(rec_paths: list[Path]) -> list[tuple[int, int, np.ndarray, byte
             header, payload = unpack(record)
             out.append((int(header.id), int(header.id2), np.array(header.label), payload))
     return out
-

@@ -6,7 +6,6 @@ paths (in the order the dataset lists them) and labels. Images are tiny (8x8); w
 needs many files, they are hard links of one file, so a tree of thousands costs nothing.
 """
 
-
 import io
 import json
 import os
@@ -21,8 +20,16 @@ from scipy.io import savemat
 from src.open_alip.model import create_model, get_model_config
 from src.recordio import IRHeader, MXIndexedRecordIO, pack
 
-MICRO = {"n_layer": 1, "image_depth": 1, "n_embd": 32, "image_embed_dims": 32, "dim_att": 32, "dim_ffn": 64,
-         "head_size": 16, "image_num_heads": 2}
+MICRO = {
+    "n_layer": 1,
+    "image_depth": 1,
+    "n_embd": 32,
+    "image_embed_dims": 32,
+    "dim_att": 32,
+    "dim_ffn": 64,
+    "head_size": 16,
+    "image_num_heads": 2,
+}
 
 
 def micro_model(seed: int = 0):
@@ -50,7 +57,11 @@ def write_food101(root: Path) -> tuple[list[Path], list[int]]:
     """101 classes (their names define the label order), images for three of them."""
     base = root / "food-101"
     # JSON order differs from the sorted class order: labels follow sorted names, items JSON order.
-    meta = {"waffles": ["waffles/11", "waffles/3"], "apple_pie": ["apple_pie/7"], "ramen": ["ramen/1", "ramen/2"]}
+    meta = {
+        "waffles": ["waffles/11", "waffles/3"],
+        "apple_pie": ["apple_pie/7"],
+        "ramen": ["ramen/1", "ramen/2"],
+    }
     meta.update({f"dish_{i:03d}": [] for i in range(98)})
     (base / "meta").mkdir(parents=True)
     (base / "meta" / "test.json").write_text(json.dumps(meta))
@@ -67,11 +78,21 @@ def write_food101(root: Path) -> tuple[list[Path], list[int]]:
 def write_cifar(root: Path, variant: str, labels: list[int], names: list[str] | None = None) -> list[int]:
     """The test batch and the class names (`names`, default c0, c1, ...) as CIFAR's pickles hold them."""
     if variant == "cifar10":
-        base, test, meta, names_key, labels_key = root / "cifar-10-batches-py", "test_batch", "batches.meta", \
-            b"label_names", b"labels"
+        base, test, meta, names_key, labels_key = (
+            root / "cifar-10-batches-py",
+            "test_batch",
+            "batches.meta",
+            b"label_names",
+            b"labels",
+        )
     else:
-        base, test, meta, names_key, labels_key = root / "cifar-100-python", "test", "meta", b"fine_label_names", \
-            b"fine_labels"
+        base, test, meta, names_key, labels_key = (
+            root / "cifar-100-python",
+            "test",
+            "meta",
+            b"fine_label_names",
+            b"fine_labels",
+        )
     count = 10 if variant == "cifar10" else 100
     names = [n.encode() for n in (names or [f"c{i}" for i in range(count)])]
     base.mkdir(parents=True)
@@ -91,7 +112,9 @@ def write_sun397(root: Path, per_class: int = 5, all_classes: bool = False) -> t
     `all_classes`: ClassName.txt lists 397 classes, the others without images."""
     base = root / "SUN397"
     base.mkdir(parents=True)
-    listed = SUN_CLASSES + ([f"/z/zz_scene_{i:03d}" for i in range(397 - len(SUN_CLASSES))] if all_classes else [])
+    listed = SUN_CLASSES + (
+        [f"/z/zz_scene_{i:03d}" for i in range(397 - len(SUN_CLASSES))] if all_classes else []
+    )
     (base / "ClassName.txt").write_text("".join(c + "\n" for c in listed))
     source = _image(root / "one.jpg")
     listing = []
@@ -120,8 +143,10 @@ def write_stanford_cars(root: Path) -> tuple[list[Path], list[int]]:
     (base / "devkit").mkdir(parents=True)
     names = [f"Car Model {i} 2012" for i in range(196)]
     savemat(base / "devkit" / "cars_meta.mat", {"class_names": np.array([names], dtype=object)})
-    rows = [{"bbox_x1": 1, "bbox_y1": 1, "bbox_x2": 5, "bbox_y2": 5, "class": c, "fname": f"{n:05d}.jpg"}
-            for n, c in [(3, 196), (1, 1), (2, 17)]]
+    rows = [
+        {"bbox_x1": 1, "bbox_y1": 1, "bbox_x2": 5, "bbox_y2": 5, "class": c, "fname": f"{n:05d}.jpg"}
+        for n, c in [(3, 196), (1, 1), (2, 17)]
+    ]
     savemat(base / "cars_test_annos_withlabels.mat", {"annotations": _mat_struct(rows)})
     paths = [_image(base / "cars_test" / r["fname"]) for r in rows]
     return paths, [r["class"] - 1 for r in rows]
@@ -168,7 +193,10 @@ def write_pets(root: Path, every_breed: bool = False) -> tuple[list[Path], list[
     (base / "annotations").mkdir(parents=True)
     lines = [("Abyssinian_201", 1, 1, 1), ("yorkshire_terrier_9", 37, 2, 25), ("Bengal_3", 6, 1, 2)]
     if every_breed:
-        lines = [(f"{breed}_{7 + i}", i + 1, 1 if breed[0].isupper() else 2, 1) for i, breed in enumerate(PET_BREEDS)]
+        lines = [
+            (f"{breed}_{7 + i}", i + 1, 1 if breed[0].isupper() else 2, 1)
+            for i, breed in enumerate(PET_BREEDS)
+        ]
     (base / "annotations" / "test.txt").write_text("".join(f"{a} {b} {c} {d}\n" for a, b, c, d in lines))
     paths = [_image(base / "images" / f"{a}.jpg") for a, *_ in lines]
     return paths, [b - 1 for _, b, _, _ in lines]
@@ -180,8 +208,14 @@ def write_flowers(root: Path) -> tuple[list[Path], list[int]]:
     per_image = [5, 102, 1, 77, 1, 40]  # imagelabels.mat: class (1..102) of image 1..6
     savemat(base / "imagelabels.mat", {"labels": np.array([per_image], dtype=np.uint8)})
     test_ids = [4, 2, 6]
-    savemat(base / "setid.mat", {"trnid": np.array([[1]], np.uint16), "valid": np.array([[3]], np.uint16),
-                                 "tstid": np.array([test_ids], np.uint16)})
+    savemat(
+        base / "setid.mat",
+        {
+            "trnid": np.array([[1]], np.uint16),
+            "valid": np.array([[3]], np.uint16),
+            "tstid": np.array([test_ids], np.uint16),
+        },
+    )
     paths = [_image(base / "jpg" / f"image_{i:05d}.jpg") for i in test_ids]
     return paths, [per_image[i - 1] - 1 for i in test_ids]
 
@@ -205,7 +239,10 @@ def write_caltech101(root: Path, total: int = 8677) -> list[tuple[Path, int]]:
     folder; returns torchvision's listing: (path, label), class-major, image_0001 first."""
     base = root / "caltech101" / "101_ObjectCategories"
     source = _image(root / "one.jpg")
-    counts = [total // len(CALTECH_CLASSES) + (i < total % len(CALTECH_CLASSES)) for i in range(len(CALTECH_CLASSES))]
+    counts = [
+        total // len(CALTECH_CLASSES) + (i < total % len(CALTECH_CLASSES))
+        for i in range(len(CALTECH_CLASSES))
+    ]
     listing = []
     for label, (cls, count) in enumerate(zip(CALTECH_CLASSES, counts)):
         (base / cls).mkdir(parents=True)
@@ -246,7 +283,11 @@ def write_probe_splits(root: Path, name: str) -> dict[str, tuple[list, list[int]
     or for CIFAR the number of images."""
     if name in ("cifar10", "cifar100"):
         if name == "cifar10":
-            base, files, key = root / "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], b"labels"
+            base, files, key = (
+                root / "cifar-10-batches-py",
+                [f"data_batch_{i}" for i in range(1, 6)],
+                b"labels",
+            )
         else:
             base, files, key = root / "cifar-100-python", ["train"], b"fine_labels"
         labels = []
@@ -263,39 +304,67 @@ def write_probe_splits(root: Path, name: str) -> dict[str, tuple[list, list[int]
         (base / "meta" / "train.json").write_text(json.dumps(train))
         index = {c: i for i, c in enumerate(sorted(meta))}
         items = [(item, index[c]) for c, items in train.items() for item in items]
-        return {"train": ([_image(base / "images" / f"{i}.jpg") for i, _ in items], [lab for _, lab in items])}
+        return {
+            "train": ([_image(base / "images" / f"{i}.jpg") for i, _ in items], [lab for _, lab in items])
+        }
     if name == "pets":
         base = root / "oxford-iiit-pet"
         lines = [("Bengal_8", 6, 1, 2), ("Abyssinian_3", 1, 1, 1)]
-        (base / "annotations" / "trainval.txt").write_text("".join(f"{a} {b} {c} {d}\n" for a, b, c, d in lines))
-        return {"train": ([_image(base / "images" / f"{a}.jpg") for a, *_ in lines], [b - 1 for _, b, _, _ in lines])}
+        (base / "annotations" / "trainval.txt").write_text(
+            "".join(f"{a} {b} {c} {d}\n" for a, b, c, d in lines)
+        )
+        return {
+            "train": (
+                [_image(base / "images" / f"{a}.jpg") for a, *_ in lines],
+                [b - 1 for _, b, _, _ in lines],
+            )
+        }
     if name == "flowers":
         base = root / "flowers-102"  # write_flowers's setid.mat: trnid [1], valid [3]; labels 5 and 1
-        return {"train": ([_image(base / "jpg" / "image_00001.jpg")], [4]),
-                "val": ([_image(base / "jpg" / "image_00003.jpg")], [0])}
+        return {
+            "train": ([_image(base / "jpg" / "image_00001.jpg")], [4]),
+            "val": ([_image(base / "jpg" / "image_00003.jpg")], [0]),
+        }
     if name == "stanford_car":
         base = root / "stanford_cars"
-        rows = [{"bbox_x1": 1, "bbox_y1": 1, "bbox_x2": 5, "bbox_y2": 5, "class": c, "fname": f"{n:05d}.jpg"}
-                for n, c in [(8, 2), (9, 196)]]
+        rows = [
+            {"bbox_x1": 1, "bbox_y1": 1, "bbox_x2": 5, "bbox_y2": 5, "class": c, "fname": f"{n:05d}.jpg"}
+            for n, c in [(8, 2), (9, 196)]
+        ]
         savemat(base / "devkit" / "cars_train_annos.mat", {"annotations": _mat_struct(rows)})
-        return {"train": ([_image(base / "cars_train" / r["fname"]) for r in rows], [r["class"] - 1 for r in rows])}
+        return {
+            "train": (
+                [_image(base / "cars_train" / r["fname"]) for r in rows],
+                [r["class"] - 1 for r in rows],
+            )
+        }
     if name == "dtd":
         data = root / "dtd" / "dtd"
         classes = sorted(line.split("/")[0] for line in (data / "labels" / "test1.txt").read_text().split())
         out = {}
-        for split, lines in (("train", ["lined/lined_0002.jpg", "banded/banded_0001.jpg"]),
-                             ("val", ["zigzagged/zigzagged_0003.jpg"])):
+        for split, lines in (
+            ("train", ["lined/lined_0002.jpg", "banded/banded_0001.jpg"]),
+            ("val", ["zigzagged/zigzagged_0003.jpg"]),
+        ):
             (data / "labels" / f"{split}1.txt").write_text("\n".join(lines) + "\n")
-            out[split] = ([_image(data / "images" / line) for line in lines],
-                          [classes.index(line.split("/")[0]) for line in lines])
+            out[split] = (
+                [_image(data / "images" / line) for line in lines],
+                [classes.index(line.split("/")[0]) for line in lines],
+            )
         return out
     if name == "aircraft":
         data = root / "fgvc-aircraft-2013b" / "data"
         variants = (data / "variants.txt").read_text().splitlines()
         out = {}
-        for split, lines in (("train", [("0001111", "DHC-1"), ("0002222", "V-3")]), ("val", [("0003333", "V-0")])):
+        for split, lines in (
+            ("train", [("0001111", "DHC-1"), ("0002222", "V-3")]),
+            ("val", [("0003333", "V-0")]),
+        ):
             (data / f"images_variant_{split}.txt").write_text("".join(f"{i} {v}\n" for i, v in lines))
-            out[split] = ([_image(data / "images" / f"{i}.jpg") for i, _ in lines], [variants.index(v) for _, v in lines])
+            out[split] = (
+                [_image(data / "images" / f"{i}.jpg") for i, _ in lines],
+                [variants.index(v) for _, v in lines],
+            )
         return out
     raise ValueError(f"no split writer for {name}")
 
@@ -313,8 +382,14 @@ def write_imagenet_train(root: Path, labelled: dict[int, int]) -> tuple[list[Pat
     return paths, labels
 
 
-def write_own_splits(root: Path, colours: list[tuple[int, int, int]], counts: dict[str, int],
-                     noise: float = 10.0, seed: int = 0, size: int = 16) -> Path:
+def write_own_splits(
+    root: Path,
+    colours: list[tuple[int, int, int]],
+    counts: dict[str, int],
+    noise: float = 10.0,
+    seed: int = 0,
+    size: int = 16,
+) -> Path:
     """A dataset of your own: root/<split>/class<k>/<i>.png, `counts[split]` noisy images of each
     colour (one class per colour)."""
     rng = np.random.default_rng(seed)

@@ -112,8 +112,9 @@ def _first_bytes(chunks: Iterator[bytes], n: int) -> Iterator[bytes]:
         yield chunk
 
 
-def serve_with_faults(root: str | Path, repo_id: str, faults: Faults, repo_type: str = "dataset",
-                      **kwargs) -> HubServer:
+def serve_with_faults(
+    root: str | Path, repo_id: str, faults: Faults, repo_type: str = "dataset", **kwargs
+) -> HubServer:
     """`serve_in_background` whose requests go through `faults`."""
     handler = type("BoundFaultyHandler", (FaultyHandler,), {"faults": faults})
     return serve_in_background(root, repo_id, repo_type, handler=handler, **kwargs)

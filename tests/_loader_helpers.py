@@ -7,7 +7,6 @@ directly, as another tool would, without data2rec's checks: that is how damaged
 images reach a loader.
 """
 
-
 from collections.abc import Mapping
 from pathlib import Path
 

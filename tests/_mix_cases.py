@@ -74,8 +74,9 @@ def check_case(shape: tuple[int, int, int, int, bool], seed: int) -> dict:
     def fused(a, b, *rest):
         return fused_mixes(a, b, list(rest[:mixes]), rest[mixes] if with_m else None)
 
-    ref_out, ref_grads = _grads(lambda *t: _reference(*t, mixes=mixes),
-                                [t.double().requires_grad_() for t in given], weights)
+    ref_out, ref_grads = _grads(
+        lambda *t: _reference(*t, mixes=mixes), [t.double().requires_grad_() for t in given], weights
+    )
     out, grads = _grads(fused, [t.clone().requires_grad_() for t in given], weights)
     result = {f"out{j}": _error(o, r) for j, (o, r) in enumerate(zip(out, ref_out))}
     names = ["a", "b", *(f"coef{j}" for j in range(mixes)), *(["m"] if with_m else [])]
@@ -86,8 +87,9 @@ def check_case(shape: tuple[int, int, int, int, bool], seed: int) -> dict:
         low = fused(*given)
     result["autocast"] = {
         "dtype": str(low[0].dtype),
-        "max_abs_diff_from_rounded_f32": max(float((lo.float() - o.to(BF16).float()).abs().max())
-                                             for lo, o in zip(low, out)),
+        "max_abs_diff_from_rounded_f32": max(
+            float((lo.float() - o.to(BF16).float()).abs().max()) for lo, o in zip(low, out)
+        ),
     }
     # The coefficients' gradients are summed in a fixed order: the same bits on every run.
     _, again = _grads(fused, [t.clone().requires_grad_() for t in given], weights)
@@ -116,7 +118,9 @@ def _model_grads(model: torch.nn.Module, images, tokens, autocast: bool) -> list
     loss = (image.double() * torch.randn(image.shape, generator=g, dtype=F64)).sum()
     loss = loss + (text.double() * torch.randn(text.shape, generator=g, dtype=F64)).sum()
     loss.backward()
-    return [image.detach().double(), text.detach().double()] + [p.grad.double() for p in model.parameters() if p.grad is not None]
+    return [image.detach().double(), text.detach().double()] + [
+        p.grad.double() for p in model.parameters() if p.grad is not None
+    ]
 
 
 def check_model() -> dict:
@@ -142,13 +146,20 @@ def check_model() -> dict:
     return {
         "tensors": len(eager32),
         "float32_fused_vs_eager_max": max(relative(fused32, eager32)),
-        "bf16_eager_vs_float64": {"median": median(relative(eager16, exact)), "max": max(relative(eager16, exact))},
-        "bf16_fused_vs_float64": {"median": median(relative(fused16, exact)), "max": max(relative(fused16, exact))},
+        "bf16_eager_vs_float64": {
+            "median": median(relative(eager16, exact)),
+            "max": max(relative(eager16, exact)),
+        },
+        "bf16_fused_vs_float64": {
+            "median": median(relative(fused16, exact)),
+            "max": max(relative(fused16, exact)),
+        },
     }
 
 
-def block_outputs(block: torch.nn.Module, x: torch.Tensor, compiled: bool,
-                  autocast: torch.dtype | None = None) -> list[torch.Tensor]:
+def block_outputs(
+    block: torch.nn.Module, x: torch.Tensor, compiled: bool, autocast: torch.dtype | None = None
+) -> list[torch.Tensor]:
     """A copy of the image `block` run on x (a 2 x 2 patch grid), eagerly or compiled with aot_eager
     in one graph, under autocast to `autocast` if given: its output (in float32), the input's
     gradient and every parameter gradient, from a fixed function of the output."""
@@ -165,7 +176,9 @@ def check_compile() -> dict:
     """One image block (its time mix's two mix sites and its channel mix) with fused mixes, float32,
     compiled with aot_eager in one graph (each op stays one opaque node), against the same block eager:
     output and every gradient. (In bf16, aot_eager's decompositions of the other ops round differently.)"""
-    block = live_tiny(n_layer=1, image_depth=1, input_size=16, image_num_heads=1, head_size=64).image_model.layers[0]
+    block = live_tiny(
+        n_layer=1, image_depth=1, input_size=16, image_num_heads=1, head_size=64
+    ).image_model.layers[0]
     for module in block.modules():
         if hasattr(module, "mix_impl"):
             module.mix_impl = "triton"

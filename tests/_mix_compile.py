@@ -30,11 +30,23 @@ def main() -> int:
         constants = {"K": mixes, "HAS_M": has_m} | blocks
         mixes_bf16 = {f"out{j}": "bf16" for j in range(5)}
         forward = _pointers(a="fp32", b="fp32", coef="fp32", m="bf16", **mixes_bf16)
-        backward = _pointers(**{f"g{j}": "bf16" for j in range(5)}, a="fp32", b="fp32", coef="fp32", m="bf16",
-                             da="fp32", db="fp32", dm="bf16", dcoef="fp32")
+        backward = _pointers(
+            **{f"g{j}": "bf16" for j in range(5)},
+            a="fp32",
+            b="fp32",
+            coef="fp32",
+            m="bf16",
+            da="fp32",
+            db="fp32",
+            dm="bf16",
+            dcoef="fp32",
+        )
         report[f"forward_K{mixes}"] = resources(kernels.mix_forward_kernel, forward, constants, mix.NUM_WARPS)
         report[f"backward_K{mixes}"] = resources(
-            kernels.mix_backward_kernel, backward, constants | {"K_PAD": 1 << (mixes - 1).bit_length()}, mix.NUM_WARPS
+            kernels.mix_backward_kernel,
+            backward,
+            constants | {"K_PAD": 1 << (mixes - 1).bit_length()},
+            mix.NUM_WARPS,
         )
     print(json.dumps(report))
     return 0

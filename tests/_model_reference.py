@@ -5,7 +5,6 @@ state_dict, explicit loops over positions and heads, einsum over the formulas. I
 slow and only meant for tiny configs.
 """
 
-
 import math
 
 import torch

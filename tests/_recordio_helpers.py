@@ -1,7 +1,6 @@
 """Shared pieces of the RecordIO tests: test records and the script that drives real MXNet 1.9.1
 as the format oracle (the spec-literal encoder is benchmarks/oracles.py's)."""
 
-
 import json
 
 import numpy as np

@@ -5,7 +5,6 @@ module as `tests._train_helpers` (spawned children inherit the parent's import p
 `pythonpath` setting starts at the repository root).
 """
 
-
 import math
 import os
 import socket
@@ -26,7 +25,9 @@ class ToyClip(nn.Module):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
-        self.image = nn.Sequential(nn.Flatten(), nn.Linear(3 * SIDE * SIDE, 16), nn.Tanh(), nn.Linear(16, DIM))
+        self.image = nn.Sequential(
+            nn.Flatten(), nn.Linear(3 * SIDE * SIDE, 16), nn.Tanh(), nn.Linear(16, DIM)
+        )
         self.text = nn.Embedding(VOCAB, DIM)
         self.drop = nn.Dropout(0.25)  # exercises the RNG replay of gradient accumulation
         with torch.no_grad():
@@ -57,8 +58,12 @@ def free_port() -> int:
 def set_torchrun_env(rank: int, world_size: int, port: int) -> None:
     """What torchrun exports for each worker, so init_distributed() is tested as used."""
     os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
 
 
@@ -75,8 +80,13 @@ def grads_of(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def run_ranks(module: str, args: list[str], world_size: int = 2, timeout: float = 240.0,
-              env: dict[str, str] | None = None) -> list[tuple[int, str, str]]:
+def run_ranks(
+    module: str,
+    args: list[str],
+    world_size: int = 2,
+    timeout: float = 240.0,
+    env: dict[str, str] | None = None,
+) -> list[tuple[int, str, str]]:
     """`python -m module *args` as `world_size` ranks of one gloo group, torchrun-style variables
     set for each; (exit code, stdout, stderr) per rank. Ranks that outlive `timeout` (a hang:
     ranks waiting in different collectives) are killed and the test fails saying so."""
@@ -88,11 +98,28 @@ def run_ranks(module: str, args: list[str], world_size: int = 2, timeout: float 
     port = free_port()
     procs = []
     for rank in range(world_size):
-        rank_env = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-                    "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-                    "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=rank_env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        rank_env = {
+            **os.environ,
+            **(env or {}),
+            "PYTHONPATH": str(REPO),
+            "OMP_NUM_THREADS": "1",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", module, *args],
+                cwd=REPO,
+                env=rank_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     results = []
     try:
         for proc in procs:
@@ -101,6 +128,10 @@ def run_ranks(module: str, args: list[str], world_size: int = 2, timeout: float 
     except subprocess.TimeoutExpired:
         for proc in procs:
             proc.kill()
-        tails = [err[-1500:] for _, _, err in results] + [p.communicate()[1][-1500:] for p in procs[len(results):]]
-        raise AssertionError(f"the ranks did not finish in {timeout:g} s (a hang); stderr tails: {tails}") from None
+        tails = [err[-1500:] for _, _, err in results] + [
+            p.communicate()[1][-1500:] for p in procs[len(results) :]
+        ]
+        raise AssertionError(
+            f"the ranks did not finish in {timeout:g} s (a hang); stderr tails: {tails}"
+        ) from None
     return results

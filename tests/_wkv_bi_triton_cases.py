@@ -90,8 +90,11 @@ def check_compile() -> dict:
     autocast, compiled with aot_eager in one graph, against the same block eager and eager on
     "chunked": output, input gradient and every parameter gradient. (One block, not the model:
     the same op in the same graph, for a fifth of the tracing.)"""
-    block = live_tiny(n_layer=1, image_depth=1, ctx_len=8, input_size=16, image_num_heads=1,
-                      head_size=64).image_model.layers[0].train()
+    block = (
+        live_tiny(n_layer=1, image_depth=1, ctx_len=8, input_size=16, image_num_heads=1, head_size=64)
+        .image_model.layers[0]
+        .train()
+    )
     x = torch.randn(2, 4, block.ln1.normalized_shape[0], generator=torch.Generator().manual_seed(1))
 
     def step(impl: str, compiled: bool) -> list[torch.Tensor]:

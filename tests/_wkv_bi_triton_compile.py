@@ -17,7 +17,9 @@ import sys
 from benchmarks import kernel_static
 
 
-def resources(kernel, signature: dict[str, str], constants: dict[str, object], num_warps: int) -> dict[str, int]:
+def resources(
+    kernel, signature: dict[str, str], constants: dict[str, object], num_warps: int
+) -> dict[str, int]:
     """Registers and spill bytes of `kernel` compiled for sm_90 (tests/_mix_compile.py uses it)."""
     arguments = {name: (kind, None) for name, kind in signature.items()}
     arguments |= {name: ("constexpr", value) for name, value in constants.items()}
@@ -33,8 +35,18 @@ def main() -> int:
             continue
         for launch in kernel_static.bi_triton_launches(tower):
             row = kernel_static.measure(launch).to_json()
-            report[launch.kernel] = {key: row[key] for key in (
-                "registers", "spills", "blocks_per_sm", "barriers_per_step", "programs", "waves", "est_ms")}
+            report[launch.kernel] = {
+                key: row[key]
+                for key in (
+                    "registers",
+                    "spills",
+                    "blocks_per_sm",
+                    "barriers_per_step",
+                    "programs",
+                    "waves",
+                    "est_ms",
+                )
+            }
     print(json.dumps(report))
     return 0
 

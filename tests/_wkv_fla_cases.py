@@ -105,7 +105,9 @@ def check_case(
     results count.
     """
     inputs = [t.to(dtype) for t, dtype in zip(make_inputs(*shape, seed=seed), dtypes)]
-    weight = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    weight = torch.randn(
+        inputs[0].shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64
+    )
     got = forward_and_gradients(lambda *a: wkv(*a, impl=impl), inputs, weight)
     want = forward_and_gradients(wkv_reference, [t.double() for t in inputs], weight)
     result = {name: error(g, w) for name, g, w in zip(("y", *GRADIENTS), got, want)}
@@ -154,7 +156,9 @@ def check_compile() -> dict:
     chunked = _run_time_mix(module, module, x)
     return {
         "compiled_vs_eager": max((a - b).abs().max().item() for a, b in zip(compiled, eager)),
-        "compiled_vs_chunked": max((a - b).abs().max().item() / b.abs().max().item() for a, b in zip(compiled, chunked)),
+        "compiled_vs_chunked": max(
+            (a - b).abs().max().item() / b.abs().max().item() for a, b in zip(compiled, chunked)
+        ),
         "tensors": len(eager),
     }
 

@@ -1,6 +1,5 @@
 """The caption record (src/caption_record.py): the one rule for valid caption tokens, and pack/unpack."""
 
-
 import numpy as np
 import pytest
 
@@ -52,15 +51,35 @@ REFUSED = [
     (with_value(4, -1), "outside 0..49407 (min -1"),
     (without_start_tokens(CAT), "caption block 1 of 1 begins with 320, not the start token 49406"),
     (np.concatenate([CAT, without_start_tokens(CAT)]), "caption block 2 of 2 begins with 320"),
-    (np.concatenate([CAT, np.where(np.arange(CONTEXT_LENGTH) == 5, 320, 0).astype(np.float32)]),
-     "caption block 2 of 2 begins with 0, not the start token"),  # padding must be all zeros
+    (
+        np.concatenate([CAT, np.where(np.arange(CONTEXT_LENGTH) == 5, 320, 0).astype(np.float32)]),
+        "caption block 2 of 2 begins with 0, not the start token",
+    ),  # padding must be all zeros
     (np.concatenate([ZERO, ZERO]), "all 2 caption blocks are empty"),
 ]
 
 
-@pytest.mark.parametrize("label, fragment", REFUSED, ids=[
-    "scalar", "empty", "short", "not-whole-blocks", "nan", "nan-first", "inf", "minus-inf", "fraction",
-    "vocab-size", "negative", "no-start-token", "second-without-start-token", "padding-not-zero", "all-zero"])
+@pytest.mark.parametrize(
+    "label, fragment",
+    REFUSED,
+    ids=[
+        "scalar",
+        "empty",
+        "short",
+        "not-whole-blocks",
+        "nan",
+        "nan-first",
+        "inf",
+        "minus-inf",
+        "fraction",
+        "vocab-size",
+        "negative",
+        "no-start-token",
+        "second-without-start-token",
+        "padding-not-zero",
+        "all-zero",
+    ],
+)
 def test_the_rule_refuses_with_a_one_line_reason(label, fragment):
     with pytest.raises(InvalidCaptions) as info:
         check_captions(label)
@@ -83,7 +102,11 @@ def test_the_rule_accepts_what_the_tokenizer_writes_and_padding():
 
 def test_the_constants_are_the_models():
     assert (CONTEXT_LENGTH, SOT_TOKEN, EOT_TOKEN, VOCAB_SIZE) == (
-        constants.CONTEXT_LENGTH, constants.SOT_TOKEN, constants.EOT_TOKEN, constants.VOCAB_SIZE)
+        constants.CONTEXT_LENGTH,
+        constants.SOT_TOKEN,
+        constants.EOT_TOKEN,
+        constants.VOCAB_SIZE,
+    )
     assert caption_record.CONTEXT_LENGTH is constants.CONTEXT_LENGTH
 
 

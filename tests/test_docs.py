@@ -32,22 +32,55 @@ FOREIGN = {
     "docs/evaluation.md": {"metric_mean_per_class_accuracy", "text_image_retrieval.py"},  # the original's
     "docs/gpu.md": {"GLOO_SOCKET_IFNAME"},  # an environment variable gloo reads
     # open_clip's, which we lack
-    "docs/model.md": {"VisionTransformer", "output_dim", "logit_bias", "forward_intermediates",
-                      "no_weight_decay", "text_projection", "visual.proj", "vision_cfg", "text_cfg"},
+    "docs/model.md": {
+        "VisionTransformer",
+        "output_dim",
+        "logit_bias",
+        "forward_intermediates",
+        "no_weight_decay",
+        "text_projection",
+        "visual.proj",
+        "vision_cfg",
+        "text_cfg",
+    },
 }
 _PLACEHOLDER = re.compile(r"<|\{|NNNNN|\.\.\.")
 _IDENT = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _CODE_SUFFIXES = (".py", ".sh")
 # A dotted name ending so is a data file's name (`coco_test_karpathy.json`), not code.
-_FILE_SUFFIXES = (".json", ".jsonl", ".txt", ".csv", ".tsv", ".log", ".mat", ".npy", ".pt", ".safetensors",
-                  ".png", ".jpg", ".md", ".toml", ".gz", ".tar", ".parquet", ".rec", ".idx")
+_FILE_SUFFIXES = (
+    ".json",
+    ".jsonl",
+    ".txt",
+    ".csv",
+    ".tsv",
+    ".log",
+    ".mat",
+    ".npy",
+    ".pt",
+    ".safetensors",
+    ".png",
+    ".jpg",
+    ".md",
+    ".toml",
+    ".gz",
+    ".tar",
+    ".parquet",
+    ".rec",
+    ".idx",
+)
 
 
 @cache
 def _tracked() -> tuple[str, ...]:
     # Files not yet added count too (a doc and the file it names may come in one commit).
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return tuple(p for p in out.splitlines() if (REPO / p).exists())
 
 
@@ -116,8 +149,12 @@ def _names_in(path: str, name: str) -> bool:
 
 def _is_repo_path(span: str) -> bool:
     top = span.split("/", 1)[0]
-    return ("/" in span and top in _tracked_dirs() and not re.search(r"[\s:]", span)
-            and not _PLACEHOLDER.search(span))
+    return (
+        "/" in span
+        and top in _tracked_dirs()
+        and not re.search(r"[\s:]", span)
+        and not _PLACEHOLDER.search(span)
+    )
 
 
 def _path_exists(span: str) -> bool:
@@ -146,9 +183,11 @@ def _blocks(text: str) -> list[str]:
 def _problems(doc: str) -> list[str]:
     foreign = FOREIGN.get(doc, set())
     problems = []
-    tied = [re.compile(rf"`(?P<file>[\w/.-]+\.py):(?P<name>{_IDENT})(?:\(\))?`"),
-            re.compile(rf"`(?P<name>{_IDENT})(?:\(\))?` in `(?P<file>[\w/.-]+\.py)`"),
-            re.compile(rf"`(?P<file>[\w/.-]+\.py)`(?:'s)? \(`(?P<name>{_IDENT})(?:\(\))?`")]
+    tied = [
+        re.compile(rf"`(?P<file>[\w/.-]+\.py):(?P<name>{_IDENT})(?:\(\))?`"),
+        re.compile(rf"`(?P<name>{_IDENT})(?:\(\))?` in `(?P<file>[\w/.-]+\.py)`"),
+        re.compile(rf"`(?P<file>[\w/.-]+\.py)`(?:'s)? \(`(?P<name>{_IDENT})(?:\(\))?`"),
+    ]
     for block in _blocks((REPO / doc).read_text(encoding="utf-8")):
         spans = re.findall(r"`([^`]+)`", block)
         folder = spans[0] if spans and spans[0].endswith("/") and _is_repo_path(spans[0]) else None
@@ -160,8 +199,9 @@ def _problems(doc: str) -> list[str]:
                     problems.append(f"{doc}: `{span}` is no file or folder of the repository")
             elif re.fullmatch(r"[\w.-]+(\.py|\.sh)", span):
                 # Under the item's folder, or a command at the root (`dali.py`).
-                if span not in _tracked() and not any(p.startswith(folder or "") and Path(p).name == span
-                                                      for p in _tracked()):
+                if span not in _tracked() and not any(
+                    p.startswith(folder or "") and Path(p).name == span for p in _tracked()
+                ):
                     problems.append(f"{doc}: `{span}` is no file" + (f" under {folder}" if folder else ""))
             elif re.fullmatch(rf"{_IDENT}(\(\))?", span):
                 name = span.removesuffix("()")
@@ -179,8 +219,11 @@ def _problems(doc: str) -> list[str]:
                 file, name = m["file"], m["name"]
                 if name.endswith(_CODE_SUFFIXES):
                     continue
-                files = [p for p in _tracked() if p == file or (folder and p == folder + file)
-                         or p.endswith("/" + file)]
+                files = [
+                    p
+                    for p in _tracked()
+                    if p == file or (folder and p == folder + file) or p.endswith("/" + file)
+                ]
                 if not any(_names_in(f, name) for f in files):
                     problems.append(f"{doc}: `{name}` is not defined in {file}")
     return problems
@@ -195,24 +238,31 @@ def test_the_check_finds_a_stale_name(tmp_path):
     """The test above fails on the names that drifted before it existed (an absolute path is read
     as it is: `REPO / path` is `path`)."""
     stale = tmp_path / "stale.md"
-    stale.write_text("- **The record layout**: written by `src/convert/writer.py` (`pack_record`), read by\n"
-                     "  `dataloaders/base.py:select_captions`; `src/inputs.py`, `read_manifest` are gone.\n"
-                     "- `src/training/`: the schedules (`schedule.py`, `nowhere.py`).\n")
+    stale.write_text(
+        "- **The record layout**: written by `src/convert/writer.py` (`pack_record`), read by\n"
+        "  `dataloaders/base.py:select_captions`; `src/inputs.py`, `read_manifest` are gone.\n"
+        "- `src/training/`: the schedules (`schedule.py`, `nowhere.py`).\n"
+    )
     doc = str(stale)
-    assert sorted(_problems(doc)) == sorted([
-        f"{doc}: `pack_record` is named nowhere in the code",
-        f"{doc}: `pack_record` is not defined in src/convert/writer.py",
-        f"{doc}: `src/inputs.py` is no file or folder of the repository",
-        f"{doc}: `read_manifest` is named nowhere in the code",
-        f"{doc}: `nowhere.py` is no file under src/training/",
-    ])
+    assert sorted(_problems(doc)) == sorted(
+        [
+            f"{doc}: `pack_record` is named nowhere in the code",
+            f"{doc}: `pack_record` is not defined in src/convert/writer.py",
+            f"{doc}: `src/inputs.py` is no file or folder of the repository",
+            f"{doc}: `read_manifest` is named nowhere in the code",
+            f"{doc}: `nowhere.py` is no file under src/training/",
+        ]
+    )
 
 
 def test_the_architecture_names_every_room():
     """docs/architecture.md names each module of src/ and dataloaders/ (src/lock.py once went unnamed)."""
     text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
-    rooms = {p for p in _tracked()
-             if re.fullmatch(r"(src|dataloaders)/[^/]+\.py", p) and not p.endswith("__init__.py")}
+    rooms = {
+        p
+        for p in _tracked()
+        if re.fullmatch(r"(src|dataloaders)/[^/]+\.py", p) and not p.endswith("__init__.py")
+    }
     rooms |= {f"src/{d.split('/')[1]}/" for d in _tracked_dirs() if re.fullmatch(r"src/[^/]+", d)}
     unnamed = sorted(r for r in rooms if f"`{r}`" not in text and f"`{Path(r).name}`" not in text)
     assert not unnamed, f"docs/architecture.md does not name: {unnamed}"

@@ -10,16 +10,35 @@ from tests._repo import REPO
 
 # Floor of each project package or module, by dotted prefix (longest prefix wins).
 FLOORS = {
-    "src.open_alip": 1, "src.recordio": 1, "src.caption_record": 1,
-    "src.errors": 1, "src.fsutil": 1, "src.devices": 1, "src.jpeg": 1, "src.install": 1,
-    "src.lock": 1, "src.shard_names": 1, "src.figures": 1,
-    "dataloaders": 2, "src.perf": 2,
-    "src.convert": 3, "src.training": 3, "src.evaluation": 3,
+    "src.open_alip": 1,
+    "src.recordio": 1,
+    "src.caption_record": 1,
+    "src.errors": 1,
+    "src.fsutil": 1,
+    "src.devices": 1,
+    "src.jpeg": 1,
+    "src.install": 1,
+    "src.lock": 1,
+    "src.shard_names": 1,
+    "src.figures": 1,
+    "dataloaders": 2,
+    "src.perf": 2,
+    "src.convert": 3,
+    "src.training": 3,
+    "src.evaluation": 3,
     "src.demo": 4,  # runs every stage, as the CLIs do
 }
 # Floor-1 neighbours that docs/architecture.md allows to use each other.
-FLOOR1_ALLOWED = {"src.errors", "src.fsutil", "src.devices", "src.recordio", "src.open_alip.constants",
-                  "src.open_alip.hashes", "src.jpeg", "src.shard_names"}
+FLOOR1_ALLOWED = {
+    "src.errors",
+    "src.fsutil",
+    "src.devices",
+    "src.recordio",
+    "src.open_alip.constants",
+    "src.open_alip.hashes",
+    "src.jpeg",
+    "src.shard_names",
+}
 PACKAGES = ("src", "dataloaders")
 
 
@@ -45,9 +64,14 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     out: set[str] = set()
     tree = ast.parse(path.read_text(encoding="utf-8"))
     # Imports only a type checker follows (`if TYPE_CHECKING:`) never run, so they make no cycle.
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                   and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
-                   for stmt in block.body for n in ast.walk(stmt)}
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If)
+        and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
@@ -100,15 +124,22 @@ def test_imports_point_down_only():
                 continue
             if there > here:
                 wrong.append(f"{name} -> {dep} (floor {here} imports floor {there})")
-            elif there == here and not (here == 1 and any(dep == a or dep.startswith(a + ".") for a in FLOOR1_ALLOWED)):
+            elif there == here and not (
+                here == 1 and any(dep == a or dep.startswith(a + ".") for a in FLOOR1_ALLOWED)
+            ):
                 wrong.append(f"{name} -> {dep} (a package beside it on floor {here})")
     assert not wrong, "\n".join(sorted(wrong))
 
 
 def test_the_library_imports_only_itself():
     # It is installed alone (pyproject.toml): anything else of the project is missing there.
-    outside = sorted(f"{name} -> {dep}" for name, deps in _graph().items() if name.startswith("src.open_alip")
-                     for dep in deps if not dep.startswith("src.open_alip"))
+    outside = sorted(
+        f"{name} -> {dep}"
+        for name, deps in _graph().items()
+        if name.startswith("src.open_alip")
+        for dep in deps
+        if not dep.startswith("src.open_alip")
+    )
     assert not outside, "\n".join(outside)
 
 
@@ -123,7 +154,7 @@ def test_no_import_cycles():
         stack.append(node)
         for dep in sorted(graph.get(node, ())):
             if state.get(dep) == 1:
-                cycles.append(stack[stack.index(dep):] + [dep])
+                cycles.append(stack[stack.index(dep) :] + [dep])
             elif dep not in state:
                 visit(dep)
         stack.pop()
@@ -134,5 +165,7 @@ def test_no_import_cycles():
             visit(node)
     # A package's __init__ re-exporting its modules, which import siblings through the package, is
     # not a cycle of behaviour; only cycles between distinct modules count.
-    real = [c for c in cycles if not any(a.startswith(b + ".") or b.startswith(a + ".") for a, b in zip(c, c[1:]))]
+    real = [
+        c for c in cycles if not any(a.startswith(b + ".") or b.startswith(a + ".") for a, b in zip(c, c[1:]))
+    ]
     assert not real, "\n".join(" -> ".join(c) for c in real)

@@ -1,7 +1,6 @@
 """Tests of src/recordio.py: round trips, the multi-part rule, corrupt input, and
 agreement with the real tools (MXNet 1.9.1 as the format oracle, DALI's reader)."""
 
-
 import json
 import os
 import pickle
@@ -345,9 +344,7 @@ def test_unpack_short_records():
 
 # ---------------------------------------------------------------- property tests
 
-PROPERTY_SETTINGS = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+PROPERTY_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Payloads assembled from random bytes and magic words, so aligned and unaligned
 # magic words, runs of them, and magic at either end all come up often.
@@ -390,7 +387,9 @@ def test_property_writer_matches_spec_and_reader_inverts_it(records, numpy_scan_
 
 
 @PROPERTY_SETTINGS
-@given(parts=st.lists(st.tuples(payloads, payloads), max_size=8), numpy_scan_min=st.sampled_from([0, 1 << 30]))
+@given(
+    parts=st.lists(st.tuples(payloads, payloads), max_size=8), numpy_scan_min=st.sampled_from([0, 1 << 30])
+)
 def test_property_a_record_written_in_two_parts_is_the_record_written_whole(parts, numpy_scan_min):
     # data2rec writes header+label and the image without joining them; magic words may sit in either.
     records = [(head + b"\0" * (-len(head) % 4), payload) for head, payload in parts]
@@ -410,7 +409,9 @@ def test_property_a_record_written_in_two_parts_is_the_record_written_whole(part
 
 
 @pytest.mark.parametrize("gather_parts", [2, 512])
-def test_large_two_part_records_are_gathered_and_land_in_order_among_whole_ones(tmp_path, monkeypatch, gather_parts):
+def test_large_two_part_records_are_gathered_and_land_in_order_among_whole_ones(
+    tmp_path, monkeypatch, gather_parts
+):
     # Payloads of 16 KB and more are held and written together by one writev (at most
     # _GATHER_PARTS parts at once); records written whole, or small, go through the file's buffer
     # in between. The file must be the one written record by record.
@@ -558,6 +559,4 @@ def test_dali_reads_our_shards_through_one_combined_index(tmp_path):
     for i, s in enumerate(ordered):
         assert np.array(data[i]).tobytes() == bytes.fromhex(s["payload"])
         label = s["header"][1]
-        np.testing.assert_array_equal(
-            np.array(labels[i]), np.atleast_1d(np.asarray(label, dtype=np.float32))
-        )
+        np.testing.assert_array_equal(np.array(labels[i]), np.atleast_1d(np.asarray(label, dtype=np.float32)))

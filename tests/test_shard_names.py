@@ -33,9 +33,20 @@ def test_output_names_of_a_run_and_of_a_split():
     assert shard_paths(out, 7) == (Path("/d/yfcc-00007.rec"), Path("/d/yfcc-00007.idx"))
     assert shard_paths(out, None) == (Path("/d/yfcc.rec"), Path("/d/yfcc.idx"))
     assert [side_file(out, s).name for s in (REPORT, STATE, LOCK)] == [
-        "yfcc.report.json", "yfcc.state.json", "yfcc.lock"]
-    written = ["yfcc.rec", "yfcc-00003.idx", "yfcc-00003.rec.tmp", "yfcc.state.json", "yfcc.lock",
-               "yfcc.probe.tmp", "yfcc-m001-00002.rec", "yfcc-m001.report.json"]
+        "yfcc.report.json",
+        "yfcc.state.json",
+        "yfcc.lock",
+    ]
+    written = [
+        "yfcc.rec",
+        "yfcc-00003.idx",
+        "yfcc-00003.rec.tmp",
+        "yfcc.state.json",
+        "yfcc.lock",
+        "yfcc.probe.tmp",
+        "yfcc-m001-00002.rec",
+        "yfcc-m001.report.json",
+    ]
     assert all(is_output_name(n, out) for n in written)
     others = ["yfccx.rec", "yfcc-3.rec", "yfcc.json", "yfcc-m1.rec", "yfcc.rec.bak", "other.rec"]
     assert not any(is_output_name(n, out) for n in others)
@@ -45,15 +56,34 @@ def test_output_names_of_a_run_and_of_a_split():
 
 
 def test_finished_shards_and_side_files_are_found_by_the_same_names(tmp_path):
-    for name in ("o.rec", "o.idx", "o-00000.rec", "o-00001.rec", "o-00001.idx", "o-m002-00000.rec", "o-x.rec",
-                 "o-m002.state.json", "o.state.json", "o-00002.rec.tmp", "oo.rec", "o-m2.state.json"):
+    for name in (
+        "o.rec",
+        "o.idx",
+        "o-00000.rec",
+        "o-00001.rec",
+        "o-00001.idx",
+        "o-m002-00000.rec",
+        "o-x.rec",
+        "o-m002.state.json",
+        "o.state.json",
+        "o-00002.rec.tmp",
+        "oo.rec",
+        "o-m2.state.json",
+    ):
         (tmp_path / name).write_bytes(b"")
     o = tmp_path / "o"
     assert [p.name for p in output_shards(o)] == ["o-00000.rec", "o-00001.rec", "o.rec"]
     assert [p.name for p in output_shards(o, machines=True)] == [
-        "o-00000.rec", "o-00001.rec", "o-m002-00000.rec", "o.rec"]
+        "o-00000.rec",
+        "o-00001.rec",
+        "o-m002-00000.rec",
+        "o.rec",
+    ]
     assert [p.name for p in output_shards(o, numbered_only=True, suffixes=(".rec", ".idx"))] == [
-        "o-00000.rec", "o-00001.idx", "o-00001.rec"]
+        "o-00000.rec",
+        "o-00001.idx",
+        "o-00001.rec",
+    ]
     assert [p.name for p in run_files(o, STATE)] == ["o-m002.state.json", "o.state.json"]
 
 

@@ -51,7 +51,9 @@ def test_atomic_write_durable_and_text(tmp_path):
 
 def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
     # A writer killed between writing and renaming leaves its temporary behind.
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     dead_pid = int(dead.stdout)
     stale = tmp_path / f".step_000000008.pt.{dead_pid}.tmp"
     stale.write_bytes(b"partial")
@@ -117,8 +119,9 @@ def test_names_that_are_not_utf8_become_printable_json():
     assert printable(name) == "caf\\xe9.jpg" and printable("Zürich 東京") == "Zürich 東京"
     safe = json_safe({name: [name, 1, None], "n": {"k": (name,)}})
     assert json.loads(json.dumps(safe, ensure_ascii=False).encode("utf-8")) == {
-        "caf\\xe9.jpg": ["caf\\xe9.jpg", 1, None], "n": {"k": ["caf\\xe9.jpg"]}}
-
+        "caf\\xe9.jpg": ["caf\\xe9.jpg", 1, None],
+        "n": {"k": ["caf\\xe9.jpg"]},
+    }
 
 
 def test_every_text_file_written_takes_names_that_are_not_utf8(tmp_path):
@@ -170,7 +173,9 @@ def test_more_processes_than_visible_gpus_fails_clearly(monkeypatch):
     _fake_gpus(monkeypatch, 2)
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    with pytest.raises(DeviceError, match=r"LOCAL_RANK 3: only 2 GPU\(s\) are visible \(CUDA_VISIBLE_DEVICES=0,1\)"):
+    with pytest.raises(
+        DeviceError, match=r"LOCAL_RANK 3: only 2 GPU\(s\) are visible \(CUDA_VISIBLE_DEVICES=0,1\)"
+    ):
         resolve_device("auto")
     with pytest.raises(DeviceError, match="--device cuda:5: only 2"):
         resolve_device("cuda:5")
@@ -187,4 +192,6 @@ def test_user_errors_print_one_line_and_their_exit_code(capsys):
     assert report("prog.py", Stopped("loss is nan")) == 3
     err = capsys.readouterr().err.splitlines()
     assert err == ["prog.py: error: bad --flag 0: must be at least 1", "prog.py: error: loss is nan"]
-    assert not issubclass(UserError, (ValueError, RuntimeError)), "a bug's ValueError must not pass as a user error"
+    assert not issubclass(UserError, (ValueError, RuntimeError)), (
+        "a bug's ValueError must not pass as a user error"
+    )

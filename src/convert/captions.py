@@ -43,7 +43,9 @@ def tokenize_captions(captions: list[str]) -> np.ndarray:
     """
     cleaned = non_empty(captions)
     if not cleaned:
-        raise CaptionRejected(EMPTY_CAPTION, "no caption" if not captions else f"all {len(captions)} captions are empty")
+        raise CaptionRejected(
+            EMPTY_CAPTION, "no caption" if not captions else f"all {len(captions)} captions are empty"
+        )
     from src.open_alip import tokenize_np  # lazily: the tokenizer loads its vocabulary on import
 
     tokens = np.asarray(tokenize_np(cleaned, context_length=CONTEXT_LENGTH))

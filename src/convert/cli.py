@@ -52,8 +52,11 @@ say = _Out()
 
 def _err(*lines: str) -> None:
     try:
-        print(*(printable(f"{PROG}: {line}" if i == 0 else line) for i, line in enumerate(lines)), sep="\n",
-              file=sys.stderr)
+        print(
+            *(printable(f"{PROG}: {line}" if i == 0 else line) for i, line in enumerate(lines)),
+            sep="\n",
+            file=sys.stderr,
+        )
     except OSError:
         pass
 
@@ -67,8 +70,10 @@ def _default_input(args: argparse.Namespace) -> str | None:
     """The guide's `python data2rec.py`: convert ./YFCC15M into YFCC15M/datarec.*; an error text if
     there is no ./YFCC15M."""
     if not DEFAULT_INPUT.is_dir():
-        return (f"no INPUT given and there is no ./{DEFAULT_INPUT} folder here to convert; download it first "
-                f"(bash data/download_YFCC15M.sh) or pass the files or folders to convert (see --help)")
+        return (
+            f"no INPUT given and there is no ./{DEFAULT_INPUT} folder here to convert; download it first "
+            f"(bash data/download_YFCC15M.sh) or pass the files or folders to convert (see --help)"
+        )
     args.inputs = [str(DEFAULT_INPUT)]
     args.output = args.output or str(DEFAULT_INPUT / DEFAULT_NAME)
     prefix = output_prefix(args.output, args.num_machines, args.machine_id)
@@ -106,8 +111,11 @@ def run_verify(args: argparse.Namespace) -> int:
     else:
         status = "OK" if result["ok"] else f"FAILED ({len(result['errors'])} problems)"
     counts = ", ".join(f"{k} caption(s): {n}" for k, n in result["records_by_caption_count"].items())
-    say(f"verify {args.verify}: {len(result['shards'])} shards, {result['records']} records"
-        + (f" ({counts})" if counts else "") + f": {status}")
+    say(
+        f"verify {args.verify}: {len(result['shards'])} shards, {result['records']} records"
+        + (f" ({counts})" if counts else "")
+        + f": {status}"
+    )
     return 0 if result["ok"] else 1
 
 
@@ -116,13 +124,19 @@ def _mass_skip(exc: TooManySkipped) -> int:
 
     report = exc.report
     rec = Path(report["output"]).name
-    written = (f"every valid row is written ({report['written']} records in {rec}*{REC})" if report["written"]
-               else "no row was valid, so no record was written")
-    _err(f"error: {exc}",
-         "  top reasons:", *Report.from_dict(report).reason_lines(3),
-         f"  {written} and the report is {side_file(Path(report['output']), REPORT)}; check the input kind, "
-         "columns and files. If these skips are expected, rerun the same command with --max-skip-fraction "
-         f"{min(1.0, report['skipped'] / report['seen'] + 0.005):.2f} (nothing is converted again)")
+    written = (
+        f"every valid row is written ({report['written']} records in {rec}*{REC})"
+        if report["written"]
+        else "no row was valid, so no record was written"
+    )
+    _err(
+        f"error: {exc}",
+        "  top reasons:",
+        *Report.from_dict(report).reason_lines(3),
+        f"  {written} and the report is {side_file(Path(report['output']), REPORT)}; check the input kind, "
+        "columns and files. If these skips are expected, rerun the same command with --max-skip-fraction "
+        f"{min(1.0, report['skipped'] / report['seen'] + 0.005):.2f} (nothing is converted again)",
+    )
     return exc.exit_code
 
 
@@ -130,8 +144,11 @@ def _summary(report: dict, args: argparse.Namespace) -> None:
     from src.convert.report import Report
 
     r = Report.from_dict(report)
-    say(f"{report['output']}: {len(report['shards'])} shard(s); {r.caption_counts()}",
-        r.summary(), f"report: {side_file(Path(report['output']), REPORT)}")
+    say(
+        f"{report['output']}: {len(report['shards'])} shard(s); {r.caption_counts()}",
+        r.summary(),
+        f"report: {side_file(Path(report['output']), REPORT)}",
+    )
     if report.get("resumed"):
         say("(nothing to do: this run was already complete)")
 
@@ -198,8 +215,10 @@ def convert_cli(args: argparse.Namespace) -> int:
     _summary(report, args)
     units = report.get("units") or {}
     if units.get("this_machine") == 0:
-        say(f"machine {args.machine_id} of {args.num_machines} has no input: the input has only "
-            f"{units.get('all')} unit(s) (files, or folder slices of 10000 images)")
+        say(
+            f"machine {args.machine_id} of {args.num_machines} has no input: the input has only "
+            f"{units.get('all')} unit(s) (files, or folder slices of 10000 images)"
+        )
         return 0
     if report["written"] == 0:
         _err("no record was written; see the skip reasons above")

@@ -31,8 +31,14 @@ class DaliDecodeCheck:
         from nvidia.dali import fn, types
         from nvidia.dali.pipeline import Pipeline
 
-        pipe = Pipeline(batch_size=batch_size, num_threads=1, device_id=None, exec_pipelined=False,
-                        exec_async=False, prefetch_queue_depth=1)
+        pipe = Pipeline(
+            batch_size=batch_size,
+            num_threads=1,
+            device_id=None,
+            exec_pipelined=False,
+            exec_async=False,
+            prefetch_queue_depth=1,
+        )
         with pipe:
             data = fn.external_source(name="jpegs", dtype=types.UINT8)
             pipe.set_outputs(fn.decoders.image(data, device="cpu", output_type=types.RGB))

@@ -47,7 +47,6 @@ from .items import EMPTY_IMAGE, NOT_AN_IMAGE, TOO_LARGE, TRUNCATED, UNDECODABLE
 Image.MAX_IMAGE_PIXELS = None
 
 
-
 class Validate(str, Enum):
     """The validation levels, weakest first; the module docstring says what each one guarantees.
     A member is its name as a string (`Validate.OFF == "off"`), so options and resume states
@@ -233,7 +232,9 @@ def prepare_image(data: bytes | memoryview, opts: ImageOptions) -> tuple[bytes |
                     _decode_check(data, opts.validate)
                 return data, False
             if fault.kind != NO_TABLES:  # NO_TABLES decodes (libjpeg's standard tables): re-encoded below
-                raise ImageRejected(TRUNCATED if fault.kind == JPEG_TRUNCATED else UNDECODABLE, f"JPEG: {fault.text}")
+                raise ImageRejected(
+                    TRUNCATED if fault.kind == JPEG_TRUNCATED else UNDECODABLE, f"JPEG: {fault.text}"
+                )
     data = bytes(data)  # re-encoded from here on
     try:
         img = Image.open(io.BytesIO(data))

@@ -118,8 +118,11 @@ def list_hub(hub: HubOptions, revision: str) -> tuple[str, list[HubFile]]:
         if path.suffix == ".parquet" and not any(p.startswith(".") for p in path.parts):
             files.append(HubFile(name, int(size), digest))
     if not files:
-        raise HubError(f"{hub.repo_id} at {revision} lists no .parquet files"
-                       + (" matching --hub-include" if hub.include else "") + "; --from-hub converts hub parquet")
+        raise HubError(
+            f"{hub.repo_id} at {revision} lists no .parquet files"
+            + (" matching --hub-include" if hub.include else "")
+            + "; --from-hub converts hub parquet"
+        )
     return commit, sorted(files, key=lambda f: PurePosixPath(f.name).parts)
 
 
@@ -138,8 +141,20 @@ class _Download:
         self.path = self.folder / file.name
         self.log = work / f"{index:05d}.log"
         self.lock = work / f"{index:05d}.lock"
-        self.argv = ["bash", str(HFD), hub.repo_id, "--dataset", "--revision", commit,
-                     "--include", _glob_escape(file.name), "--local-dir", str(self.folder), "-j", "1"]
+        self.argv = [
+            "bash",
+            str(HFD),
+            hub.repo_id,
+            "--dataset",
+            "--revision",
+            commit,
+            "--include",
+            _glob_escape(file.name),
+            "--local-dir",
+            str(self.folder),
+            "-j",
+            "1",
+        ]
         self.tries_left = hub.tries
         self.proc: subprocess.Popen | None = None
         self.fetched = 0 if self.path.is_file() else file.size
@@ -155,8 +170,13 @@ class _Download:
             fcntl.flock(fd, fcntl.LOCK_EX)  # returns once no earlier run's downloader holds it
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(
-                    self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(fd,),
-                    preexec_fn=lambda: die_with_parent(signal.SIGTERM))  # hfd.sh stops its downloader on TERM
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(fd,),
+                    preexec_fn=lambda: die_with_parent(signal.SIGTERM),
+                )  # hfd.sh stops its downloader on TERM
         finally:
             os.close(fd)
 
@@ -173,7 +193,9 @@ class _Download:
         if self.tries_left > 0:
             self.start()
         else:
-            self.failed = _hfd_error(self.log.read_text(errors="replace")) if self.log.exists() else f"exit {rc}"
+            self.failed = (
+                _hfd_error(self.log.read_text(errors="replace")) if self.log.exists() else f"exit {rc}"
+            )
         return False
 
     def stop(self) -> None:
@@ -207,10 +229,14 @@ def _rates(shards: list[dict], waited: float, elapsed: float, inflight: int) -> 
     conv_s = sum(s["convert_s"] for s in mine)
     rows = sum(s["report"]["seen"] for s in mine)
     return {
-        "shards": len(mine), "max_inflight": inflight, "elapsed_s": round(elapsed, 3),
-        "download_bytes": fetched, "download_mb_s_per_shard": round(fetched / dl_s / 1e6, 3) if dl_s else None,
+        "shards": len(mine),
+        "max_inflight": inflight,
+        "elapsed_s": round(elapsed, 3),
+        "download_bytes": fetched,
+        "download_mb_s_per_shard": round(fetched / dl_s / 1e6, 3) if dl_s else None,
         "download_mb_s": round(fetched / elapsed / 1e6, 3) if elapsed and fetched else None,
-        "convert_bytes": conv_bytes, "convert_s": round(conv_s, 3),
+        "convert_bytes": conv_bytes,
+        "convert_s": round(conv_s, 3),
         "convert_mb_s": round(conv_bytes / conv_s / 1e6, 3) if conv_s else None,
         "convert_rows_s": round(rows / conv_s, 1) if conv_s else None,
         "waited_for_download_s": round(waited, 3),
@@ -220,17 +246,26 @@ def _rates(shards: list[dict], waited: float, elapsed: float, inflight: int) -> 
 def rate_lines(rates: dict) -> list[str]:
     if not rates.get("shards"):
         return []
-    dl = (f"download {rates['download_mb_s']:.1f} MB/s ({rates['download_mb_s_per_shard']:.1f} MB/s per shard, "
-          f"up to {rates['max_inflight']} at once)" if rates["download_mb_s"] else "download: nothing fetched")
-    conv = (f"conversion {rates['convert_mb_s']:.1f} MB/s of parquet ({rates['convert_rows_s']:,.0f} rows/s)"
-            if rates["convert_mb_s"] else "conversion: no time measured")
+    dl = (
+        f"download {rates['download_mb_s']:.1f} MB/s ({rates['download_mb_s_per_shard']:.1f} MB/s per shard, "
+        f"up to {rates['max_inflight']} at once)"
+        if rates["download_mb_s"]
+        else "download: nothing fetched"
+    )
+    conv = (
+        f"conversion {rates['convert_mb_s']:.1f} MB/s of parquet ({rates['convert_rows_s']:,.0f} rows/s)"
+        if rates["convert_mb_s"]
+        else "conversion: no time measured"
+    )
     share = rates["waited_for_download_s"] / rates["elapsed_s"] if rates["elapsed_s"] else 0
     # Waiting longer for downloads than converting means more --max-inflight (or a faster link) pays.
     slower = "the download" if rates["waited_for_download_s"] > rates["convert_s"] else "the conversion"
     bound = f"{slower} is the bottleneck (conversion busy {rates['convert_s']:.1f} s)"
-    return [f"{dl} | {conv}",
-            f"the conversion waited {rates['waited_for_download_s']:.1f} s for downloads ({share:.0%} of "
-            f"{rates['elapsed_s']:.1f} s): {bound}"]
+    return [
+        f"{dl} | {conv}",
+        f"the conversion waited {rates['waited_for_download_s']:.1f} s for downloads ({share:.0%} of "
+        f"{rates['elapsed_s']:.1f} s): {bound}",
+    ]
 
 
 class _Run:
@@ -270,8 +305,10 @@ class _Run:
             if src.is_file():
                 os.replace(src, dst)
             elif not dst.is_file():
-                raise OutputError(f"{dst} is recorded as finished in {self.state_path} but is gone; "
-                                  "pass --overwrite to start over")
+                raise OutputError(
+                    f"{dst} is recorded as finished in {self.state_path} but is gone; "
+                    "pass --overwrite to start over"
+                )
         fsync_dir(self.prefix.parent)
         shutil.rmtree(self.work / f"{i:05d}", ignore_errors=True)
         for p in self.work.glob(f"{i:05d}.*"):
@@ -282,22 +319,39 @@ class _Run:
     def run(self) -> dict:
         state = self._load()
         commit, files = list_hub(self.hub, state["commit"] if state else self.hub.revision)
-        fingerprint = json.loads(json.dumps({
-            "repo_id": self.hub.repo_id, "include": list(self.hub.include),
-            "files": [[f.name, f.size, f.hash] for f in files],
-            "source": asdict(self.opts.source), "image": asdict(self.opts.image), "id_offset": self.opts.id_offset,
-            "max_captions": self.opts.max_captions, "max_file_bytes": self.opts.max_file_bytes,
-        }))
+        fingerprint = json.loads(
+            json.dumps(
+                {
+                    "repo_id": self.hub.repo_id,
+                    "include": list(self.hub.include),
+                    "files": [[f.name, f.size, f.hash] for f in files],
+                    "source": asdict(self.opts.source),
+                    "image": asdict(self.opts.image),
+                    "id_offset": self.opts.id_offset,
+                    "max_captions": self.opts.max_captions,
+                    "max_file_bytes": self.opts.max_file_bytes,
+                }
+            )
+        )
         if state is not None and state["fingerprint"] != fingerprint:
-            raise OutputError(f"{self.state_path} belongs to a run with another repo, files or options; rerun "
-                              "with the same arguments to resume it, or pass --overwrite to start over")
+            raise OutputError(
+                f"{self.state_path} belongs to a run with another repo, files or options; rerun "
+                "with the same arguments to resume it, or pass --overwrite to start over"
+            )
         if state is None:
             if self._outputs():
-                raise OutputError(f"{self._outputs()[0]} already exists and no matching {self.state_path.name} "
-                                  "was found; pass --overwrite to replace it or choose another --output")
+                raise OutputError(
+                    f"{self._outputs()[0]} already exists and no matching {self.state_path.name} "
+                    "was found; pass --overwrite to replace it or choose another --output"
+                )
             shutil.rmtree(self.work, ignore_errors=True)
-            state = {"version": STATE_VERSION, "fingerprint": fingerprint, "commit": commit, "shards": [],
-                     "complete": False}
+            state = {
+                "version": STATE_VERSION,
+                "fingerprint": fingerprint,
+                "commit": commit,
+                "shards": [],
+                "complete": False,
+            }
             self._save(state)
         self.work.mkdir(parents=True, exist_ok=True)
         for entry in state["shards"]:
@@ -334,15 +388,21 @@ class _Run:
         left = files[done:]
         window = sum(sorted((f.size for f in left), reverse=True)[: self.hub.max_inflight])
         free = shutil.disk_usage(self.prefix.parent).free
-        self.say(f"one pass: {len(files)} parquet shards ({human(total)}) of {self.hub.repo_id} at {commit[:12]}, "
-                 f"{done} already converted; --max-inflight {self.hub.max_inflight}: at most "
-                 f"{self.hub.max_inflight} shards ({human(window)}) on disk at once")
-        self.say(f"peak disk: the records (about the parquet's size, {human(total)}) + {human(window)}, "
-                 f"instead of {human(2 * total)} for download then convert; {human(free)} free here")
+        self.say(
+            f"one pass: {len(files)} parquet shards ({human(total)}) of {self.hub.repo_id} at {commit[:12]}, "
+            f"{done} already converted; --max-inflight {self.hub.max_inflight}: at most "
+            f"{self.hub.max_inflight} shards ({human(window)}) on disk at once"
+        )
+        self.say(
+            f"peak disk: the records (about the parquet's size, {human(total)}) + {human(window)}, "
+            f"instead of {human(2 * total)} for download then convert; {human(free)} free here"
+        )
         needed = sum(f.size for f in left) + window
         if needed > free:
-            self.say(f"warning: the {len(left)} shards left need about {human(needed)}, more than is free; "
-                     "the run stops if the disk fills (rerun to resume after freeing space)")
+            self.say(
+                f"warning: the {len(left)} shards left need about {human(needed)}, more than is free; "
+                "the run stops if the disk fills (rerun to resume after freeing space)"
+            )
 
     def _convert_all(self, files: list[HubFile], state: dict, commit: str) -> None:
         downloads: dict[int, _Download] = {}
@@ -358,7 +418,8 @@ class _Run:
                         raise HubError(
                             f"{files[i].name}: download failed {self.hub.tries} times ({head.failed}); the "
                             f"{i} shard(s) before it are converted, rerun the same command to retry it "
-                            f"(log: {head.log})")
+                            f"(log: {head.log})"
+                        )
                     for d in downloads.values():
                         d.poll()
                     time.sleep(_POLL_S)
@@ -383,30 +444,63 @@ class _Run:
             raise HubError(
                 f"{file.name} cannot be read ({exc.detail}); the {i} shard(s) before it are converted and its "
                 f"download is kept at {download.path}. Rerun the same command to try it again (delete that file "
-                "to download it anew)") from None
+                "to download it anew)"
+            ) from None
         began = time.monotonic()
-        part_opts = replace(self.opts, id_offset=base, shard_size=0, num_machines=1, machine_id=0,
-                            max_skip_fraction=None, resume=True, overwrite=False)
+        part_opts = replace(
+            self.opts,
+            id_offset=base,
+            shard_size=0,
+            num_machines=1,
+            machine_id=0,
+            max_skip_fraction=None,
+            resume=True,
+            overwrite=False,
+        )
         final = convert([download.path], self._part(i), part_opts)
         seconds = time.monotonic() - began
         shard = final["shards"][0] if final["shards"] else None
         rec, idx = shard_paths(self.prefix, i)
-        report = {k: final[k] for k in ("seen", "written", "converted", "skipped", "skipped_by_reason",
-                                        "examples", "records_by_caption_count")}
-        entry = {
-            "index": i, "name": file.name, "size": file.size, "rows": rows,
-            "rec": rec.name if shard else None, "idx": idx.name if shard else None,
-            "records": shard["records"] if shard else 0, "bytes": shard["bytes"] if shard else 0,
-            "first_id": shard["first_id"] if shard else None, "last_id": shard["last_id"] if shard else None,
-            "report": report, "fetched_bytes": download.fetched, "download_s": round(download.seconds or 0, 3),
-            "convert_s": round(seconds, 3), "this_run": True,
+        report = {
+            k: final[k]
+            for k in (
+                "seen",
+                "written",
+                "converted",
+                "skipped",
+                "skipped_by_reason",
+                "examples",
+                "records_by_caption_count",
+            )
         }
-        dl = (f"{human(download.fetched)} fetched in {download.seconds:.1f} s "
-              f"({download.fetched / max(download.seconds or 0, 1e-9) / 1e6:.1f} MB/s)" if download.fetched
-              else "already downloaded")
-        self.say(f"[{i + 1}/{len(state['fingerprint']['files'])}] {file.name}: {dl}; {rows} rows converted in "
-                 f"{seconds:.1f} s ({file.size / max(seconds, 1e-9) / 1e6:.1f} MB/s, "
-                 f"{rows / max(seconds, 1e-9):,.0f} rows/s), {report['written']} written")
+        entry = {
+            "index": i,
+            "name": file.name,
+            "size": file.size,
+            "rows": rows,
+            "rec": rec.name if shard else None,
+            "idx": idx.name if shard else None,
+            "records": shard["records"] if shard else 0,
+            "bytes": shard["bytes"] if shard else 0,
+            "first_id": shard["first_id"] if shard else None,
+            "last_id": shard["last_id"] if shard else None,
+            "report": report,
+            "fetched_bytes": download.fetched,
+            "download_s": round(download.seconds or 0, 3),
+            "convert_s": round(seconds, 3),
+            "this_run": True,
+        }
+        dl = (
+            f"{human(download.fetched)} fetched in {download.seconds:.1f} s "
+            f"({download.fetched / max(download.seconds or 0, 1e-9) / 1e6:.1f} MB/s)"
+            if download.fetched
+            else "already downloaded"
+        )
+        self.say(
+            f"[{i + 1}/{len(state['fingerprint']['files'])}] {file.name}: {dl}; {rows} rows converted in "
+            f"{seconds:.1f} s ({file.size / max(seconds, 1e-9) / 1e6:.1f} MB/s, "
+            f"{rows / max(seconds, 1e-9):,.0f} rows/s), {report['written']} written"
+        )
         return entry
 
     def _report(self, state: dict) -> dict:
@@ -414,23 +508,40 @@ class _Run:
         for s in state["shards"]:
             _merge(total, s["report"], self.opts.max_examples)
         if not total:
-            total = {"seen": 0, "written": 0, "converted": 0, "skipped": 0, "skipped_by_reason": {},
-                     "examples": {}, "records_by_caption_count": {}}
-        shards = [{k: s[k] for k in ("rec", "idx", "records", "bytes", "first_id", "last_id")}
-                  for s in state["shards"] if s["rec"]]
+            total = {
+                "seen": 0,
+                "written": 0,
+                "converted": 0,
+                "skipped": 0,
+                "skipped_by_reason": {},
+                "examples": {},
+                "records_by_caption_count": {},
+            }
+        shards = [
+            {k: s[k] for k in ("rec", "idx", "records", "bytes", "first_id", "last_id")}
+            for s in state["shards"]
+            if s["rec"]
+        ]
         elapsed = time.monotonic() - self.started
         return {
-            "output": str(self.prefix), "complete": state["complete"],
-            "from_hub": {"repo_id": self.hub.repo_id, "commit": state["commit"],
-                         "endpoint": redact_urls(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))},
-            **total, "shards": shards, "notes": [],
+            "output": str(self.prefix),
+            "complete": state["complete"],
+            "from_hub": {
+                "repo_id": self.hub.repo_id,
+                "commit": state["commit"],
+                "endpoint": redact_urls(os.environ.get("HF_ENDPOINT", "https://huggingface.co")),
+            },
+            **total,
+            "shards": shards,
+            "notes": [],
             "rates": _rates(state["shards"], self.waited, elapsed, self.hub.max_inflight),
             "elapsed_s": round(elapsed, 3),
         }
 
 
-def convert_from_hub(hub: HubOptions, output: str | Path, opts: ConvertOptions,
-                     say: Callable[[str], None] = print) -> dict:
+def convert_from_hub(
+    hub: HubOptions, output: str | Path, opts: ConvertOptions, say: Callable[[str], None] = print
+) -> dict:
     """Download `hub.repo_id`'s parquet shards and convert them to OUT-NNNNN.rec/.idx (NNNNN: the
     shard's position in the listing); the final report, with `rates`. Raises HubError when a shard
     cannot be downloaded (the shards before it are kept) and TooManySkipped as convert() does."""
@@ -449,7 +560,9 @@ def convert_from_hub(hub: HubOptions, output: str | Path, opts: ConvertOptions,
     try:
         run.prefix.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputError(f"{run.prefix.parent}: cannot create the output folder ({exc.strerror or exc})") from None
+        raise OutputError(
+            f"{run.prefix.parent}: cannot create the output folder ({exc.strerror or exc})"
+        ) from None
     with OutputLock(run.prefix):
         remove_output_temps(run.prefix)
         final = run.run()

@@ -143,21 +143,29 @@ def is_output_file(path: Path, output: str | Path) -> bool:
 
 def _fingerprint(source: Source, units: list[Unit], opts: ConvertOptions) -> dict:
     # Through JSON and back, so it compares equal to the copy read from the state file.
-    return json.loads(json.dumps({
-        "kind": source.kind,
-        "units": [[u.path, u.start, u.stop, source.signature(u)] for u in units],
-        "source": asdict(opts.source),
-        "image": asdict(opts.image),
-        # No longer an option, kept so that a run begun when it was one still resumes.
-        "context_length": CONTEXT_LENGTH,
-        "shard_size": opts.shard_size,
-        "num_machines": opts.num_machines,
-        "machine_id": opts.machine_id,
-        "id_offset": opts.id_offset,
-        "max_captions": opts.max_captions,
-        # Only when changed: a run begun before the cap existed (at its default) still resumes.
-        **({"max_file_bytes": opts.max_file_bytes} if opts.max_file_bytes != DEFAULT_MAX_FILE_BYTES else {}),
-    }))
+    return json.loads(
+        json.dumps(
+            {
+                "kind": source.kind,
+                "units": [[u.path, u.start, u.stop, source.signature(u)] for u in units],
+                "source": asdict(opts.source),
+                "image": asdict(opts.image),
+                # No longer an option, kept so that a run begun when it was one still resumes.
+                "context_length": CONTEXT_LENGTH,
+                "shard_size": opts.shard_size,
+                "num_machines": opts.num_machines,
+                "machine_id": opts.machine_id,
+                "id_offset": opts.id_offset,
+                "max_captions": opts.max_captions,
+                # Only when changed: a run begun before the cap existed (at its default) still resumes.
+                **(
+                    {"max_file_bytes": opts.max_file_bytes}
+                    if opts.max_file_bytes != DEFAULT_MAX_FILE_BYTES
+                    else {}
+                ),
+            }
+        )
+    )
 
 
 def _check_output_names(prefix: Path, sharded: bool) -> None:
@@ -174,8 +182,10 @@ def _check_output_names(prefix: Path, sharded: bool) -> None:
     for path in names:
         if path.exists() and not path.is_file():
             what = "a folder" if path.is_dir() else "not a regular file"
-            raise OutputError(f"{path} is {what}, but data2rec writes a file of that name; move it away or "
-                              "choose another --output")
+            raise OutputError(
+                f"{path} is {what}, but data2rec writes a file of that name; move it away or "
+                "choose another --output"
+            )
 
 
 def _check_writable(prefix: Path) -> None:
@@ -210,8 +220,14 @@ def _progress(total: int, initial: int, enabled: bool):
     from tqdm import tqdm
 
     return tqdm(
-        total=total, initial=initial, unit="img", smoothing=0.05, dynamic_ncols=True,
-        disable=not enabled, file=sys.stderr, desc="data2rec",
+        total=total,
+        initial=initial,
+        unit="img",
+        smoothing=0.05,
+        dynamic_ncols=True,
+        disable=not enabled,
+        file=sys.stderr,
+        desc="data2rec",
     )
 
 
@@ -220,17 +236,26 @@ def check_options(opts: ConvertOptions) -> None:
     cores = available_cores()
     checks = [
         (opts.num_machines >= 1, f"--num-machines {opts.num_machines} must be >= 1"),
-        (0 <= opts.machine_id < opts.num_machines,
-         f"--machine-id {opts.machine_id} must be between 0 and {opts.num_machines - 1}"),
+        (
+            0 <= opts.machine_id < opts.num_machines,
+            f"--machine-id {opts.machine_id} must be between 0 and {opts.num_machines - 1}",
+        ),
         (opts.shard_size >= 0, f"--shard-size {opts.shard_size} must be >= 0"),
-        (0 <= opts.id_offset <= MAX_ID, f"--id-offset {opts.id_offset} must be between 0 and 2^64-1 = {MAX_ID}"),
-        (0 <= opts.workers <= MAX_WORKERS_PER_CORE * cores,
-         f"--workers {opts.workers} must be between 0 (all cores) and {MAX_WORKERS_PER_CORE * cores} "
-         f"({MAX_WORKERS_PER_CORE} per usable core; this machine lets us use {cores})"),
+        (
+            0 <= opts.id_offset <= MAX_ID,
+            f"--id-offset {opts.id_offset} must be between 0 and 2^64-1 = {MAX_ID}",
+        ),
+        (
+            0 <= opts.workers <= MAX_WORKERS_PER_CORE * cores,
+            f"--workers {opts.workers} must be between 0 (all cores) and {MAX_WORKERS_PER_CORE * cores} "
+            f"({MAX_WORKERS_PER_CORE} per usable core; this machine lets us use {cores})",
+        ),
         (opts.max_captions >= 1, f"--max-captions {opts.max_captions} must be >= 1"),
         (opts.max_file_bytes >= 0, f"--max-file-bytes {opts.max_file_bytes} must be >= 0 (0: no limit)"),
-        (opts.max_skip_fraction is None or 0 <= opts.max_skip_fraction <= 1,
-         f"--max-skip-fraction {opts.max_skip_fraction} must be between 0 and 1"),
+        (
+            opts.max_skip_fraction is None or 0 <= opts.max_skip_fraction <= 1,
+            f"--max-skip-fraction {opts.max_skip_fraction} must be between 0 and 1",
+        ),
     ]
     problem = next((msg for ok, msg in checks if not ok), None)
     if problem:
@@ -250,8 +275,9 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
     check_options(opts)
     started = time.monotonic()
     prefix = output_prefix(output, opts.num_machines, opts.machine_id)
-    source = make_source([Path(p) for p in inputs], opts.kind, opts.source,
-                         exclude=lambda path: is_output_file(path, output))
+    source = make_source(
+        [Path(p) for p in inputs], opts.kind, opts.source, exclude=lambda path: is_output_file(path, output)
+    )
     units = source.units()
     if not units:
         raise InputError("the inputs hold nothing to convert")
@@ -264,8 +290,11 @@ def convert(inputs: list[str | Path], output: str | Path, opts: ConvertOptions |
         if lock.took_over:
             from src.lock import describe
 
-            print(f"data2rec: {lock.path} was left by {describe(lock.took_over)}, which is no longer running; "
-                  "taking it over", file=sys.stderr)
+            print(
+                f"data2rec: {lock.path} was left by {describe(lock.took_over)}, which is no longer running; "
+                "taking it over",
+                file=sys.stderr,
+            )
         final = _convert_locked(source, units, prefix, opts, started)
     check_skips(final, opts.max_skip_fraction)
     return final
@@ -352,8 +381,9 @@ def _plan(source: Source, units: list[Unit], prefix: Path, opts: ConvertOptions)
     return _Plan(state, state_path, mine, bases)
 
 
-def _new_run(source: Source, units: list[Unit], prefix: Path, opts: ConvertOptions,
-             fingerprint: dict) -> dict:
+def _new_run(
+    source: Source, units: list[Unit], prefix: Path, opts: ConvertOptions, fingerprint: dict
+) -> dict:
     """The state of a run that starts from the beginning: every unit counted (the basis of the
     sample ids), and the shards of an earlier run at `prefix` removed (--overwrite)."""
     if output_shards(prefix) and not opts.overwrite:
@@ -365,8 +395,9 @@ def _new_run(source: Source, units: list[Unit], prefix: Path, opts: ConvertOptio
 
     slow = source.kind in ("manifest", "webdataset")  # counting reads them; parquet has metadata
     counts, unreadable = [], {}
-    for u in tqdm(units, desc="counting items", unit="file", disable=not (opts.progress and slow),
-                  file=sys.stderr):
+    for u in tqdm(
+        units, desc="counting items", unit="file", disable=not (opts.progress and slow), file=sys.stderr
+    ):
         try:
             counts.append(source.count(u))
         except UnreadableUnit as exc:  # no rows of it get ids; the run fails at its end, naming it
@@ -395,8 +426,9 @@ class _Committer:
 
     def start(self, full: ShardWriter, resume_at: list[int], reported: dict) -> None:
         self.wait()  # the shard before: it had this whole shard's time
-        self._thread = threading.Thread(target=self._commit, args=(full, resume_at, reported),
-                                        name="data2rec-commit", daemon=True)
+        self._thread = threading.Thread(
+            target=self._commit, args=(full, resume_at, reported), name="data2rec-commit", daemon=True
+        )
         self._thread.start()
 
     def _commit(self, full: ShardWriter, resume_at: list[int], reported: dict) -> None:
@@ -488,8 +520,9 @@ def _write_shards(source: Source, plan: _Plan, prefix: Path, opts: ConvertOption
         bar.close()
 
 
-def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: ConvertOptions,
-                    started: float) -> dict:
+def _convert_locked(
+    source: Source, units: list[Unit], prefix: Path, opts: ConvertOptions, started: float
+) -> dict:
     """The run, once it holds the output's lock: plan it (resume or start), write the shards,
     then mark the state complete and write the report."""
     plan = _plan(source, units, prefix, opts)
@@ -511,21 +544,27 @@ def _convert_locked(source: Source, units: list[Unit], prefix: Path, opts: Conve
     return final
 
 
-def _final(state: dict, report: dict, prefix: Path, started: float, notes: list[str], units: list[Unit]) -> dict:
+def _final(
+    state: dict, report: dict, prefix: Path, started: float, notes: list[str], units: list[Unit]
+) -> dict:
     """The report as written and returned: json_safe, so that names that are not UTF-8 can be
     written and printed. `unreadable_inputs`: this machine's input files that could not be read."""
     elapsed = time.monotonic() - started
     num_machines, machine_id = state["fingerprint"]["num_machines"], state["fingerprint"]["machine_id"]
-    unreadable = [{"input": units[int(i)].path, "detail": detail}
-                  for i, detail in sorted(state.get("unreadable", {}).items(), key=lambda kv: int(kv[0]))
-                  if int(i) % num_machines == machine_id]
-    return json_safe({
-        "output": str(prefix),
-        "complete": state["complete"],
-        "units": state.get("units"),
-        **report,
-        "unreadable_inputs": unreadable,
-        "shards": state["shards"],
-        "notes": notes,
-        "elapsed_s": round(elapsed, 3),
-    })
+    unreadable = [
+        {"input": units[int(i)].path, "detail": detail}
+        for i, detail in sorted(state.get("unreadable", {}).items(), key=lambda kv: int(kv[0]))
+        if int(i) % num_machines == machine_id
+    ]
+    return json_safe(
+        {
+            "output": str(prefix),
+            "complete": state["complete"],
+            "units": state.get("units"),
+            **report,
+            "unreadable_inputs": unreadable,
+            "shards": state["shards"],
+            "notes": notes,
+            "elapsed_s": round(elapsed, 3),
+        }
+    )

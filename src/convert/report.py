@@ -35,7 +35,9 @@ class Report:
 
     def to_dict(self) -> dict:
         return {
-            "seen": self.seen, "written": self.written, "converted": self.converted,
+            "seen": self.seen,
+            "written": self.written,
+            "converted": self.converted,
             "skipped": sum(self.skipped.values()),
             "skipped_by_reason": dict(sorted(self.skipped.items())),
             "examples": {k: self.examples[k] for k in sorted(self.examples)},
@@ -45,8 +47,12 @@ class Report:
     @classmethod
     def from_dict(cls, d: dict, max_examples: int = 20) -> Report:
         return cls(
-            max_examples=max_examples, seen=d["seen"], written=d["written"], converted=d["converted"],
-            skipped=Counter(d["skipped_by_reason"]), examples={k: list(v) for k, v in d["examples"].items()},
+            max_examples=max_examples,
+            seen=d["seen"],
+            written=d["written"],
+            converted=d["converted"],
+            skipped=Counter(d["skipped_by_reason"]),
+            examples={k: list(v) for k, v in d["examples"].items()},
             by_captions=Counter({int(k): n for k, n in d.get("records_by_caption_count", {}).items()}),
         )
 
@@ -59,13 +65,20 @@ class Report:
         return lines
 
     def caption_counts(self) -> str:
-        """"1 caption: 5 records, 3 captions: 2 records"."""
-        return ", ".join(f"{k} caption{'s' if k != 1 else ''}: {n} record{'s' if n != 1 else ''}"
-                         for k, n in sorted(self.by_captions.items())) or "no records"
+        """ "1 caption: 5 records, 3 captions: 2 records"."""
+        return (
+            ", ".join(
+                f"{k} caption{'s' if k != 1 else ''}: {n} record{'s' if n != 1 else ''}"
+                for k, n in sorted(self.by_captions.items())
+            )
+            or "no records"
+        )
 
     def summary(self) -> str:
-        lines = [f"{self.written} written ({self.converted} re-encoded), "
-                 f"{sum(self.skipped.values())} skipped of {self.seen}"]
+        lines = [
+            f"{self.written} written ({self.converted} re-encoded), "
+            f"{sum(self.skipped.values())} skipped of {self.seen}"
+        ]
         return "\n".join([*lines, *self.reason_lines()])
 
 

@@ -70,12 +70,16 @@ def _index_problems(idx: Path, index: list[tuple[int, int]], records: dict[int, 
     stray = [(k, o) for k, o in index if o not in records]
     if stray:
         k, o = stray[0]
-        problems.append(f"{idx}: {len(stray)} entries point at no record's start (first: key {k} at byte {o})")
+        problems.append(
+            f"{idx}: {len(stray)} entries point at no record's start (first: key {k} at byte {o})"
+        )
     wrong = [(k, o) for k, o in index if o in records and records[o] is not None and records[o] != k]
     if wrong:
         k, o = wrong[0]
-        problems.append(f"{idx}: {len(wrong)} keys differ from their record's id (first: key {k} at byte {o}, "
-                        f"where the record's id is {records[o]})")
+        problems.append(
+            f"{idx}: {len(wrong)} keys differ from their record's id (first: key {k} at byte {o}, "
+            f"where the record's id is {records[o]})"
+        )
     return problems
 
 
@@ -89,8 +93,10 @@ def _listing_problems(rec: Path, listed: dict, records: int, ids: list[int]) -> 
     if "bytes" in listed and size != listed["bytes"]:
         problems.append(f"{rec}: {size} bytes, but the run wrote {listed['bytes']}")
     if ids and (ids[0], ids[-1]) != (listed.get("first_id", ids[0]), listed.get("last_id", ids[-1])):
-        problems.append(f"{rec}: record ids {ids[0]}..{ids[-1]}, but the run wrote "
-                        f"{listed.get('first_id')}..{listed.get('last_id')}")
+        problems.append(
+            f"{rec}: record ids {ids[0]}..{ids[-1]}, but the run wrote "
+            f"{listed.get('first_id')}..{listed.get('last_id')}"
+        )
     return problems
 
 
@@ -174,11 +180,17 @@ def unfinished(output: str | Path) -> list[str]:
         except (OSError, ValueError, KeyError, TypeError):
             problems.append(f"{path}: unreadable resume state; rerun the conversion command to finish it")
             continue
-        mine = [i for i in range(len(state["counts"])) if i % fingerprint["num_machines"] == fingerprint["machine_id"]]
+        mine = [
+            i
+            for i in range(len(state["counts"]))
+            if i % fingerprint["num_machines"] == fingerprint["machine_id"]
+        ]
         unread = [fingerprint["units"][int(i)][0] for i in state.get("unreadable", {}) if int(i) in mine]
         if unread:  # a complete run all the same: their rows are in no shard
-            problems.append(f"{prefix}: {len(unread)} input file(s) could not be read at all and none of their rows "
-                            f"is converted: {', '.join(unread[:3])}; replace them and rerun with --overwrite")
+            problems.append(
+                f"{prefix}: {len(unread)} input file(s) could not be read at all and none of their rows "
+                f"is converted: {', '.join(unread[:3])}; replace them and rerun with --overwrite"
+            )
         if state.get("complete"):
             continue
         slot, _ = state["next"]
@@ -212,29 +224,55 @@ def verify(output: str | Path, decode: bool = False, progress: bool = False) -> 
     pending = unfinished(output)
     shards = find_shards(output)
     listed, prefixes = listed_shards(output)
-    missing = [f"{rec}: listed as finished in {source.name} ({entry.get('records')} records) but missing; "
-               "rerun the conversion with --overwrite to write it again"
-               for rec, (entry, source) in sorted(listed.items()) if rec not in shards]
-    unlisted = [f"{rec}: not a shard of the run at {output} (not listed in its "
-                f"{', '.join(sorted({s.name for _, s in listed.values()}))}); move it away"
-                for rec in shards if listed and rec not in listed]
-    notes = [] if prefixes else [f"no report or resume state of {output} beside the shards, so a missing "
-                                 "shard cannot be told; each shard is checked on its own"]
+    missing = [
+        f"{rec}: listed as finished in {source.name} ({entry.get('records')} records) but missing; "
+        "rerun the conversion with --overwrite to write it again"
+        for rec, (entry, source) in sorted(listed.items())
+        if rec not in shards
+    ]
+    unlisted = [
+        f"{rec}: not a shard of the run at {output} (not listed in its "
+        f"{', '.join(sorted({s.name for _, s in listed.values()}))}); move it away"
+        for rec in shards
+        if listed and rec not in listed
+    ]
+    notes = (
+        []
+        if prefixes
+        else [
+            f"no report or resume state of {output} beside the shards, so a missing "
+            "shard cannot be told; each shard is checked on its own"
+        ]
+    )
     if not shards:
-        return {"output": str(output), "ok": False, "shards": [], "records": 0, "unfinished": pending,
-                "records_by_caption_count": {}, "notes": notes,
-                "errors": [*pending, *missing, f"no .rec shards found at {output}"]}
+        return {
+            "output": str(output),
+            "ok": False,
+            "shards": [],
+            "records": 0,
+            "unfinished": pending,
+            "records_by_caption_count": {},
+            "notes": notes,
+            "errors": [*pending, *missing, f"no .rec shards found at {output}"],
+        }
     from tqdm import tqdm
 
-    results = [verify_shard(rec, decode, listed=listed[rec][0] if rec in listed else None)
-               for rec in tqdm(shards, disable=not progress, unit="shard")]
+    results = [
+        verify_shard(rec, decode, listed=listed[rec][0] if rec in listed else None)
+        for rec in tqdm(shards, disable=not progress, unit="shard")
+    ]
     all_ids = [i for r in results for i in r.pop("ids")]
     by_captions: Counter = sum((r.pop("captions") for r in results), Counter())
     errors = [*pending, *missing, *unlisted, *(e for r in results for e in r["errors"])]
     if len(set(all_ids)) != len(all_ids):
         errors.append(f"{len(all_ids) - len(set(all_ids))} duplicate record ids across shards")
     return {
-        "output": str(output), "ok": not errors, "shards": results, "unfinished": pending,
-        "records": sum(r["records"] for r in results), "errors": errors, "notes": notes,
+        "output": str(output),
+        "ok": not errors,
+        "shards": results,
+        "unfinished": pending,
+        "records": sum(r["records"] for r in results),
+        "errors": errors,
+        "notes": notes,
         "records_by_caption_count": {str(k): by_captions[k] for k in sorted(by_captions)},
     }

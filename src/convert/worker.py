@@ -109,8 +109,12 @@ def process_item(item: Item, config: WorkerConfig) -> Result:
     captions = item.captions
     try:
         if item.tokens is None and captions is None:
-            captions = _read_captions(item.extra.get("caption_files", []), item.extra.get("numbered", False),
-                                      config.max_captions, config.max_file_bytes)
+            captions = _read_captions(
+                item.extra.get("caption_files", []),
+                item.extra.get("numbered", False),
+                config.max_captions,
+                config.max_file_bytes,
+            )
             if captions is None:
                 return _skip(item, MISSING_CAPTION, "no caption .txt found")
         tokens = None
@@ -122,7 +126,9 @@ def process_item(item: Item, config: WorkerConfig) -> Result:
                 return _skip(item, EMPTY_CAPTION, "every caption is empty")
         k = tokens.size // CONTEXT_LENGTH if tokens is not None else len(captions or [])
         if k > config.max_captions:
-            return _skip(item, TOO_MANY_CAPTIONS, f"{k} captions, more than --max-captions {config.max_captions}")
+            return _skip(
+                item, TOO_MANY_CAPTIONS, f"{k} captions, more than --max-captions {config.max_captions}"
+            )
         data = item.image
         if data is None:
             try:
@@ -140,8 +146,16 @@ def process_item(item: Item, config: WorkerConfig) -> Result:
         return _skip(item, UNREADABLE, f"{exc.filename}: {exc.strerror or exc}")
     if payload is item.image:
         payload = None  # passed through: the writer takes the item's own bytes
-    return Result(item.pos, item.ref, item.slot, item.sample_id, tokens=tokens, payload=payload,
-                  captions=tokens.size // CONTEXT_LENGTH, converted=converted)
+    return Result(
+        item.pos,
+        item.ref,
+        item.slot,
+        item.sample_id,
+        tokens=tokens,
+        payload=payload,
+        captions=tokens.size // CONTEXT_LENGTH,
+        converted=converted,
+    )
 
 
 def is_light(items: list[Item], config: WorkerConfig) -> bool:
@@ -152,8 +166,15 @@ def is_light(items: list[Item], config: WorkerConfig) -> bool:
     image = config.image
     if image.validate.decodes or image.resize_short or image.quality is not None:
         return False
-    return all(item.error is not None or (item.tokens is not None and item.image is not None
-                                          and item.image[: len(JPEG_SIGNATURE)] == JPEG_SIGNATURE) for item in items)
+    return all(
+        item.error is not None
+        or (
+            item.tokens is not None
+            and item.image is not None
+            and item.image[: len(JPEG_SIGNATURE)] == JPEG_SIGNATURE
+        )
+        for item in items
+    )
 
 
 def check_chunk_tokens(items: list[Item]) -> list[Item]:
@@ -209,8 +230,11 @@ def _dali_full_check(items: list[Item], results: list[Result]) -> None:
         return
     if _dali is None:
         _dali = DaliDecodeCheck()
-    kept = [(i, r.payload if r.payload is not None else items[i].image) for i, r in enumerate(results)
-            if r.reason is None]
+    kept = [
+        (i, r.payload if r.payload is not None else items[i].image)
+        for i, r in enumerate(results)
+        if r.reason is None
+    ]
     for j, message in _dali.failures([p or b"" for _, p in kept]).items():
         r = results[kept[j][0]]
         r.reason, r.detail, r.tokens, r.payload = UNDECODABLE, f"DALI's CPU decoder: {message}", None, None

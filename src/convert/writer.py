@@ -28,7 +28,9 @@ class _IndexStreamer(MXIndexedRecordIO):
     """MXIndexedRecordIO that streams index lines without also keeping them in memory:
     a single 15M-record output would otherwise hold a 15M-entry dict."""
 
-    def write_idx_parts(self, idx, head: bytes, payload: bytes | memoryview, payload_magic: list[int] | None = None) -> None:
+    def write_idx_parts(
+        self, idx, head: bytes, payload: bytes | memoryview, payload_magic: list[int] | None = None
+    ) -> None:
         pos = self.tell()
         self.write_parts(head, payload, payload_magic)
         self.fidx.write(f"{int(idx)}\t{pos}\n")
@@ -70,7 +72,9 @@ class ShardWriter:
         self.first_id: int | None = None
         self.last_id: int | None = None
 
-    def write(self, key: int, head: bytes, payload: bytes | memoryview, payload_magic: list[int] | None = None) -> None:
+    def write(
+        self, key: int, head: bytes, payload: bytes | memoryview, payload_magic: list[int] | None = None
+    ) -> None:
         """Append the record `head + payload` (see caption_record_head) under `key`; `payload_magic`
         as MXRecordIO.write_parts takes it."""
         self._io.write_idx_parts(key, head, payload, payload_magic)
@@ -87,8 +91,12 @@ class ShardWriter:
         if self._write_out is not None and self._write_out.is_alive():
             return
         fd, end = self._io.flush_to_os(), self._io.tell()
-        self._write_out = threading.Thread(target=_advise_write_out, args=(fd, self._written_back, end - self._written_back),
-                                           name="data2rec-write-out", daemon=True)
+        self._write_out = threading.Thread(
+            target=_advise_write_out,
+            args=(fd, self._written_back, end - self._written_back),
+            name="data2rec-write-out",
+            daemon=True,
+        )
         self._write_out.start()
         self._written_back = end
 
@@ -110,8 +118,12 @@ class ShardWriter:
         os.replace(self.tmp_rec, self.rec)
         fsync_path(self.rec.parent)
         return {
-            "rec": self.rec.name, "idx": self.idx.name, "records": self.records, "bytes": size,
-            "first_id": self.first_id, "last_id": self.last_id,
+            "rec": self.rec.name,
+            "idx": self.idx.name,
+            "records": self.records,
+            "bytes": size,
+            "first_id": self.first_id,
+            "last_id": self.last_id,
         }
 
     def abort(self) -> None:

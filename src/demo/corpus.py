@@ -84,7 +84,9 @@ def write_hub_corpus(
     return paths
 
 
-def write_classification_set(out_dir: Path | str, per_class: int, seed: int = 0, image_size: int = 64) -> Path:
+def write_classification_set(
+    out_dir: Path | str, per_class: int, seed: int = 0, image_size: int = 64
+) -> Path:
     """ImageFolder tree ``out_dir/<colour>_<shape>/NNNN.jpg`` of single-shape scenes, plus the demo
     prompt templates as ``templates.json`` beside the tree; returns the tree's folder."""
     out_dir = Path(out_dir)
@@ -113,5 +115,9 @@ def write_retrieval_set(out_dir: Path | str, num_images: int, seed: int = 0, ima
         name = f"{i:05d}.jpg"
         draw_scene(scene, image_size).save(out_dir / "images" / name, quality=92)
         sentences = [{"raw": scene.caption(form)} for form in range(len(CAPTION_FORMS))]
-        entries.append({"filename": name, "filepath": "images", "imgid": i, "split": "test", "sentences": sentences})
-    return atomic_write_json(out_dir / "dataset_scenes.json", {"dataset": "scenes", "images": entries}, indent=None)
+        entries.append(
+            {"filename": name, "filepath": "images", "imgid": i, "split": "test", "sentences": sentences}
+        )
+    return atomic_write_json(
+        out_dir / "dataset_scenes.json", {"dataset": "scenes", "images": entries}, indent=None
+    )

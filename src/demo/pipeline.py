@@ -53,8 +53,15 @@ class DemoSettings:
     @classmethod
     def quick(cls, output: Path) -> DemoSettings:
         """A reduced run for CI: every step runs, the model barely trains."""
-        return cls(output=output, train_samples=512, epochs=1, batch_size=32, eval_per_class=3,
-                   retrieval_images=16, grid_images=12)
+        return cls(
+            output=output,
+            train_samples=512,
+            epochs=1,
+            batch_size=32,
+            eval_per_class=3,
+            retrieval_images=16,
+            grid_images=12,
+        )
 
 
 @dataclass
@@ -97,8 +104,13 @@ def run_command(
         log.flush()
         try:
             proc = subprocess.Popen(
-                list(cmd), cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True, errors="replace",
+                list(cmd),
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
             )
         except OSError as exc:
             raise DemoError(f"step '{name}' could not start {cmd[0]}: {exc.strerror}") from None
@@ -114,11 +126,15 @@ def run_command(
         rc = proc.wait()
     if rc != 0:
         tail = _last_error_line(log_path)
-        raise DemoError(f"step '{name}' failed ({Path(cmd[0]).name} exited with {rc}): {tail} [log: {log_path}]")
+        raise DemoError(
+            f"step '{name}' failed ({Path(cmd[0]).name} exited with {rc}): {tail} [log: {log_path}]"
+        )
 
 
 def _last_error_line(log_path: Path) -> str:
-    lines = [ln.strip() for ln in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    lines = [
+        ln.strip() for ln in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()
+    ]
     for line in reversed(lines):
         if "error" in line.lower():
             return line[-300:]
@@ -148,7 +164,10 @@ class Demo:
             raise DemoError(f"step '{name}' failed: {type(exc).__name__}: {exc}") from exc
         seconds = time.monotonic() - start
         self.results.append(StepResult(name, seconds, detail))
-        print(f"[demo {index}/{total}] {name}: done in {seconds:.1f}s{' - ' + detail if detail else ''}", flush=True)
+        print(
+            f"[demo {index}/{total}] {name}: done in {seconds:.1f}s{' - ' + detail if detail else ''}",
+            flush=True,
+        )
 
     def _model_config(self) -> dict:
         return json.loads(Path(self.s.config).read_text())
@@ -162,7 +181,9 @@ class Demo:
             shutil.rmtree(repo)
         paths = write_hub_corpus(repo, self.s.train_samples, self.s.seed, self.s.image_size, self.s.shards)
         size = sum(p.stat().st_size for p in paths)
-        return f"{self.s.train_samples} image-caption pairs in {len(paths)} parquet shards ({size / 1e6:.1f} MB)"
+        return (
+            f"{self.s.train_samples} image-caption pairs in {len(paths)} parquet shards ({size / 1e6:.1f} MB)"
+        )
 
     def download(self) -> str:
         from src.open_alip.hub_server import serve_in_background
@@ -173,8 +194,19 @@ class Demo:
         with serve_in_background(self.out / "hub_repo", REPO_ID, "dataset") as server:
             env = _env(self.s, HF_ENDPOINT=server.endpoint)
             env.pop("HF_TOKEN", None)  # the local hub needs none; never send a real one to it
-            run_command("download", ["bash", str(REPO_ROOT / "data" / "hfd.sh"), REPO_ID, "--dataset",
-                                     "--local-dir", str(target)], self.logs / "download.log", env)
+            run_command(
+                "download",
+                [
+                    "bash",
+                    str(REPO_ROOT / "data" / "hfd.sh"),
+                    REPO_ID,
+                    "--dataset",
+                    "--local-dir",
+                    str(target),
+                ],
+                self.logs / "download.log",
+                env,
+            )
         got = sorted((target / "data").glob("*.parquet"))
         want = sorted((self.out / "hub_repo" / "data").glob("*.parquet"))
         if [p.name for p in got] != [p.name for p in want]:
@@ -189,9 +221,23 @@ class Demo:
         if shards.exists():
             shutil.rmtree(shards)
         parquet = sorted(str(p) for p in (self.out / "download" / "data").glob("*.parquet"))
-        run_command("convert", [self.python, "data2rec.py", *parquet, "--output", str(shards / "scenes"),
-                                "--shard-size", str(-(-self.s.train_samples // self.s.shards)), "--workers", "2",
-                                "--no-progress"], self.logs / "convert.log", _env(self.s))
+        run_command(
+            "convert",
+            [
+                self.python,
+                "data2rec.py",
+                *parquet,
+                "--output",
+                str(shards / "scenes"),
+                "--shard-size",
+                str(-(-self.s.train_samples // self.s.shards)),
+                "--workers",
+                "2",
+                "--no-progress",
+            ],
+            self.logs / "convert.log",
+            _env(self.s),
+        )
         recs = sorted(shards.glob("*.rec"))
         if not recs:
             raise DemoError(f"step 'convert' wrote no .rec shards under {shards}")
@@ -200,10 +246,29 @@ class Demo:
     def loader_check(self) -> str:
         grid = self.out / "loader_batch.png"
         input_size = int(self._model_config()["input_size"])
-        run_command("loader", [self.python, "dali.py", "--data", str(self.out / "shards"), "--batch-size", "16",
-                               "--steps", "2", "--input-size", str(input_size), "--device", "cpu",
-                               "--workers", "1", "--save-grid", str(grid)],
-                    self.logs / "loader.log", _env(self.s))
+        run_command(
+            "loader",
+            [
+                self.python,
+                "dali.py",
+                "--data",
+                str(self.out / "shards"),
+                "--batch-size",
+                "16",
+                "--steps",
+                "2",
+                "--input-size",
+                str(input_size),
+                "--device",
+                "cpu",
+                "--workers",
+                "1",
+                "--save-grid",
+                str(grid),
+            ],
+            self.logs / "loader.log",
+            _env(self.s),
+        )
         return f"DALI CPU pipeline read batches; first batch saved to {grid.name}"
 
     def train(self) -> str:
@@ -212,17 +277,53 @@ class Demo:
             shutil.rmtree(run_dir)
         steps_per_epoch = self.s.train_samples // (self.s.batch_size * self.s.processes)
         cmd = [
-            self.python, "-m", "torch.distributed.run", "--nproc_per_node", str(self.s.processes),
-            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-            "train.py", "--config", str(self.s.config), "--train-data", str(self.out / "shards"),
-            "--batch-size", str(self.s.batch_size), "--epochs", str(self.s.epochs), "--lr", str(self.s.lr),
-            "--lr-scheduler", "warmup-cosine", "--warmup", "0.05", "--precision", "fp32", "--device", "cpu",
-            "--seed", str(self.s.seed), "--workers", "1",
-            "--save-every-n-steps", "0", "--log-every-n-steps", str(max(1, min(10, steps_per_epoch // 2))),
-            "--output", str(run_dir), *self.s.extra_train_args,
+            self.python,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(self.s.processes),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(_free_port()),
+            "train.py",
+            "--config",
+            str(self.s.config),
+            "--train-data",
+            str(self.out / "shards"),
+            "--batch-size",
+            str(self.s.batch_size),
+            "--epochs",
+            str(self.s.epochs),
+            "--lr",
+            str(self.s.lr),
+            "--lr-scheduler",
+            "warmup-cosine",
+            "--warmup",
+            "0.05",
+            "--precision",
+            "fp32",
+            "--device",
+            "cpu",
+            "--seed",
+            str(self.s.seed),
+            "--workers",
+            "1",
+            "--save-every-n-steps",
+            "0",
+            "--log-every-n-steps",
+            str(max(1, min(10, steps_per_epoch // 2))),
+            "--output",
+            str(run_dir),
+            *self.s.extra_train_args,
         ]
-        run_command("train", cmd, self.logs / "train.log", _env(self.s),
-                    echo=lambda line: " step " in line or "error" in line.lower())
+        run_command(
+            "train",
+            cmd,
+            self.logs / "train.log",
+            _env(self.s),
+            echo=lambda line: " step " in line or "error" in line.lower(),
+        )
         checkpoints = sorted((run_dir / "checkpoints").glob("epoch_*.pt"))
         if not checkpoints:
             raise DemoError(f"step 'train' finished without an epoch checkpoint in {run_dir / 'checkpoints'}")
@@ -235,19 +336,46 @@ class Demo:
         eval_dir = self.out / "eval_data"
         if eval_dir.exists():
             shutil.rmtree(eval_dir)
-        tree = write_classification_set(eval_dir / "classification", self.s.eval_per_class, self.s.seed,
-                                        self.s.image_size)
-        karpathy = write_retrieval_set(eval_dir / "retrieval", self.s.retrieval_images, self.s.seed,
-                                       self.s.image_size)
+        tree = write_classification_set(
+            eval_dir / "classification", self.s.eval_per_class, self.s.seed, self.s.image_size
+        )
+        karpathy = write_retrieval_set(
+            eval_dir / "retrieval", self.s.retrieval_images, self.s.seed, self.s.image_size
+        )
         results = self.out / "eval_results"
-        common = ["--model-name", str(self.s.config), "--model-weight", str(self.checkpoint),
-                  "--output-dir", str(results), "--device", "cpu", "--workers", "0", "--no-progress"]
-        run_command("zero-shot classification", [
-            self.python, "zero_shot.py", "--datasets", f"scenes={tree}",
-            "--templates", f"scenes={eval_dir / 'classification' / 'templates.json'}", *common],
-            self.logs / "zero_shot.log", _env(self.s))
-        run_command("retrieval", [self.python, "retrieval.py", "--datasets", f"scenes={karpathy}", *common],
-                    self.logs / "retrieval.log", _env(self.s))
+        common = [
+            "--model-name",
+            str(self.s.config),
+            "--model-weight",
+            str(self.checkpoint),
+            "--output-dir",
+            str(results),
+            "--device",
+            "cpu",
+            "--workers",
+            "0",
+            "--no-progress",
+        ]
+        run_command(
+            "zero-shot classification",
+            [
+                self.python,
+                "zero_shot.py",
+                "--datasets",
+                f"scenes={tree}",
+                "--templates",
+                f"scenes={eval_dir / 'classification' / 'templates.json'}",
+                *common,
+            ],
+            self.logs / "zero_shot.log",
+            _env(self.s),
+        )
+        run_command(
+            "retrieval",
+            [self.python, "retrieval.py", "--datasets", f"scenes={karpathy}", *common],
+            self.logs / "retrieval.log",
+            _env(self.s),
+        )
         self.classification = json.loads((results / "classification_scenes.json").read_text())
         self.retrieval = json.loads((results / "retrieval_scenes.json").read_text())
         m = self.classification["metrics"]
@@ -264,8 +392,13 @@ class Demo:
 
         points = figures.read_loss_points(self.out / "train" / "metrics.jsonl")
         global_batch = self.s.batch_size * self.s.processes
-        figures.plot_loss_curve(points, self.out / "loss_curve.png", title="contrastive loss (2 processes, CPU)",
-                               reference=math.log(global_batch), reference_label=f"chance: ln({global_batch})")
+        figures.plot_loss_curve(
+            points,
+            self.out / "loss_curve.png",
+            title="contrastive loss (2 processes, CPU)",
+            reference=math.log(global_batch),
+            reference_label=f"chance: ln({global_batch})",
+        )
         # predicted captions: the best of every scene description the grammar can produce
         torch.set_num_threads(self.s.threads_per_process)
         device = torch.device("cpu")
@@ -288,14 +421,19 @@ class Demo:
         for i, b in zip(picks, best):
             truth = data.classnames[data.labels[i]]
             guess = data.classnames[cls["predictions"][i]]
-            captions.append([
-                (f"true: {truth}", figures.INK),
-                (f"zero-shot: {guess}", figures.GOOD if guess == truth else figures.BAD),
-                (descriptions[b], figures.GOOD if truth in descriptions[b] else figures.BAD),
-            ])
-        figures.caption_grid([load_rgb(data.images[i]) for i in picks], captions, self.out / "predictions.png",
-                            title="held-out scenes: true class, zero-shot class, best caption of all "
-                            f"{len(descriptions)}")
+            captions.append(
+                [
+                    (f"true: {truth}", figures.INK),
+                    (f"zero-shot: {guess}", figures.GOOD if guess == truth else figures.BAD),
+                    (descriptions[b], figures.GOOD if truth in descriptions[b] else figures.BAD),
+                ]
+            )
+        figures.caption_grid(
+            [load_rgb(data.images[i]) for i in picks],
+            captions,
+            self.out / "predictions.png",
+            title=f"held-out scenes: true class, zero-shot class, best caption of all {len(descriptions)}",
+        )
         return "loss_curve.png, predictions.png"
 
     # -- driver ------------------------------------------------------------------------------
@@ -306,8 +444,16 @@ class Demo:
             if (self.out / stale).is_dir():
                 shutil.rmtree(self.out / stale)
         steps = [
-            ("corpus", "generating a synthetic image-caption corpus in the hub's parquet format", self.make_corpus),
-            ("download", "serving it from a local hub on 127.0.0.1 and fetching it with data/hfd.sh", self.download),
+            (
+                "corpus",
+                "generating a synthetic image-caption corpus in the hub's parquet format",
+                self.make_corpus,
+            ),
+            (
+                "download",
+                "serving it from a local hub on 127.0.0.1 and fetching it with data/hfd.sh",
+                self.download,
+            ),
             ("convert", "packing the parquet shards into RecordIO with data2rec.py", self.convert),
             ("loader", "smoke-testing the DALI loader with dali.py", self.loader_check),
             ("train", f"torchrun --nproc_per_node {self.s.processes} train.py on CPU", self.train),
@@ -328,11 +474,19 @@ class Demo:
             "wall_time_s": round(seconds, 1),
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.s).items()},
             "checkpoint": str(self.checkpoint),
-            "classification": {"num_images": cls["num_images"], "num_classes": cls["num_classes"],
-                               "chance_top1": cls["chance_top1"], **cls["metrics"]},
-            "retrieval": {"num_images": n_img, "num_captions": ret["num_captions"],
-                          "chance_R@1_image_to_text": 100.0 * 5 / ret["num_captions"],
-                          "chance_R@1_text_to_image": 100.0 / n_img, **ret["metrics"]},
+            "classification": {
+                "num_images": cls["num_images"],
+                "num_classes": cls["num_classes"],
+                "chance_top1": cls["chance_top1"],
+                **cls["metrics"],
+            },
+            "retrieval": {
+                "num_images": n_img,
+                "num_captions": ret["num_captions"],
+                "chance_R@1_image_to_text": 100.0 * 5 / ret["num_captions"],
+                "chance_R@1_text_to_image": 100.0 / n_img,
+                **ret["metrics"],
+            },
             "steps": [asdict(r) for r in self.results],
         }
 
@@ -350,6 +504,8 @@ def format_summary(summary: dict) -> str:
     width = max(len(r[0]) for r in rows)
     lines = [f"{'metric'.ljust(width)}  {'model':>7}  {'chance':>7}", "-" * (width + 18)]
     lines += [f"{name.ljust(width)}  {value:6.1f}%  {chance:6.1f}%" for name, value, chance in rows]
-    lines.append(f"({cls['num_classes']} classes, {cls['num_images']} held-out images; retrieval over "
-                 f"{ret['num_images']} images x 5 captions; wall time {summary['wall_time_s'] / 60:.1f} min)")
+    lines.append(
+        f"({cls['num_classes']} classes, {cls['num_images']} held-out images; retrieval over "
+        f"{ret['num_images']} images x 5 captions; wall time {summary['wall_time_s'] / 60:.1f} min)"
+    )
     return "\n".join(lines)

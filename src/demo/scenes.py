@@ -95,8 +95,11 @@ def draw_scene(scene: Scene, size: int = 64) -> Image.Image:
     for _ in range(6):  # faint texture so backgrounds are not all identical
         x0, y0 = rng.randrange(size), rng.randrange(size)
         tone = shade - rng.randint(5, 25)
-        draw.line((x0, y0, x0 + rng.randint(-size // 3, size // 3), y0 + rng.randint(-size // 3, size // 3)),
-                  fill=(tone, tone, tone), width=1)
+        draw.line(
+            (x0, y0, x0 + rng.randint(-size // 3, size // 3), y0 + rng.randint(-size // 3, size // 3)),
+            fill=(tone, tone, tone),
+            width=1,
+        )
     cy = REGIONS[scene.region]
     radius = size * (0.2 if scene.count == 1 else 0.13) * rng.uniform(0.85, 1.15)
     # a group of n shapes side by side, placed anywhere along the row that fits it

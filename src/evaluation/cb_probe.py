@@ -47,8 +47,17 @@ def _cosine_lr(optimizer: torch.optim.Optimizer, base_lr: float, steps: int) -> 
     return adjust
 
 
-def _train(features: torch.Tensor, labels: torch.Tensor, outputs: int, weight_decay: float, lr: float, epochs: int,
-           batch_size: int, seed: int, device: torch.device) -> torch.nn.Module:
+def _train(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    outputs: int,
+    weight_decay: float,
+    lr: float,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    device: torch.device,
+) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = torch.nn.Linear(features.shape[1], outputs).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -66,9 +75,15 @@ def _train(features: torch.Tensor, labels: torch.Tensor, outputs: int, weight_de
 
 
 @torch.no_grad()
-def _logits(model: torch.nn.Module, features: torch.Tensor, batch_size: int, device: torch.device) -> torch.Tensor:
-    return torch.cat([model(features[i : i + batch_size].to(device)).float().cpu()
-                      for i in range(0, len(features), batch_size)])
+def _logits(
+    model: torch.nn.Module, features: torch.Tensor, batch_size: int, device: torch.device
+) -> torch.Tensor:
+    return torch.cat(
+        [
+            model(features[i : i + batch_size].to(device)).float().cpu()
+            for i in range(0, len(features), batch_size)
+        ]
+    )
 
 
 def _top1(logits: torch.Tensor, labels: torch.Tensor) -> float:
@@ -76,9 +91,15 @@ def _top1(logits: torch.Tensor, labels: torch.Tensor) -> float:
 
 
 def clip_benchmark_probe(
-    train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor],
-    test: tuple[torch.Tensor, torch.Tensor], device: torch.device | str, *, lr: float = CB_LEARNING_RATE,
-    epochs: int = CB_EPOCHS, batch_size: int = CB_BATCH_SIZE, seed: int = SEED,
+    train: tuple[torch.Tensor, torch.Tensor],
+    val: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor],
+    device: torch.device | str,
+    *,
+    lr: float = CB_LEARNING_RATE,
+    epochs: int = CB_EPOCHS,
+    batch_size: int = CB_BATCH_SIZE,
+    seed: int = SEED,
     log: Callable[[str], None] = lambda line: None,
 ) -> dict:
     """CLIP_benchmark's probe on (features, labels) pairs held in memory: its search on train/val, its
@@ -97,11 +118,21 @@ def clip_benchmark_probe(
 
         def accuracy_at(index: int) -> float:
             began = time.perf_counter()
-            model = _train(train_x, train_y, outputs, WEIGHT_DECAYS[index], lr, epochs, batch_size, seed, device)
+            model = _train(
+                train_x, train_y, outputs, WEIGHT_DECAYS[index], lr, epochs, batch_size, seed, device
+            )
             acc = _top1(_logits(model, val_x, batch_size, device), val_y)
-            sweep.append({"weight_decay": WEIGHT_DECAYS[index], "val_acc1": acc, "seconds": time.perf_counter() - began})
-            log(f"weight decay {WEIGHT_DECAYS[index]:.3g}: val top-1 {100 * acc:.2f}% "
-                f"({time.perf_counter() - began:.1f} s)")
+            sweep.append(
+                {
+                    "weight_decay": WEIGHT_DECAYS[index],
+                    "val_acc1": acc,
+                    "seconds": time.perf_counter() - began,
+                }
+            )
+            log(
+                f"weight decay {WEIGHT_DECAYS[index]:.3g}: val top-1 {100 * acc:.2f}% "
+                f"({time.perf_counter() - began:.1f} s)"
+            )
             return acc
 
         def find_peak(indices: list[int]) -> int:
@@ -119,18 +150,39 @@ def clip_benchmark_probe(
             step //= 2
         weight_decay = WEIGHT_DECAYS[peak]
         began = time.perf_counter()
-        model = _train(torch.cat([train_x, val_x]), torch.cat([train_y, val_y]), outputs, weight_decay, lr, epochs,
-                       batch_size, seed, device)
-        log(f"final fit on train + val, weight decay {weight_decay:.3g} ({time.perf_counter() - began:.1f} s)")
+        model = _train(
+            torch.cat([train_x, val_x]),
+            torch.cat([train_y, val_y]),
+            outputs,
+            weight_decay,
+            lr,
+            epochs,
+            batch_size,
+            seed,
+            device,
+        )
+        log(
+            f"final fit on train + val, weight decay {weight_decay:.3g} ({time.perf_counter() - began:.1f} s)"
+        )
         logits = _logits(model, test_x, batch_size, device)
     top1, topk = top_predictions(logits)
     metrics = prediction_metrics(top1, topk, test_y, max(outputs, int(test_y.max()) + 1))
     if int(test_y.max()) < 5:
         metrics["top5"] = None
     ours = {
-        "lp_acc1": metrics["top1"] / 100, "lp_acc5": None if metrics["top5"] is None else metrics["top5"] / 100,
-        "lp_mean_per_class_recall": metrics["mean_per_class_recall"] / 100, "weight_decay": weight_decay,
-        "epochs": epochs, "seed": seed, "fewshot_k": -1, "normalized": True,
+        "lp_acc1": metrics["top1"] / 100,
+        "lp_acc5": None if metrics["top5"] is None else metrics["top5"] / 100,
+        "lp_mean_per_class_recall": metrics["mean_per_class_recall"] / 100,
+        "weight_decay": weight_decay,
+        "epochs": epochs,
+        "seed": seed,
+        "fewshot_k": -1,
+        "normalized": True,
     }
-    return {"weight_decay": weight_decay, "metrics": metrics, "clip_benchmark_metrics": ours, "sweep": sweep,
-            "seconds": time.perf_counter() - start}
+    return {
+        "weight_decay": weight_decay,
+        "metrics": metrics,
+        "clip_benchmark_metrics": ours,
+        "sweep": sweep,
+        "seconds": time.perf_counter() - start,
+    }

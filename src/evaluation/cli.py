@@ -35,48 +35,93 @@ PROTOCOL_HELP = (
     "its class names), comparable with `clip_benchmark eval` (docs/evaluation.md) (default: %(default)s)"
 )
 
+
 def add_model_options(p: argparse.ArgumentParser, random_init_help: str) -> None:
     """--model-name, --model-weight and --random-init, as every inference CLI spells them."""
     p.add_argument("--model-name", "--config", dest="config", default=None, help=MODEL_NAME_HELP)
-    p.add_argument("--model-weight", "--pretrained", dest="checkpoint", default=None, metavar="WEIGHTS",
-                   help=WEIGHTS_HELP)
+    p.add_argument(
+        "--model-weight",
+        "--pretrained",
+        dest="checkpoint",
+        default=None,
+        metavar="WEIGHTS",
+        help=WEIGHTS_HELP,
+    )
     p.add_argument("--random-init", action="store_true", help=random_init_help)
 
 
-def add_run_options(p: argparse.ArgumentParser, workers_help: str = "image decoding processes (default 4)") -> None:
+def add_run_options(
+    p: argparse.ArgumentParser, workers_help: str = "image decoding processes (default 4)"
+) -> None:
     """--workers, --device, --wkv-impl, --cache-dir and --no-progress, as every inference CLI spells them."""
     p.add_argument("--workers", type=int, default=4, help=workers_help)
     p.add_argument("--device", default="auto", help="auto (GPU if present), cpu, cuda or cuda:N")
-    p.add_argument("--wkv-impl", default="auto", metavar="IMPL",
-                   help="WKV implementation: auto (fla's kernels on a GPU when fla-core imports, else chunked) "
-                        "or a name from WKV_IMPL_CHOICES in src/open_alip/choices.py (an unknown name is refused "
-                        "with the list)")
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="hub cache folder for hf-hub: weights (default: huggingface_hub's, under HF_HOME)")
+    p.add_argument(
+        "--wkv-impl",
+        default="auto",
+        metavar="IMPL",
+        help="WKV implementation: auto (fla's kernels on a GPU when fla-core imports, else chunked) "
+        "or a name from WKV_IMPL_CHOICES in src/open_alip/choices.py (an unknown name is refused "
+        "with the list)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="hub cache folder for hf-hub: weights (default: huggingface_hub's, under HF_HOME)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def build_parser(
-    prog: str, description: str, epilog: str, add_dataset_options: Callable[[argparse.ArgumentParser], None],
-    protocols: tuple[tuple[str, ...], str, str] = (("original", "standard", "clip_benchmark"), "standard", PROTOCOL_HELP),
+    prog: str,
+    description: str,
+    epilog: str,
+    add_dataset_options: Callable[[argparse.ArgumentParser], None],
+    protocols: tuple[tuple[str, ...], str, str] = (
+        ("original", "standard", "clip_benchmark"),
+        "standard",
+        PROTOCOL_HELP,
+    ),
 ) -> argparse.ArgumentParser:
     """The common options, with the CLI's own dataset options placed after --data-root (where --help
     has always listed them); `protocols` is the CLI's (choices, default, help) of --protocol."""
     p = argparse.ArgumentParser(
-        prog=prog, description=description, epilog=epilog + WEIGHTS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog,
+        description=description,
+        epilog=epilog + WEIGHTS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    add_model_options(p, "evaluate randomly initialised weights (a baseline); without it a missing "
-                         "--model-weight is an error")
-    p.add_argument("--datasets", "--dataset", dest="datasets", nargs="+", default=None,
-                   help="NAME=PATH items (space- or comma-separated); see below")
-    p.add_argument("--data-root", type=Path, default=None,
-                   help="folder for bare NAME items: torchvision's root for the paper's datasets, else ROOT/NAME")
+    add_model_options(
+        p,
+        "evaluate randomly initialised weights (a baseline); without it a missing --model-weight is an error",
+    )
+    p.add_argument(
+        "--datasets",
+        "--dataset",
+        dest="datasets",
+        nargs="+",
+        default=None,
+        help="NAME=PATH items (space- or comma-separated); see below",
+    )
+    p.add_argument(
+        "--data-root",
+        type=Path,
+        default=None,
+        help="folder for bare NAME items: torchvision's root for the paper's datasets, else ROOT/NAME",
+    )
     add_dataset_options(p)
     p.add_argument("--protocol", choices=protocols[0], default=protocols[1], help=protocols[2])
-    p.add_argument("--output-dir", "--output", dest="output", type=Path, default=Path("eval_results"),
-                   help="folder for the per-dataset JSON results, checked writable before anything runs "
-                        "(default: eval_results)")
+    p.add_argument(
+        "--output-dir",
+        "--output",
+        dest="output",
+        type=Path,
+        default=Path("eval_results"),
+        help="folder for the per-dataset JSON results, checked writable before anything runs "
+        "(default: eval_results)",
+    )
     p.add_argument("--batch-size", type=int, default=128, help="images per forward pass (default 128)")
     add_run_options(p)
     return p
@@ -99,7 +144,11 @@ def prepare(args: argparse.Namespace, prog: str | None = None, stream=None):
     model = load_model(args.config, args.checkpoint, device, args.wkv_impl, args.random_init, args.cache_dir)
     args.model_label = model_label(args.config, model)
     if prog:
-        print(f"[{prog.removesuffix('.py')}] model: {model.config_source}", file=stream or sys.stdout, flush=True)
+        print(
+            f"[{prog.removesuffix('.py')}] model: {model.config_source}",
+            file=stream or sys.stdout,
+            flush=True,
+        )
     return device, model
 
 
@@ -114,8 +163,12 @@ def record_result(args: argparse.Namespace, prog: str, spec: Any, result: dict, 
     from src.evaluation.results import write_classification_details, write_result
 
     tag = f"[{prog.removesuffix('.py')}]"
-    result = {"dataset": result.pop("dataset"), "model": getattr(args, "model_label", str(args.config)),
-              "checkpoint": str(args.checkpoint) if args.checkpoint else None, **result}
+    result = {
+        "dataset": result.pop("dataset"),
+        "model": getattr(args, "model_label", str(args.config)),
+        "checkpoint": str(args.checkpoint) if args.checkpoint else None,
+        **result,
+    }
     if "confusion_matrix" in result:  # a classification with its predictions: the files beside the JSON
         result["files"] = write_classification_details(result, args.output)
     path = write_result(result, args.output)
@@ -124,7 +177,10 @@ def record_result(args: argparse.Namespace, prog: str, spec: Any, result: dict, 
     if result.get("skipped_images"):
         print(skip_notice(f"{tag} {spec.name}:", result["skipped_images"]), flush=True)
     if "templates" in result:
-        print(f"{tag} {spec.name}: {len(result['templates'])} template(s), {result['templates_from']}", flush=True)
+        print(
+            f"{tag} {spec.name}: {len(result['templates'])} template(s), {result['templates_from']}",
+            flush=True,
+        )
     if "per_class" in result:
         print(f"{tag} {spec.name}: {per_class_line(result['per_class'])}", flush=True)
     for notice in result.get("notices", []):

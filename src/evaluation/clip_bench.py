@@ -48,7 +48,9 @@ class ClipBenchmarkError(UserError):
     """CLIP_benchmark is missing, or the model it was asked to load is not usable; one line."""
 
 
-def load_for_clip_benchmark(model_name: str, pretrained: str, cache_dir: str | None = None, device: Any = "cpu"):
+def load_for_clip_benchmark(
+    model_name: str, pretrained: str, cache_dir: str | None = None, device: Any = "cpu"
+):
     """CLIP_benchmark's loader signature over the inference CLIs' one loader
     (src/evaluation/model_loader.py): (model in fp32 eval mode, the evaluation transform, the
     tokenizer), with every error this CLI's one line. Weights are required."""
@@ -169,8 +171,10 @@ class DropUnreadable:
     def __call__(self, items: list) -> Any:
         kept = [item for item in items if item is not None]
         if not kept:
-            raise ClipBenchmarkError(f"none of the {len(items)} images of a batch could be read; lower --batch_size "
-                                     "or remove the unreadable files (zero_shot.py names each)")
+            raise ClipBenchmarkError(
+                f"none of the {len(items)} images of a batch could be read; lower --batch_size "
+                "or remove the unreadable files (zero_shot.py names each)"
+            )
         return self.collate(kept)
 
 
@@ -211,9 +215,12 @@ def run_clip_benchmark(argv: Sequence[str]) -> int:
     register(models)
     replaced = use_compatible_accuracy(zeroshot_classification), use_compatible_accuracy(linear_probe)
     if argv and argv[0] == "eval":
-        print(f"clip_benchmark_eval.py: precision {precision_of(argv)} "
-              "(fp32 unless --amp; --amp is CLIP_benchmark's autocast: bfloat16 on CPU, float16 on CUDA)",
-              file=sys.stderr, flush=True)
+        print(
+            f"clip_benchmark_eval.py: precision {precision_of(argv)} "
+            "(fp32 unless --amp; --amp is CLIP_benchmark's autocast: bfloat16 on CPU, float16 on CUDA)",
+            file=sys.stderr,
+            flush=True,
+        )
     saved = sys.argv
     sys.argv = ["clip_benchmark", *argv]  # its main() parses sys.argv and takes no arguments
     try:
@@ -227,6 +234,10 @@ def run_clip_benchmark(argv: Sequence[str]) -> int:
         sys.argv = saved
         zeroshot_classification.accuracy, linear_probe.accuracy = replaced
     if skipped:
-        print(skip_notice("clip_benchmark_eval.py:", skipped) + "\nclip_benchmark_eval.py: its metrics are over the "
-              "images that could be read", file=sys.stderr)
+        print(
+            skip_notice("clip_benchmark_eval.py:", skipped)
+            + "\nclip_benchmark_eval.py: its metrics are over the "
+            "images that could be read",
+            file=sys.stderr,
+        )
     return int(result or 0)

@@ -38,9 +38,17 @@ from src.open_alip.zero_shot import load_metadata
 
 # Our name -> the name `clip_benchmark eval --dataset` takes.
 CLIP_BENCHMARK_NAMES = {
-    "cifar10": "cifar10", "cifar100": "cifar100", "food101": "food101", "pets": "pets", "flowers": "flowers",
-    "sun397": "sun397", "stanford_car": "cars", "dtd": "dtd", "caltech101": "caltech101",
-    "aircraft": "fgvc_aircraft", "imagenet": "imagenet1k",
+    "cifar10": "cifar10",
+    "cifar100": "cifar100",
+    "food101": "food101",
+    "pets": "pets",
+    "flowers": "flowers",
+    "sun397": "sun397",
+    "stanford_car": "cars",
+    "dtd": "dtd",
+    "caltech101": "caltech101",
+    "aircraft": "fgvc_aircraft",
+    "imagenet": "imagenet1k",
 }
 CALTECH101_BACKGROUND = "BACKGROUND_Google"
 NUM_CLASSES = {"caltech101": 102}  # where CLIP_benchmark's class count differs from the original's
@@ -51,13 +59,17 @@ def read_caltech101_all(folder: Path) -> ClassificationData:
     folders = sorted(os.listdir(folder))
     names, _ = load_metadata("caltech101")
     if CALTECH101_BACKGROUND not in folders:
-        raise EvalDataError(f"caltech101: {folder} has no {CALTECH101_BACKGROUND}/; CLIP_benchmark counts it as a class")
+        raise EvalDataError(
+            f"caltech101: {folder} has no {CALTECH101_BACKGROUND}/; CLIP_benchmark counts it as a class"
+        )
     images: list[ImageSource] = []
     labels: list[int] = []
     for label, cls in enumerate(folders):
         class_dir = folder / cls
         if not class_dir.is_dir():
-            raise EvalDataError(f"caltech101: {class_dir} is not a class folder; 101_ObjectCategories holds only those")
+            raise EvalDataError(
+                f"caltech101: {class_dir} is not a class folder; 101_ObjectCategories holds only those"
+            )
         count = sum(1 for f in os.listdir(class_dir) if f.endswith(".jpg"))
         for i in range(1, count + 1):
             path = class_dir / f"image_{i:04d}.jpg"
@@ -97,10 +109,15 @@ def _names_from(data: ClassificationData, entry: PaperDataset) -> list[str]:
         return _pets_names(data, entry.num_classes)
     if name in ("flowers", "imagenet"):
         return list(load_metadata(name)[0] or [])
-    return list(data.classnames)  # caltech101 (set by its reader), stanford_car, aircraft, dtd: the files' names
+    return list(
+        data.classnames
+    )  # caltech101 (set by its reader), stanford_car, aircraft, dtd: the files' names
 
 
-_READERS: dict[str, Callable[[Path], ClassificationData]] = {"sun397": sun397_images, "caltech101": read_caltech101_all}
+_READERS: dict[str, Callable[[Path], ClassificationData]] = {
+    "sun397": sun397_images,
+    "caltech101": read_caltech101_all,
+}
 
 
 def read_clip_benchmark_dataset(entry: PaperDataset, path: Path) -> tuple[ClassificationData, list[str]]:
@@ -113,7 +130,9 @@ def read_clip_benchmark_dataset(entry: PaperDataset, path: Path) -> tuple[Classi
     names = _names_from(data, entry)
     expected = NUM_CLASSES.get(entry.name, entry.num_classes)
     if len(names) != expected:
-        raise EvalDataError(f"{entry.name}: {folder} defines {len(names)} classes, CLIP_benchmark's has {expected}")
+        raise EvalDataError(
+            f"{entry.name}: {folder} defines {len(names)} classes, CLIP_benchmark's has {expected}"
+        )
     known = [label for label in data.labels if label >= 0]
     if known and not 0 <= min(known) <= max(known) < expected:
         raise EvalDataError(f"{entry.name}: {folder} has class labels outside 0..{expected - 1}")
@@ -147,7 +166,9 @@ def clip_benchmark_retrieval_metrics(metrics: dict[str, float]) -> dict[str, flo
 def clip_benchmark_notices(dataset: str, data: ClassificationData) -> list[str]:
     """Where `clip_benchmark eval` would score this data differently from us (see the module doc)."""
     if dataset == "flowers" and data.labels and int(data.labels[0]) == 1:
-        return ["the first test image of flowers has label 1, so CLIP_benchmark 1.6.2 subtracts one from every "
-                "label (its repair for old torchvision's 1-based labels): its flowers numbers score other labels "
-                "than these, which are the dataset's own, unshifted"]
+        return [
+            "the first test image of flowers has label 1, so CLIP_benchmark 1.6.2 subtracts one from every "
+            "label (its repair for old torchvision's 1-based labels): its flowers numbers score other labels "
+            "than these, which are the dataset's own, unshifted"
+        ]
     return []

@@ -41,11 +41,22 @@ def zero_shot(args: argparse.Namespace) -> int:
         results = []
         for spec in specs:
             announce("zero_shot.py", spec)
-            result = evaluate_classification(model, spec, model.config["input_size"], device, args.batch_size,
-                                             args.workers, progress=not args.no_progress, protocol=args.protocol,
-                                             return_predictions=True)
-            results.append(record_result(args, "zero_shot.py", spec, result,
-                                         f"{result['metric']} {result['score']:.2f}%"))
+            result = evaluate_classification(
+                model,
+                spec,
+                model.config["input_size"],
+                device,
+                args.batch_size,
+                args.workers,
+                progress=not args.no_progress,
+                protocol=args.protocol,
+                return_predictions=True,
+            )
+            results.append(
+                record_result(
+                    args, "zero_shot.py", spec, result, f"{result['metric']} {result['score']:.2f}%"
+                )
+            )
         print(format_table(results))
         if paper_scores(results):
             print(f"\nThe paper's table ({args.protocol} protocol):")
@@ -67,8 +78,11 @@ def retrieval(args: argparse.Namespace) -> int:
     from src.evaluation.specs import parse_dataset_list
 
     try:
-        if args.batch_size < 1 or args.workers < 0 or (args.captions_per_image is not None
-                                                       and args.captions_per_image < 1):
+        if (
+            args.batch_size < 1
+            or args.workers < 0
+            or (args.captions_per_image is not None and args.captions_per_image < 1)
+        ):
             raise EvalDataError("--batch-size and --captions-per-image must be >= 1, --workers >= 0")
         specs = parse_dataset_list(args.datasets or [], args.data_root)
         for spec in specs:
@@ -77,11 +91,22 @@ def retrieval(args: argparse.Namespace) -> int:
         results = []
         for spec in specs:
             announce("retrieval.py", spec)
-            result = evaluate_retrieval(model, spec, model.config["input_size"], device, args.batch_size,
-                                        args.workers, progress=not args.no_progress,
-                                        captions_per_image=args.captions_per_image, protocol=args.protocol)
-            results.append(record_result(args, "retrieval.py", spec, result,
-                                         f"mean recall {result['metrics']['mean_recall']:.2f}%"))
+            result = evaluate_retrieval(
+                model,
+                spec,
+                model.config["input_size"],
+                device,
+                args.batch_size,
+                args.workers,
+                progress=not args.no_progress,
+                captions_per_image=args.captions_per_image,
+                protocol=args.protocol,
+            )
+            results.append(
+                record_result(
+                    args, "retrieval.py", spec, result, f"mean recall {result['metrics']['mean_recall']:.2f}%"
+                )
+            )
         print(format_table(results))
     except UserError as exc:
         return report("retrieval.py", exc)
@@ -93,8 +118,15 @@ def list_datasets() -> int:
     from src.evaluation.results import format_rows
 
     header = ["name", "classes", "templates", "test images", "metric", "layout under ROOT"]
-    print(format_rows(header, [[r["name"], r["classes"], r["templates"], f"{r['test_images']:,}", r["metric"],
-                                r["layout"]] for r in describe()]))
+    print(
+        format_rows(
+            header,
+            [
+                [r["name"], r["classes"], r["templates"], f"{r['test_images']:,}", r["metric"], r["layout"]]
+                for r in describe()
+            ],
+        )
+    )
     return 0
 
 
@@ -118,7 +150,9 @@ def classify_labels(args: argparse.Namespace) -> int:
         if args.datasets:
             raise EvalDataError("--images/--labels and --datasets exclude each other; run them separately")
         if not args.images or not args.labels:
-            raise EvalDataError("--images and --labels go together, e.g. --images photos/ --labels 'cat,dog,car'")
+            raise EvalDataError(
+                "--images and --labels go together, e.g. --images photos/ --labels 'cat,dog,car'"
+            )
         if args.batch_size < 1 or args.workers < 0:
             raise EvalDataError("--batch-size must be >= 1 and --workers >= 0")
         labels = read_labels(args.labels)  # before the model loads: a wrong --labels fails at once
@@ -129,19 +163,47 @@ def classify_labels(args: argparse.Namespace) -> int:
             source = "CLIP's ImageNet prompts (--label-templates FILE gives others)"
         images, not_read = list_images(args.images)
         device, model = prepare(args, "zero_shot.py", sys.stderr)  # stdout: the table alone
-        rows, unreadable = classify_images(model, images, labels, model.config["input_size"], device, templates,
-                                           args.batch_size, args.workers)
+        rows, unreadable = classify_images(
+            model,
+            images,
+            labels,
+            model.config["input_size"],
+            device,
+            templates,
+            args.batch_size,
+            args.workers,
+        )
         skipped = not_read + unreadable
-        table = tsv([("image", "label", "probability", "top-k, best first")]
-                    + [(str(r["image"]), r["label"], f"{r['probability']:.4f}",
-                        "; ".join(f"{label} {p:.4f}" for label, p in r["top_k"])) for r in rows])
+        table = tsv(
+            [("image", "label", "probability", "top-k, best first")]
+            + [
+                (
+                    str(r["image"]),
+                    r["label"],
+                    f"{r['probability']:.4f}",
+                    "; ".join(f"{label} {p:.4f}" for label, p in r["top_k"]),
+                )
+                for r in rows
+            ]
+        )
         path = atomic_write_text(args.output / "labels.tsv", table)
         counts = Counter(r["label"] for r in rows)
-        summary = atomic_write_json(args.output / "labels.json", json_safe({
-            "model": args.model_label, "checkpoint": str(args.checkpoint) if args.checkpoint else None,
-            "labels": labels, "images": len(rows), "per_label": {label: counts[label] for label in labels},
-            "templates": templates, "templates_from": source, "skipped_images": skipped,
-        }), ensure_ascii=False)
+        summary = atomic_write_json(
+            args.output / "labels.json",
+            json_safe(
+                {
+                    "model": args.model_label,
+                    "checkpoint": str(args.checkpoint) if args.checkpoint else None,
+                    "labels": labels,
+                    "images": len(rows),
+                    "per_label": {label: counts[label] for label in labels},
+                    "templates": templates,
+                    "templates_from": source,
+                    "skipped_images": skipped,
+                }
+            ),
+            ensure_ascii=False,
+        )
     except UserError as exc:
         return report("zero_shot.py", exc)
     # File names that are not UTF-8 as labels.tsv shows them (src/fsutil.py printable).
@@ -149,6 +211,11 @@ def classify_labels(args: argparse.Namespace) -> int:
     if skipped:
         print(skip_notice("[zero_shot]", skipped), file=sys.stderr)
     print(f"[zero_shot] {len(templates)} template(s): {source}", file=sys.stderr)
-    print(printable(f"[zero_shot] {len(rows)} images -> {path}, {summary}" + (f" ({len(skipped)} skipped)" if skipped else "")),
-          file=sys.stderr)
+    print(
+        printable(
+            f"[zero_shot] {len(rows)} images -> {path}, {summary}"
+            + (f" ({len(skipped)} skipped)" if skipped else "")
+        ),
+        file=sys.stderr,
+    )
     return 0

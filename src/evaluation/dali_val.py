@@ -31,8 +31,10 @@ def dali_preprocessing(input_size: int, device: torch.device | str) -> str:
     """What result files record as "preprocessing" for this path (the decoder follows the device,
     as in the original: nvJPEG on a GPU)."""
     decoder = "mixed (nvJPEG)" if torch.device(device).type == "cuda" else "cpu"
-    return (f"DALI, {decoder} decoder: triangular resize of the shorter side to {resize_shorter(input_size)}, "
-            f"centre crop, CLIP mean/std (the original's ImageNet path)")
+    return (
+        f"DALI, {decoder} decoder: triangular resize of the shorter side to {resize_shorter(input_size)}, "
+        f"centre crop, CLIP mean/std (the original's ImageNet path)"
+    )
 
 
 def _build_pipeline(input_size: int, batch_size: int, workers: int, device: torch.device):
@@ -41,16 +43,27 @@ def _build_pipeline(input_size: int, batch_size: int, workers: int, device: torc
     gpu = device.type == "cuda"
     device_id = (device.index if device.index is not None else torch.cuda.current_device()) if gpu else None
     # Synchronous: each run() decodes exactly the batch fed before it (reading files is ours).
-    pipe = Pipeline(batch_size=batch_size, num_threads=max(1, workers), device_id=device_id,
-                    exec_async=False, exec_pipelined=False)
+    pipe = Pipeline(
+        batch_size=batch_size,
+        num_threads=max(1, workers),
+        device_id=device_id,
+        exec_async=False,
+        exec_pipelined=False,
+    )
     with pipe:
         encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
         images = fn.decoders.image(encoded, device="mixed" if gpu else "cpu", output_type=types.RGB)
-        images = fn.resize(images, size=resize_shorter(input_size), mode="not_smaller",
-                           interp_type=types.INTERP_TRIANGULAR)
+        images = fn.resize(
+            images, size=resize_shorter(input_size), mode="not_smaller", interp_type=types.INTERP_TRIANGULAR
+        )
         images = fn.crop_mirror_normalize(
-            images, dtype=types.FLOAT, output_layout="CHW", crop=(input_size, input_size),
-            mean=[m * 255 for m in CLIP_MEAN], std=[s * 255 for s in CLIP_STD], mirror=0,
+            images,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            crop=(input_size, input_size),
+            mean=[m * 255 for m in CLIP_MEAN],
+            std=[s * 255 for s in CLIP_STD],
+            mirror=0,
         )
         pipe.set_outputs(images)
     pipe.build()
@@ -119,12 +132,23 @@ def dali_val_batches(
                     # A DALI pipeline is unusable after an error: each decode below gets a sound one.
                     pixels, good = _decode_one_by_one(pipes, rebuild, read, good, start, failed, device)
             batch_labels = [labels[start + i] if read[i][1] is None else read[i][1] for i in good]
-            yield Batch(pixels, torch.tensor(batch_labels, dtype=torch.long), [start + i for i in good],
-                        sorted(failed))
+            yield Batch(
+                pixels,
+                torch.tensor(batch_labels, dtype=torch.long),
+                [start + i for i in good],
+                sorted(failed),
+            )
 
 
-def _decode_one_by_one(pipes: list, rebuild, read: list, good: list[int], start: int,
-                       failed: list[tuple[int, str]], device: torch.device) -> tuple[torch.Tensor | None, list[int]]:
+def _decode_one_by_one(
+    pipes: list,
+    rebuild,
+    read: list,
+    good: list[int],
+    start: int,
+    failed: list[tuple[int, str]],
+    device: torch.device,
+) -> tuple[torch.Tensor | None, list[int]]:
     decoded, kept = [], []
     pipes[0] = rebuild()
     for i in good:
@@ -140,5 +164,7 @@ def _decode_one_by_one(pipes: list, rebuild, read: list, good: list[int], start:
 def _dali_reason(exc: RuntimeError) -> str:
     """The line of DALI's multi-line error that says what failed (it opens with its own traceback)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    after = lines[lines.index("encountered:") + 1:] if "encountered:" in lines else lines
-    return next((line for line in after if "no longer valid" not in line), lines[0] if lines else "unknown error")
+    after = lines[lines.index("encountered:") + 1 :] if "encountered:" in lines else lines
+    return next(
+        (line for line in after if "no longer valid" not in line), lines[0] if lines else "unknown error"
+    )

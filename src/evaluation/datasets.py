@@ -78,7 +78,9 @@ class ClassificationData:
         if not self.images:
             raise EvalDataError(f"dataset {self.name!r}: no images found")
         if len(self.images) != len(self.labels):
-            raise EvalDataError(f"dataset {self.name!r}: {len(self.images)} images but {len(self.labels)} labels")
+            raise EvalDataError(
+                f"dataset {self.name!r}: {len(self.images)} images but {len(self.labels)} labels"
+            )
 
 
 @dataclass
@@ -173,7 +175,9 @@ def read_classnames_file(path: Path, folders: Sequence[str] | None = None) -> li
 
 
 def read_image_folder(
-    root: Path | str, classnames: Sequence[str] | Path | str | None = None, name: str | None = None,
+    root: Path | str,
+    classnames: Sequence[str] | Path | str | None = None,
+    name: str | None = None,
     empty_classes: bool = False,
 ) -> ClassificationData:
     """An ImageFolder tree: ``root/<class>/<image>``; class index = sorted folder order
@@ -192,7 +196,9 @@ def read_image_folder(
     else:
         names = list(classnames)
         if len(names) != len(folders):
-            raise EvalDataError(f"image folder {root}: {len(names)} class names for {len(folders)} class folders")
+            raise EvalDataError(
+                f"image folder {root}: {len(names)} class names for {len(folders)} class folders"
+            )
     images: list[ImageSource] = []
     labels: list[int] = []
     for index, folder in enumerate(folders):
@@ -204,8 +210,10 @@ def read_image_folder(
         if len(images) == before and not empty_classes:
             # kept, it would still be a class every image is scored against, and count in the
             # chance level and mean per-class recall with nothing to recall
-            raise EvalDataError(f"image folder {root}: class folder {folder!r} holds no images; "
-                                "add its images or remove the folder")
+            raise EvalDataError(
+                f"image folder {root}: class folder {folder!r} holds no images; "
+                "add its images or remove the folder"
+            )
     return ClassificationData(name or root.name, images, labels, names)
 
 
@@ -227,7 +235,11 @@ def read_imagenet_val(
                 f"imagenet val {root}: {len(synset_dirs)} synset folders, expected {len(classnames)}"
             )
         return read_image_folder(root, list(classnames), name=name, empty_classes=True)
-    candidates = [solution_csv] if solution_csv else [root / "LOC_val_solution.csv", root.parent / "LOC_val_solution.csv"]
+    candidates = (
+        [solution_csv]
+        if solution_csv
+        else [root / "LOC_val_solution.csv", root.parent / "LOC_val_solution.csv"]
+    )
     csv_path = next((p for p in candidates if p is not None and p.is_file()), None)
     if csv_path is None:
         raise EvalDataError(
@@ -252,7 +264,9 @@ def read_imagenet_val(
     return ClassificationData(name, images, labels, list(classnames))
 
 
-def read_imagenet_rec(path: Path | str, classnames: Sequence[str], name: str = "imagenet") -> ClassificationData:
+def read_imagenet_rec(
+    path: Path | str, classnames: Sequence[str], name: str = "imagenet"
+) -> ClassificationData:
     """ImageNet validation as the original evaluates it: `val.rec` + `val.idx` (im2rec records, class
     index in the header label, sorted-synset order). `path` is the .rec file or the folder holding
     val.rec. The labels are read with the images (`LABEL_IN_RECORD`), so listing costs no extra pass."""
@@ -261,7 +275,9 @@ def read_imagenet_rec(path: Path | str, classnames: Sequence[str], name: str = "
     idx = rec.with_suffix(".idx")
     for needed in (rec, idx):
         if not needed.is_file():
-            raise EvalDataError(f"imagenet: {needed} is missing; the original reads val.rec with its val.idx beside it")
+            raise EvalDataError(
+                f"imagenet: {needed} is missing; the original reads val.rec with its val.idx beside it"
+            )
     offsets = [offset for _, offset in recordio.read_index(idx)]
     if not offsets:
         raise EvalDataError(f"imagenet: {idx} lists no records")
@@ -277,14 +293,27 @@ def _unpickle(path: Path, keys: Sequence[bytes]) -> dict:
         with open(path, "rb") as f:
             data = restricted_load(f, encoding="bytes")
     except ForbiddenGlobal as exc:
-        raise EvalDataError(f"CIFAR file {path}: refusing to load it: {exc}; re-download the dataset") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, MemoryError) as exc:
+        raise EvalDataError(
+            f"CIFAR file {path}: refusing to load it: {exc}; re-download the dataset"
+        ) from None
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        IndexError,
+        KeyError,
+        MemoryError,
+    ) as exc:
         raise EvalDataError(
             f"CIFAR file {path} is truncated or not a CIFAR pickle ({type(exc).__name__}: {exc}); re-download it"
         ) from None
     missing = [k.decode() for k in keys if not isinstance(data, dict) or k not in data]
     if missing:
-        raise EvalDataError(f"CIFAR file {path} is not a CIFAR pickle (no {', '.join(missing)}); re-download it")
+        raise EvalDataError(
+            f"CIFAR file {path} is not a CIFAR pickle (no {', '.join(missing)}); re-download it"
+        )
     return data
 
 
@@ -303,7 +332,9 @@ def read_cifar(root: Path | str, variant: str = "cifar10", split: str = "test") 
     try:
         raw_names = [n.decode() if isinstance(n, bytes) else str(n) for n in meta[names_key]]
     except (TypeError, UnicodeDecodeError) as exc:
-        raise EvalDataError(f"CIFAR file {root / meta_file}: unreadable class names ({exc}); re-download it") from None
+        raise EvalDataError(
+            f"CIFAR file {root / meta_file}: unreadable class names ({exc}); re-download it"
+        ) from None
     images: list[ImageSource] = []
     labels: list[int] = []
     for file in files:
@@ -312,14 +343,18 @@ def read_cifar(root: Path | str, variant: str = "cifar10", split: str = "test") 
             data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
             batch_labels = [int(x) for x in batch[labels_key]]
         except (TypeError, ValueError) as exc:
-            raise EvalDataError(f"CIFAR file {root / file}: malformed data or labels ({exc}); re-download it") from None
+            raise EvalDataError(
+                f"CIFAR file {root / file}: malformed data or labels ({exc}); re-download it"
+            ) from None
         if len(batch_labels) != len(data):
             raise EvalDataError(
                 f"CIFAR file {root / file}: {len(data)} images but {len(batch_labels)} labels; re-download it"
             )
         images.extend(np.ascontiguousarray(img) for img in data)
         labels.extend(batch_labels)
-    return ClassificationData(variant, images, labels, [_pretty(n) for n in raw_names], file_classnames=raw_names)
+    return ClassificationData(
+        variant, images, labels, [_pretty(n) for n in raw_names], file_classnames=raw_names
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,7 +388,9 @@ def _find_image(root: Path, relative: str, where: str, subfolders: Sequence[str]
     raise EvalDataError(f"{where}: image {relative} not found under {root}; pass --image-root")
 
 
-def _grouped(name: str, pairs: Sequence[tuple[Path, list[str]]], captions_per_image: int | None) -> RetrievalData:
+def _grouped(
+    name: str, pairs: Sequence[tuple[Path, list[str]]], captions_per_image: int | None
+) -> RetrievalData:
     images, captions, caption_image = [], [], []
     for path, texts in pairs:
         texts = texts[:captions_per_image] if captions_per_image else texts
@@ -364,7 +401,10 @@ def _grouped(name: str, pairs: Sequence[tuple[Path, list[str]]], captions_per_im
 
 
 def read_coco_captions(
-    data: dict, json_path: Path, image_root: Path | str | None = None, captions_per_image: int | None = None,
+    data: dict,
+    json_path: Path,
+    image_root: Path | str | None = None,
+    captions_per_image: int | None = None,
     name: str | None = None,
 ) -> RetrievalData:
     """COCO's caption layout, CLIP_benchmark's coco_test_karpathy.json: ``{"images": [{"id",
@@ -388,7 +428,9 @@ def read_coco_captions(
 
 
 def read_flickr_txt(
-    txt_path: Path | str, image_root: Path | str | None = None, captions_per_image: int | None = None,
+    txt_path: Path | str,
+    image_root: Path | str | None = None,
+    captions_per_image: int | None = None,
     name: str | None = None,
 ) -> RetrievalData:
     """CLIP_benchmark's flickr30k_test_karpathy.txt, read as its Flickr dataset reads it: a header
@@ -409,10 +451,14 @@ def read_flickr_txt(
             continue
         image, sep, caption = line.partition(".jpg,")
         if not sep:
-            raise EvalDataError(f"{txt_path}, line {number}: expected IMAGE.jpg,caption; fix or remove that line")
+            raise EvalDataError(
+                f"{txt_path}, line {number}: expected IMAGE.jpg,caption; fix or remove that line"
+            )
         grouped.setdefault(image + ".jpg", []).append(caption)
-    pairs = [(_find_image(root, image, str(txt_path), ("flickr30k-images",)), texts)
-             for image, texts in grouped.items()]
+    pairs = [
+        (_find_image(root, image, str(txt_path), ("flickr30k-images",)), texts)
+        for image, texts in grouped.items()
+    ]
     return _grouped(name or txt_path.stem, pairs, captions_per_image)
 
 
@@ -430,7 +476,9 @@ def _load_split_json(json_path: Path | str) -> tuple[Path, object]:
 
 
 def read_split_json(
-    json_path: Path | str, image_root: Path | str | None = None, captions_per_image: int | None = None,
+    json_path: Path | str,
+    image_root: Path | str | None = None,
+    captions_per_image: int | None = None,
     name: str | None = None,
 ) -> RetrievalData:
     """A Karpathy split JSON (or a folder holding one), or one in COCO's caption layout
@@ -459,8 +507,14 @@ def read_karpathy(
     return _karpathy_split(data, json_path, image_root, split, captions_per_image, name)
 
 
-def _karpathy_split(data: object, json_path: Path, image_root: Path | str | None, split: str,
-                    captions_per_image: int | None, name: str | None) -> RetrievalData:
+def _karpathy_split(
+    data: object,
+    json_path: Path,
+    image_root: Path | str | None,
+    split: str,
+    captions_per_image: int | None,
+    name: str | None,
+) -> RetrievalData:
     root = Path(image_root) if image_root is not None else json_path.parent
     try:
         entries = data["images"]
@@ -481,10 +535,14 @@ def _karpathy_split(data: object, json_path: Path, image_root: Path | str | None
                     path = alt
                     break
             else:
-                raise EvalDataError(f"{json_path}: image {relative} not found under {root}; pass --image-root")
+                raise EvalDataError(
+                    f"{json_path}: image {relative} not found under {root}; pass --image-root"
+                )
         sentences = [s["raw"] for s in entry["sentences"]]
         if not all(isinstance(text, str) for text in sentences):
-            raise EvalDataError(f"{json_path}: image {relative}: a sentence's \"raw\" is not text; fix that entry")
+            raise EvalDataError(
+                f'{json_path}: image {relative}: a sentence\'s "raw" is not text; fix that entry'
+            )
         sentences = [text.strip() for text in sentences]
         if captions_per_image:
             sentences = sentences[:captions_per_image]
@@ -535,8 +593,10 @@ def read_caption_json(
             path = alt
         texts = [texts] if isinstance(texts, str) else texts
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            raise EvalDataError(f"{json_path}: image {relative}: caption {texts!r} is not text or a list of "
-                                "texts; fix or remove that entry")
+            raise EvalDataError(
+                f"{json_path}: image {relative}: caption {texts!r} is not text or a list of "
+                "texts; fix or remove that entry"
+            )
         if captions_per_image:
             texts = texts[:captions_per_image]
         if not texts:

@@ -28,8 +28,13 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
 
 
 def image_batches(
-    images: Sequence[ImageSource], labels: Sequence[int] | None, input_size: int, device: torch.device | str,
-    batch_size: int, workers: int, dali: bool = False,
+    images: Sequence[ImageSource],
+    labels: Sequence[int] | None,
+    input_size: int,
+    device: torch.device | str,
+    batch_size: int,
+    workers: int,
+    dali: bool = False,
 ) -> Iterable[Batch]:
     """`Batch`es of `images`, unreadable ones skipped: through the skipping loader, or (`dali`,
     the original's ImageNet resize) through DALI."""
@@ -41,8 +46,12 @@ def image_batches(
 
 
 def encoded_batches(
-    model: torch.nn.Module, batches: Iterable[Batch], input_size: int, device: torch.device | str,
-    progress: bool = False, desc: str = "images",
+    model: torch.nn.Module,
+    batches: Iterable[Batch],
+    input_size: int,
+    device: torch.device | str,
+    progress: bool = False,
+    desc: str = "images",
 ) -> Iterator[tuple[torch.Tensor | None, Batch]]:
     """(L2-normalised float32 embeddings of the batch's readable images, the batch) per batch;
     None in place of the embeddings when no image of the batch could be read."""
@@ -61,8 +70,14 @@ def encoded_batches(
 
 @torch.no_grad()
 def encode_images(
-    model: torch.nn.Module, images: Sequence[ImageSource], input_size: int, device: torch.device | str,
-    batch_size: int = 64, workers: int = 0, progress: bool = False, desc: str = "images",
+    model: torch.nn.Module,
+    images: Sequence[ImageSource],
+    input_size: int,
+    device: torch.device | str,
+    batch_size: int = 64,
+    workers: int = 0,
+    progress: bool = False,
+    desc: str = "images",
 ) -> tuple[torch.Tensor | None, list[int], list[tuple[int, str]]]:
     """(embeddings [N_read, D] or None if none was read, the positions they belong to, the
     (position, reason) pairs of the images that could not be read)."""

@@ -55,7 +55,9 @@ class ImageInputs:
     root: Path  # what `labels` are relative to (the folder, or the list's folder)
     sources: list[Path]
     labels: list[str]  # how the index names each source
-    missing: list[tuple[str, str]] = field(default_factory=list)  # (label, why) of paths that are no file to read
+    missing: list[tuple[str, str]] = field(
+        default_factory=list
+    )  # (label, why) of paths that are no file to read
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,14 +91,18 @@ def _list_entries(path: Path, image_column: str | None) -> list[str]:
                     raise EmbedError(f"--images {path}: line {n} is not a JSON object")
                 rows.append(row)
     else:
-        rows = list(csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if suffix == ".tsv" else ","))
+        rows = list(
+            csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if suffix == ".tsv" else ",")
+        )
     if not rows:
         raise EmbedError(f"--images {path}: the manifest has no rows")
     columns = list(rows[0].keys())
     column = image_column or next((c for c in IMAGE_COLUMNS if c in columns), None)
     if column is None or column not in columns:
         wanted = f"no column {image_column!r}" if image_column else "no image column"
-        raise EmbedError(f"--images {path}: {wanted} among {', '.join(map(str, columns))}; name it with --image-column")
+        raise EmbedError(
+            f"--images {path}: {wanted} among {', '.join(map(str, columns))}; name it with --image-column"
+        )
     return [str(row.get(column) or "").strip() for row in rows]
 
 
@@ -159,7 +165,9 @@ def _progress(total: int, desc: str, enabled: bool):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=desc.rstrip("s") if desc.endswith("s") else desc, dynamic_ncols=True)
+    return tqdm(
+        total=total, desc=desc, unit=desc.rstrip("s") if desc.endswith("s") else desc, dynamic_ncols=True
+    )
 
 
 @torch.no_grad()
@@ -208,7 +216,9 @@ def embed_texts(
     for start in range(0, len(texts), batch_size):
         chunk = list(texts[start : start + batch_size])
         tokens = tokenize(chunk, model.context_length).to(device)
-        rows[start : start + len(chunk)] = F.normalize(model.encode_text(tokens).float(), dim=-1).cpu().numpy()
+        rows[start : start + len(chunk)] = (
+            F.normalize(model.encode_text(tokens).float(), dim=-1).cpu().numpy()
+        )
         if bar is not None:
             bar.update(len(chunk))
     if bar is not None:
@@ -305,8 +315,10 @@ def run_embed(
         inputs = read_images(images, image_column)
         if not inputs.sources:
             label, why = inputs.missing[0]
-            raise EmbedError(f"--images {images}: none of the {len(inputs.missing)} image paths is a file to read "
-                             f"(e.g. {label} {why})")
+            raise EmbedError(
+                f"--images {images}: none of the {len(inputs.missing)} image paths is a file to read "
+                f"(e.g. {label} {why})"
+            )
         model = load()
         dim, n, labels = model.image_embed_dim, len(inputs.sources), inputs.labels
         skipped = [{"item": label, "error": why} for label, why in inputs.missing]
@@ -323,8 +335,15 @@ def run_embed(
             return written
 
         def make_index(kept: np.ndarray) -> dict[str, Any]:
-            return {"kind": "images", **base, "count": len(kept), "dim": dim, "root": str(inputs.root.resolve()),
-                    "items": [labels[i] for i in kept], "skipped": skipped}
+            return {
+                "kind": "images",
+                **base,
+                "count": len(kept),
+                "dim": dim,
+                "root": str(inputs.root.resolve()),
+                "items": [labels[i] for i in kept],
+                "skipped": skipped,
+            }
     else:
         text_list, blank = read_texts(texts)
         model = load()
@@ -335,8 +354,16 @@ def run_embed(
             return np.ones(n, dtype=bool)
 
         def make_index(kept: np.ndarray) -> dict[str, Any]:
-            return {"kind": "texts", **base, "count": len(kept), "dim": dim, "root": str(texts.resolve()),
-                    "items": text_list, "skipped": [], "blank_lines": blank}
+            return {
+                "kind": "texts",
+                **base,
+                "count": len(kept),
+                "dim": dim,
+                "root": str(texts.resolve()),
+                "items": text_list,
+                "skipped": [],
+                "blank_lines": blank,
+            }
 
     index = _write_outputs(output, n, dim, fill, make_index)
     summary = {k: v for k, v in index.items() if k != "items"}

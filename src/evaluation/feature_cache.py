@@ -79,7 +79,9 @@ class SplitFeatures:
     seconds: float  # extraction time (0 when reused)
 
 
-def entry_key(weights: str, config: dict, data: ClassificationData, split: str, input_size: int) -> tuple[str, dict]:
+def entry_key(
+    weights: str, config: dict, data: ClassificationData, split: str, input_size: int
+) -> tuple[str, dict]:
     """(the entry's hash, the parts it hashes)."""
     parts = {
         "format": FEATURE_FORMAT,
@@ -106,13 +108,24 @@ def _load(folder: Path) -> tuple[Rows, dict]:
     features = np.memmap(folder / "features.f32", dtype=np.float32, mode="c", shape=(count, dim))
     labels = np.fromfile(folder / "labels.i64", dtype=np.int64)
     if len(labels) != count:
-        raise EvalDataError(f"feature cache {folder}: {len(labels)} labels for {count} rows; delete the folder")
+        raise EvalDataError(
+            f"feature cache {folder}: {len(labels)} labels for {count} rows; delete the folder"
+        )
     return Rows(torch.from_numpy(features), torch.from_numpy(labels)), meta
 
 
 def split_features(
-    model: torch.nn.Module, data: ClassificationData, split: str, *, weights: str, config: dict,
-    cache_dir: Path, input_size: int, device: torch.device | str, batch_size: int, workers: int,
+    model: torch.nn.Module,
+    data: ClassificationData,
+    split: str,
+    *,
+    weights: str,
+    config: dict,
+    cache_dir: Path,
+    input_size: int,
+    device: torch.device | str,
+    batch_size: int,
+    workers: int,
     progress: bool = False,
 ) -> SplitFeatures:
     """The features of `data` (one split), from the cache or extracted into it (module doc)."""
@@ -126,8 +139,9 @@ def split_features(
         with _writing(cache_dir):
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-        seconds, skipped = _extract(model, data, split, parts, tmp, cache_dir, input_size, device, batch_size,
-                                    workers, progress)
+        seconds, skipped = _extract(
+            model, data, split, parts, tmp, cache_dir, input_size, device, batch_size, workers, progress
+        )
         with _writing(cache_dir):
             try:
                 os.rename(tmp, folder)
@@ -146,13 +160,25 @@ def _writing(cache_dir: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise EvalDataError(f"feature cache {cache_dir}: cannot write there ({exc.strerror or exc}); free space or "
-                            "pass another --feature-cache") from None
+        raise EvalDataError(
+            f"feature cache {cache_dir}: cannot write there ({exc.strerror or exc}); free space or "
+            "pass another --feature-cache"
+        ) from None
 
 
-def _extract(model: torch.nn.Module, data: ClassificationData, split: str, parts: dict, tmp: Path, cache_dir: Path,
-             input_size: int, device: torch.device | str, batch_size: int, workers: int,
-             progress: bool) -> tuple[float, list[dict]]:
+def _extract(
+    model: torch.nn.Module,
+    data: ClassificationData,
+    split: str,
+    parts: dict,
+    tmp: Path,
+    cache_dir: Path,
+    input_size: int,
+    device: torch.device | str,
+    batch_size: int,
+    workers: int,
+    progress: bool,
+) -> tuple[float, list[dict]]:
     """Embed every readable image of `data` in order into `tmp`; returns (seconds, skipped images)."""
     start = time.perf_counter()
     failed: list[tuple[int, str]] = []
@@ -161,7 +187,9 @@ def _extract(model: torch.nn.Module, data: ClassificationData, split: str, parts
         feats, labels = open(tmp / "features.f32", "wb"), open(tmp / "labels.i64", "wb")
     with feats, labels, torch.no_grad(), eval_mode(model):
         batches = image_batches(data.images, data.labels, input_size, device, batch_size, workers)
-        for emb, batch in encoded_batches(model, batches, input_size, device, progress, f"{data.name} {split}"):
+        for emb, batch in encoded_batches(
+            model, batches, input_size, device, progress, f"{data.name} {split}"
+        ):
             failed += batch.failed
             if emb is None:
                 continue
@@ -174,10 +202,14 @@ def _extract(model: torch.nn.Module, data: ClassificationData, split: str, parts
     skipped = skipped_list(data.images, failed)
     if count == 0:
         first = skipped[0]
-        raise EvalDataError(f"dataset {data.name} ({split}): none of its {len(data.images)} images could be "
-                            f"read (e.g. {first['image']}: {first['error']})")
+        raise EvalDataError(
+            f"dataset {data.name} ({split}): none of its {len(data.images)} images could be "
+            f"read (e.g. {first['image']}: {first['error']})"
+        )
     seconds = time.perf_counter() - start
     with _writing(cache_dir):
-        atomic_write_json(tmp / "meta.json", {**parts, "count": count, "dim": dim, "extraction_seconds": seconds,
-                                              "skipped_images": skipped})
+        atomic_write_json(
+            tmp / "meta.json",
+            {**parts, "count": count, "dim": dim, "extraction_seconds": seconds, "skipped_images": skipped},
+        )
     return seconds, skipped

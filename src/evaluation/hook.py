@@ -37,8 +37,9 @@ class RunPlace(Protocol):
     distributed: bool
 
 
-def zero_shot_epoch_hook(dataset_spec: DatasetSpec | str | Path, frequency: int = 1,
-                         protocol: str = "standard") -> Callable[..., dict]:
+def zero_shot_epoch_hook(
+    dataset_spec: DatasetSpec | str | Path, frequency: int = 1, protocol: str = "standard"
+) -> Callable[..., dict]:
     """An epoch-end hook for the training loop (src/training/main.py's EpochEndHook).
 
     Called as ``hook(model, epochs_done, config, plan, env)`` on every rank. Every `frequency`
@@ -51,14 +52,23 @@ def zero_shot_epoch_hook(dataset_spec: DatasetSpec | str | Path, frequency: int 
     spec = as_spec(dataset_spec)
     load_classification_data(spec)  # fail at start-up, not after the first epoch
 
-    def hook(model: torch.nn.Module, epochs_done: int, config: RunSettings, plan: BatchSplit,
-             env: RunPlace) -> dict:
+    def hook(
+        model: torch.nn.Module, epochs_done: int, config: RunSettings, plan: BatchSplit, env: RunPlace
+    ) -> dict:
         if epochs_done % frequency:
             return {}
         shard = Shard(env.rank, env.world_size) if env.distributed else Shard()
         input_size = int(unwrap_model(model).config["input_size"])
-        result = evaluate_classification(model, spec, input_size, env.device, plan.micro_batch, config.workers,
-                                         protocol=protocol, shard=shard)
+        result = evaluate_classification(
+            model,
+            spec,
+            input_size,
+            env.device,
+            plan.micro_batch,
+            config.workers,
+            protocol=protocol,
+            shard=shard,
+        )
         if env.rank != 0:
             return {}
         return {f"zeroshot_{k}": v for k, v in result["metrics"].items()}

@@ -26,7 +26,9 @@ from src.open_alip.paths import not_a_file
 WANTED = "an image file"  # what a path named like an image must be (src/open_alip/paths.py's wording)
 
 
-def find_images(folder: Path, option: str = "--images") -> tuple[list[tuple[str, Path]], list[tuple[str, str]]]:
+def find_images(
+    folder: Path, option: str = "--images"
+) -> tuple[list[tuple[str, Path]], list[tuple[str, str]]]:
     """(relative POSIX path, path) of every image file under `folder`, sorted by relative path;
     hidden files and folders left out, linked folders followed once (src/fsutil.py walk_files).
     And (relative path, why) of what the walk found named like an image that is not one to read: a
@@ -46,7 +48,9 @@ def find_images(folder: Path, option: str = "--images") -> tuple[list[tuple[str,
             not_read.append((rel, why))
     not_read += [(rel, f"is a folder, not {WANTED} (the images in it are read)") for rel in folders]
     if not found and not not_read:
-        raise EvalDataError(f"{option} {folder}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in the folder or below it")
+        raise EvalDataError(
+            f"{option} {folder}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in the folder or below it"
+        )
     return found, sorted(not_read)
 
 
@@ -69,8 +73,10 @@ def list_images(paths: Sequence[Path | str]) -> tuple[list[Path], list[dict[str,
             raise EvalDataError(f"--images {path}: no such file or folder")
     if not found:
         first = skipped[0]
-        raise EvalDataError(f"--images: none of the {len(skipped)} paths is an image file to read "
-                            f"(e.g. {first['image']} {first['error']})")
+        raise EvalDataError(
+            f"--images: none of the {len(skipped)} paths is an image file to read "
+            f"(e.g. {first['image']} {first['error']})"
+        )
     return found, skipped
 
 
@@ -86,7 +92,9 @@ class SkippingImages(ImageDataset):
     def __getitem__(self, index: int):  # type: ignore[override]
         try:
             image, label = super().__getitem__(index)
-        except Exception as exc:  # any decoder failure (OSError, DecompressionBombError, ...) means "unreadable"
+        except (
+            Exception
+        ) as exc:  # any decoder failure (OSError, DecompressionBombError, ...) means "unreadable"
             return None, -1, index, describe_failure(exc)
         return image, label, index, None
 
@@ -131,8 +139,12 @@ def skipping_loader(
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     dataset = SkippingImages(images, labels, size=input_size)
     return torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=False, num_workers=max(0, min(workers, cores)),
-        collate_fn=_collate, pin_memory=on_device,
+        dataset,
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=max(0, min(workers, cores)),
+        collate_fn=_collate,
+        pin_memory=on_device,
     )
 
 

@@ -55,9 +55,19 @@ class Extraction:
 
 def _features(extraction: Extraction, data: ClassificationData, split: str) -> SplitFeatures:
     e = extraction
-    return split_features(e.model, data, split, weights=e.weights, config=e.config, cache_dir=e.cache_dir,
-                          input_size=e.input_size, device=e.device, batch_size=e.batch_size, workers=e.workers,
-                          progress=e.progress)
+    return split_features(
+        e.model,
+        data,
+        split,
+        weights=e.weights,
+        config=e.config,
+        cache_dir=e.cache_dir,
+        input_size=e.input_size,
+        device=e.device,
+        batch_size=e.batch_size,
+        workers=e.workers,
+        progress=e.progress,
+    )
 
 
 def _check_labels(name: str, split: str, rows: Rows, num_classes: int) -> None:
@@ -66,7 +76,9 @@ def _check_labels(name: str, split: str, rows: Rows, num_classes: int) -> None:
 
 
 def evaluate_linear_probe(
-    dataset: ProbeDataset, extraction: Extraction, settings: ProbeSettings = ProbeSettings(),
+    dataset: ProbeDataset,
+    extraction: Extraction,
+    settings: ProbeSettings = ProbeSettings(),
     log: Callable[[str], None] = print,
 ) -> dict:
     """The probe of one dataset: {"dataset", "task": "linear_probe", "protocol", "metric", "score",
@@ -97,11 +109,16 @@ def evaluate_linear_probe(
         "task": "linear_probe",
         "protocol": settings.protocol,
         "num_classes": num_classes,
-        "images": {"train": sum(p.count for p in fit_parts), "val": sum(p.count for p in val_parts),
-                   "test": len(test.labels)},
+        "images": {
+            "train": sum(p.count for p in fit_parts),
+            "val": sum(p.count for p in val_parts),
+            "test": len(test.labels),
+        },
         "validation": validation,
         "preprocessing": PIL_PREPROCESSING,
-        "feature_cache": {split: {"folder": str(f.folder), "reused": f.reused} for split, f in features.items()},
+        "feature_cache": {
+            split: {"folder": str(f.folder), "reused": f.reused} for split, f in features.items()
+        },
     }
     if settings.protocol == "clip_benchmark":
         probe = _clip_benchmark(fit_parts, val_parts, test, extraction.device, settings, log)
@@ -109,20 +126,41 @@ def evaluate_linear_probe(
         result["clip_benchmark"] = {k: probe[k] for k in ("weight_decay", "sweep")}
         result["clip_benchmark_metrics"] = probe["clip_benchmark_metrics"]
     else:
-        probe = _paper(fit_parts, val_parts, refit_parts, test, num_classes, dataset.metric, extraction.device,
-                       settings, log)
+        probe = _paper(
+            fit_parts,
+            val_parts,
+            refit_parts,
+            test,
+            num_classes,
+            dataset.metric,
+            extraction.device,
+            settings,
+            log,
+        )
         result["metric"] = dataset.metric
         result["regularization"] = probe["regularization"]
-    result.update(score=probe["metrics"][result["metric"]], metrics=probe["metrics"],
-                  seconds={"features": sum(f.seconds for f in features.values()), "probe": probe["seconds"]})
+    result.update(
+        score=probe["metrics"][result["metric"]],
+        metrics=probe["metrics"],
+        seconds={"features": sum(f.seconds for f in features.values()), "probe": probe["seconds"]},
+    )
     skipped = [{**s, "split": split} for split, f in features.items() for s in f.skipped]
     if skipped:
         result["skipped_images"] = skipped
     return result
 
 
-def _paper(fit_parts: list[Rows], val_parts: list[Rows], refit_parts: list[Rows], test: Rows, num_classes: int,
-           metric: str, device: torch.device, settings: ProbeSettings, log: Callable[[str], None]) -> dict:
+def _paper(
+    fit_parts: list[Rows],
+    val_parts: list[Rows],
+    refit_parts: list[Rows],
+    test: Rows,
+    num_classes: int,
+    metric: str,
+    device: torch.device,
+    settings: ProbeSettings,
+    log: Callable[[str], None],
+) -> dict:
     placed: dict[int, Rows] = {}
 
     def on_device(part: Rows) -> Rows:
@@ -139,10 +177,20 @@ def _paper(fit_parts: list[Rows], val_parts: list[Rows], refit_parts: list[Rows]
         lam = LAMBDA_GRID[index]
         fit = fit_logistic(fit_parts, num_classes, lam, device, settings.max_iter)
         val = score(val_parts, fit, num_classes, device)
-        sweep.append({"lambda": lam, "val": {k: val[k] for k in (metric, "loss")}, "iterations": fit.iterations,
-                      "converged": fit.converged, "seconds": fit.seconds})
-        log(f"fit {len(sweep)}: lambda {log_lambda(lam)}, val {metric} {val[metric]:.2f}% (loss {val['loss']:.4f}), "
-            f"{fit.iterations} L-BFGS iterations, {fit.seconds:.2f} s" + ("" if fit.converged else ", not converged"))
+        sweep.append(
+            {
+                "lambda": lam,
+                "val": {k: val[k] for k in (metric, "loss")},
+                "iterations": fit.iterations,
+                "converged": fit.converged,
+                "seconds": fit.seconds,
+            }
+        )
+        log(
+            f"fit {len(sweep)}: lambda {log_lambda(lam)}, val {metric} {val[metric]:.2f}% (loss {val['loss']:.4f}), "
+            f"{fit.iterations} L-BFGS iterations, {fit.seconds:.2f} s"
+            + ("" if fit.converged else ", not converged")
+        )
         return sweep_key(val, metric)
 
     peak = coarse_to_fine(evaluate)
@@ -150,12 +198,24 @@ def _paper(fit_parts: list[Rows], val_parts: list[Rows], refit_parts: list[Rows]
     final = fit_logistic(refit_parts, num_classes, lam, device, settings.max_iter)
     metrics = score(test_parts, final, num_classes, device)
     metrics.pop("loss")
-    log(f"final fit on train + val: lambda {log_lambda(lam)}, {final.iterations} L-BFGS iterations, "
-        f"{final.seconds:.2f} s")
+    log(
+        f"final fit on train + val: lambda {log_lambda(lam)}, {final.iterations} L-BFGS iterations, "
+        f"{final.seconds:.2f} s"
+    )
     seconds = sum(s["seconds"] for s in sweep) + final.seconds
-    return {"metrics": metrics, "seconds": seconds, "regularization": {
-        "lambda": lam, "C": 1.0 / lam, "log10_lambda": math.log10(lam), "fits": len(sweep) + 1,
-        "final_iterations": final.iterations, "final_converged": final.converged, "sweep": sweep}}
+    return {
+        "metrics": metrics,
+        "seconds": seconds,
+        "regularization": {
+            "lambda": lam,
+            "C": 1.0 / lam,
+            "log10_lambda": math.log10(lam),
+            "fits": len(sweep) + 1,
+            "final_iterations": final.iterations,
+            "final_converged": final.converged,
+            "sweep": sweep,
+        },
+    }
 
 
 def _gather(parts: list[Rows]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,8 +228,22 @@ def _gather(parts: list[Rows]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(xs), torch.cat(ys)
 
 
-def _clip_benchmark(fit_parts: list[Rows], val_parts: list[Rows], test: Rows, device: torch.device,
-                    settings: ProbeSettings, log: Callable[[str], None]) -> dict:
-    return clip_benchmark_probe(_gather(fit_parts), _gather(val_parts), _gather([test]), device,
-                                lr=settings.cb_lr, epochs=settings.cb_epochs, batch_size=settings.cb_batch_size,
-                                seed=settings.seed, log=log)
+def _clip_benchmark(
+    fit_parts: list[Rows],
+    val_parts: list[Rows],
+    test: Rows,
+    device: torch.device,
+    settings: ProbeSettings,
+    log: Callable[[str], None],
+) -> dict:
+    return clip_benchmark_probe(
+        _gather(fit_parts),
+        _gather(val_parts),
+        _gather([test]),
+        device,
+        lr=settings.cb_lr,
+        epochs=settings.cb_epochs,
+        batch_size=settings.cb_batch_size,
+        seed=settings.seed,
+        log=log,
+    )

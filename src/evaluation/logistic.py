@@ -105,8 +105,12 @@ class Fit:
 
 
 def fit_logistic(
-    parts: Sequence[Rows], num_classes: int, lam: float, device: torch.device | str,
-    max_iter: int = MAX_ITER, tolerance: float = TOLERANCE,
+    parts: Sequence[Rows],
+    num_classes: int,
+    lam: float,
+    device: torch.device | str,
+    max_iter: int = MAX_ITER,
+    tolerance: float = TOLERANCE,
 ) -> Fit:
     """Minimise the objective (module doc) over the rows of `parts` with L-BFGS (strong-Wolfe line
     search), from zero weights, in float32 on `device`."""
@@ -121,8 +125,15 @@ def fit_logistic(
     scale = 1.0 / math.sqrt(1.0 + lam / n)
     v = torch.zeros(num_classes, width, device=device, requires_grad=True)
     bias = torch.zeros(num_classes, device=device, requires_grad=True)
-    optimizer = torch.optim.LBFGS([v, bias], lr=1, max_iter=max_iter, tolerance_grad=tolerance,
-                                  tolerance_change=1e-12, history_size=HISTORY, line_search_fn="strong_wolfe")
+    optimizer = torch.optim.LBFGS(
+        [v, bias],
+        lr=1,
+        max_iter=max_iter,
+        tolerance_grad=tolerance,
+        tolerance_change=1e-12,
+        history_size=HISTORY,
+        line_search_fn="strong_wolfe",
+    )
 
     @torch.no_grad()
     def objective() -> torch.Tensor:
@@ -155,8 +166,16 @@ def fit_logistic(
     state = optimizer.state[v]
     final = objective()  # the objective and gradient where L-BFGS stopped
     converged = max(v.grad.abs().max().item(), bias.grad.abs().max().item()) <= tolerance
-    return Fit(lam, (v * scale).detach(), bias.detach(), float(final), int(state.get("n_iter", 0)),
-               int(state.get("func_evals", 0)), time.perf_counter() - start, converged)
+    return Fit(
+        lam,
+        (v * scale).detach(),
+        bias.detach(),
+        float(final),
+        int(state.get("n_iter", 0)),
+        int(state.get("func_evals", 0)),
+        time.perf_counter() - start,
+        converged,
+    )
 
 
 @torch.no_grad()
@@ -170,7 +189,9 @@ def score(parts: Sequence[Rows], fit: Fit, num_classes: int, device: torch.devic
         if m is not None:
             x, y = x[m], y[m]
         logits = fit.logits(x)
-        total += (logits.logsumexp(dim=1) - logits.gather(1, y[:, None])[:, 0]).sum(dtype=torch.float64).item()
+        total += (
+            (logits.logsumexp(dim=1) - logits.gather(1, y[:, None])[:, 0]).sum(dtype=torch.float64).item()
+        )
         t1, tk = top_predictions(logits)
         top1.append(t1)
         topk.append(tk)
@@ -180,7 +201,9 @@ def score(parts: Sequence[Rows], fit: Fit, num_classes: int, device: torch.devic
     return metrics
 
 
-def coarse_to_fine(evaluate: Callable[[int], tuple], size: int = len(LAMBDA_GRID), coarse: int = COARSE_STEP) -> int:
+def coarse_to_fine(
+    evaluate: Callable[[int], tuple], size: int = len(LAMBDA_GRID), coarse: int = COARSE_STEP
+) -> int:
     """The grid index CLIP's search settles on: the best of every `coarse`-th index (the last one
     included), then, with the step halved each round down to 1, the best of (peak - step, peak,
     peak + step). `evaluate(i)` returns a key to maximise; each index is evaluated once, and of

@@ -60,7 +60,9 @@ def check_weights_given(weights: str | os.PathLike | None, random_init: bool) ->
         raise ModelLoadError("--random-init and --model-weight exclude each other; keep one")
 
 
-def _mismatch(exc: WeightsMismatchError, config: str | os.PathLike, weights: str | os.PathLike) -> ModelLoadError:
+def _mismatch(
+    exc: WeightsMismatchError, config: str | os.PathLike, weights: str | os.PathLike
+) -> ModelLoadError:
     """The library's mismatch as advice about this command's flags."""
     if exc.recorded and exc.fits:
         hint = f"they record their own config, {exc.fits}: leave out --model-name"
@@ -70,7 +72,9 @@ def _mismatch(exc: WeightsMismatchError, config: str | os.PathLike, weights: str
         hint = f"they fit {exc.fits}: leave out --model-name, or pass --model-name {exc.fits}"
     else:
         hint = "pass the --model-name (a name or JSON file) they were trained with"
-    return ModelLoadError(f"--model-weight {weights} does not fit --model-name {config} ({exc.summary}); {hint}")
+    return ModelLoadError(
+        f"--model-weight {weights} does not fit --model-name {config} ({exc.summary}); {hint}"
+    )
 
 
 def load_model_and_transform(
@@ -92,8 +96,13 @@ def load_model_and_transform(
         config = RANDOM_INIT_CONFIG
     try:
         model, _, preprocess_val = create_model_and_transforms(
-            None if config is None else str(config), pretrained=None if weights is None else str(weights),
-            device=device, precision="fp32", cache_dir=cache_dir, wkv_impl=impl, random_init_warning=False,
+            None if config is None else str(config),
+            pretrained=None if weights is None else str(weights),
+            device=device,
+            precision="fp32",
+            cache_dir=cache_dir,
+            wkv_impl=impl,
+            random_init_warning=False,
         )
     except WeightsMismatchError as exc:
         if config is None:

@@ -152,11 +152,15 @@ def read_food101(folder: Path, split: str = "test") -> ClassificationData:
     try:
         meta = json.loads(split_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise EvalDataError(f"food101: {split_file} is not valid JSON ({exc}); re-download the dataset") from None
+        raise EvalDataError(
+            f"food101: {split_file} is not valid JSON ({exc}); re-download the dataset"
+        ) from None
     if not isinstance(meta, dict) or not all(
         isinstance(items, list) and all(isinstance(item, str) for item in items) for items in meta.values()
     ):
-        raise EvalDataError(f"food101: {split_file} is not a {{class: [image id, ...]}} object; re-download the dataset")
+        raise EvalDataError(
+            f"food101: {split_file} is not a {{class: [image id, ...]}} object; re-download the dataset"
+        )
     classes = sorted(meta)
     index = {c: i for i, c in enumerate(classes)}
     images: list[ImageSource] = []
@@ -185,7 +189,9 @@ def sun397_images(folder: Path) -> ClassificationData:
     names_file = folder / "ClassName.txt"
     classes = [line[3:] for line in _lines(names_file, "sun397")]  # "/a/abbey" -> "abbey"
     index = {c: i for i, c in enumerate(classes)}
-    images: list[ImageSource] = sorted(folder.rglob("sun_*.jpg"), key=lambda p: p.relative_to(folder).as_posix())
+    images: list[ImageSource] = sorted(
+        folder.rglob("sun_*.jpg"), key=lambda p: p.relative_to(folder).as_posix()
+    )
     labels: list[int] = []
     for path in images:
         cls = "/".join(path.relative_to(folder).parts[1:-1])
@@ -197,18 +203,24 @@ def sun397_images(folder: Path) -> ClassificationData:
     return ClassificationData("sun397", images, labels, classes)
 
 
-def read_sun397(folder: Path, split: str = "test", lengths: Sequence[int] = SUN397_SPLIT,
-                seed: int = SPLIT_SEED) -> ClassificationData:
+def read_sun397(
+    folder: Path, split: str = "test", lengths: Sequence[int] = SUN397_SPLIT, seed: int = SPLIT_SEED
+) -> ClassificationData:
     piece = _seeded_piece("sun397", split)
     every = sun397_images(folder)
-    chosen = seeded_split(len(every.images), lengths, piece, seed, "sun397", f"sun_*.jpg images under {folder}")
-    return ClassificationData("sun397", [every.images[i] for i in chosen], [every.labels[i] for i in chosen],
-                              every.classnames)
+    chosen = seeded_split(
+        len(every.images), lengths, piece, seed, "sun397", f"sun_*.jpg images under {folder}"
+    )
+    return ClassificationData(
+        "sun397", [every.images[i] for i in chosen], [every.labels[i] for i in chosen], every.classnames
+    )
 
 
 def read_stanford_car(folder: Path, split: str = "test") -> ClassificationData:
     _check_split("stanford_car", split, TRAIN_TEST)
-    classes = [str(c) for c in _mat(folder / "devkit" / "cars_meta.mat", "stanford_car")["class_names"].tolist()]
+    classes = [
+        str(c) for c in _mat(folder / "devkit" / "cars_meta.mat", "stanford_car")["class_names"].tolist()
+    ]
     # torchvision's files: the training annotations sit in devkit/, the labelled test ones beside it
     if split == "train":
         annotations_file, image_folder = folder / "devkit" / "cars_train_annos.mat", folder / "cars_train"
@@ -259,7 +271,9 @@ def read_dtd(folder: Path, split: str = "test") -> ClassificationData:
     if unknown:
         raise EvalDataError(f"dtd: {split_file} names classes {unknown[:3]} that {test_file} does not")
     index = {c: i for i, c in enumerate(classes)}
-    images: list[ImageSource] = [_relative(folder / "images", f"{c}/{f}", "dtd", split_file) for c, f in entries]
+    images: list[ImageSource] = [
+        _relative(folder / "images", f"{c}/{f}", "dtd", split_file) for c, f in entries
+    ]
     _check_images(images, "dtd", split_file)
     return ClassificationData("dtd", images, [index[c] for c, _ in entries], classes)
 
@@ -273,7 +287,9 @@ def read_pets(folder: Path, split: str = "test") -> ClassificationData:
     for line in _lines(split_file, "pets"):
         fields = line.split()
         if len(fields) != 4 or not fields[1].isdigit():
-            raise EvalDataError(f"pets: {split_file} line {line!r}: expected '<image> <class> <species> <breed>'")
+            raise EvalDataError(
+                f"pets: {split_file} line {line!r}: expected '<image> <class> <species> <breed>'"
+            )
         images.append(_relative(folder / "images", f"{fields[0]}.jpg", "pets", split_file))
         labels.append(int(fields[1]) - 1)
     _check_images(images, "pets", split_file)
@@ -288,12 +304,16 @@ def read_flowers(folder: Path, split: str = "test") -> ClassificationData:
     setid_file = folder / "setid.mat"
     # loadmat's squeeze_me makes a one-element array a scalar: np.asarray(...).reshape(-1) undoes it
     ids = [int(i) for i in np.asarray(_mat(setid_file, "flowers")[FLOWERS_SETID_KEYS[split]]).reshape(-1)]
-    per_image = [int(x) for x in np.asarray(_mat(folder / "imagelabels.mat", "flowers")["labels"]).reshape(-1)]
+    per_image = [
+        int(x) for x in np.asarray(_mat(folder / "imagelabels.mat", "flowers")["labels"]).reshape(-1)
+    ]
     images: list[ImageSource] = []
     labels: list[int] = []
     for image_id in ids:
         if not 1 <= image_id <= len(per_image):
-            raise EvalDataError(f"flowers: {setid_file} names image {image_id}, imagelabels.mat has {len(per_image)}")
+            raise EvalDataError(
+                f"flowers: {setid_file} names image {image_id}, imagelabels.mat has {len(per_image)}"
+            )
         images.append(folder / "jpg" / f"image_{image_id:05d}.jpg")
         labels.append(per_image[image_id - 1] - 1)  # the .mat counts classes from 1
     _check_images(images, "flowers", setid_file)
@@ -312,7 +332,9 @@ def read_caltech101(
     for label, cls in enumerate(classes):
         class_dir = folder / cls
         if not class_dir.is_dir():
-            raise EvalDataError(f"caltech101: {class_dir} is not a class folder; 101_ObjectCategories holds only those")
+            raise EvalDataError(
+                f"caltech101: {class_dir} is not a class folder; 101_ObjectCategories holds only those"
+            )
         count = len(os.listdir(class_dir))
         listing += [(class_dir / f"image_{i:04d}.jpg", label) for i in range(1, count + 1)]
     chosen = seeded_split(len(listing), lengths, piece, seed, "caltech101", f"images in {folder}")
@@ -335,8 +357,10 @@ def read_imagenet(path: Path, split: str = "test") -> ClassificationData:
     if split == "train":
         root = path.parent if path.suffix == ".rec" or path.name == "val" else path
         if not (root / "train").is_dir():
-            raise EvalDataError(f"imagenet: no train/ folder in {root}; the training split is torchvision's "
-                                "ROOT/train/<synset>/*.JPEG beside val/ or val.rec")
+            raise EvalDataError(
+                f"imagenet: no train/ folder in {root}; the training split is torchvision's "
+                "ROOT/train/<synset>/*.JPEG beside val/ or val.rec"
+            )
         return read_imagenet_val(root / "train", names, name="imagenet")
     if path.suffix == ".rec" or (path / "val.rec").is_file():
         return read_imagenet_rec(path, names, name="imagenet")
@@ -351,41 +375,148 @@ def read_imagenet(path: Path, split: str = "test") -> ClassificationData:
 PAPER_DATASETS: dict[str, PaperDataset] = {
     d.name: d
     for d in (
-        PaperDataset("cifar10", "CIFAR10", ("cifar-10-batches-py", ""), "test_batch", 10, 10000, "top1",
-                     "ROOT/cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}", read_cifar10,
-                     split_sizes=(50000, 10000)),
-        PaperDataset("cifar100", "CIFAR100", ("cifar-100-python", ""), "test", 100, 10000, "top1",
-                     "ROOT/cifar-100-python/{train,test,meta}", read_cifar100, split_sizes=(50000, 10000)),
-        PaperDataset("food101", "Food101", ("food-101", ""), "meta/test.json", 101, 25250, "top1",
-                     "ROOT/food-101/meta/{train,test}.json, ROOT/food-101/images/<class>/<id>.jpg", read_food101,
-                     split_sizes=(75750, 25250)),
-        PaperDataset("pets", "Pets", ("oxford-iiit-pet", ""), "annotations/test.txt", 37, 3669, "mean_per_class",
-                     "ROOT/oxford-iiit-pet/annotations/{trainval,test}.txt, ROOT/oxford-iiit-pet/images/<id>.jpg", read_pets,
-                     aliases=("oxford_pets", "oxford_iiit_pet"), split_sizes=(3680, 3669)),
-        PaperDataset("flowers", "Flowers", ("flowers-102", ""), "setid.mat", 102, 6149, "mean_per_class",
-                     "ROOT/flowers-102/{setid.mat,imagelabels.mat}, ROOT/flowers-102/jpg/image_NNNNN.jpg",
-                     read_flowers, aliases=("flowers102",), splits=TRAIN_VAL_TEST, split_sizes=(1020, 1020, 6149)),
-        PaperDataset("sun397", "SUN397", ("SUN397", ""), "ClassName.txt", 397, SUN397_SPLIT[1], "top1",
-                     "ROOT/SUN397/ClassName.txt, ROOT/SUN397/<l>/<class>/sun_*.jpg (108,754 images)", read_sun397,
-                     split_sizes=SUN397_SPLIT[:2]),
-        PaperDataset("stanford_car", "Cars", ("stanford_cars", ""), "devkit/cars_meta.mat", 196, 8041, "top1",
-                     "ROOT/stanford_cars/{devkit/cars_meta.mat,devkit/cars_train_annos.mat,cars_train/,"
-                     "cars_test_annos_withlabels.mat,cars_test/}",
-                     read_stanford_car, aliases=("cars", "stanford_cars"), split_sizes=(8144, 8041)),
-        PaperDataset("dtd", "DTD", ("dtd/dtd", "dtd", ""), "labels/test1.txt", 47, 1880, "top1",
-                     "ROOT/dtd/dtd/labels/{train,val,test}1.txt, ROOT/dtd/dtd/images/<class>/<file>", read_dtd,
-                     splits=TRAIN_VAL_TEST, split_sizes=(1880, 1880, 1880)),
-        PaperDataset("caltech101", "Caltech101", ("caltech101/101_ObjectCategories", "101_ObjectCategories", ""),
-                     "Faces_easy", 101, CALTECH101_SPLIT[1], "mean_per_class",
-                     "ROOT/caltech101/101_ObjectCategories/<class>/image_NNNN.jpg (8,677 images)", read_caltech101,
-                     split_sizes=CALTECH101_SPLIT),
-        PaperDataset("aircraft", "Aircraft", ("fgvc-aircraft-2013b", ""), "data/variants.txt", 100, 3333,
-                     "mean_per_class", "ROOT/fgvc-aircraft-2013b/data/{variants.txt,images_variant_{train,val,test}.txt,images/}",
-                     read_aircraft, aliases=("fgvc_aircraft",), splits=TRAIN_VAL_TEST, split_sizes=(3334, 3333, 3333)),
-        PaperDataset("imagenet", "ImageNet", ("",), "", 1000, 50000, "top1",
-                     "ROOT/val.rec + val.idx (the original's), or the val folder (synset folders, or flat + "
-                     "LOC_val_solution.csv); training split: ROOT/train/<synset>/", read_imagenet, aliases=("imagenet1k",),
-                     split_sizes=(1281167, 50000)),
+        PaperDataset(
+            "cifar10",
+            "CIFAR10",
+            ("cifar-10-batches-py", ""),
+            "test_batch",
+            10,
+            10000,
+            "top1",
+            "ROOT/cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}",
+            read_cifar10,
+            split_sizes=(50000, 10000),
+        ),
+        PaperDataset(
+            "cifar100",
+            "CIFAR100",
+            ("cifar-100-python", ""),
+            "test",
+            100,
+            10000,
+            "top1",
+            "ROOT/cifar-100-python/{train,test,meta}",
+            read_cifar100,
+            split_sizes=(50000, 10000),
+        ),
+        PaperDataset(
+            "food101",
+            "Food101",
+            ("food-101", ""),
+            "meta/test.json",
+            101,
+            25250,
+            "top1",
+            "ROOT/food-101/meta/{train,test}.json, ROOT/food-101/images/<class>/<id>.jpg",
+            read_food101,
+            split_sizes=(75750, 25250),
+        ),
+        PaperDataset(
+            "pets",
+            "Pets",
+            ("oxford-iiit-pet", ""),
+            "annotations/test.txt",
+            37,
+            3669,
+            "mean_per_class",
+            "ROOT/oxford-iiit-pet/annotations/{trainval,test}.txt, ROOT/oxford-iiit-pet/images/<id>.jpg",
+            read_pets,
+            aliases=("oxford_pets", "oxford_iiit_pet"),
+            split_sizes=(3680, 3669),
+        ),
+        PaperDataset(
+            "flowers",
+            "Flowers",
+            ("flowers-102", ""),
+            "setid.mat",
+            102,
+            6149,
+            "mean_per_class",
+            "ROOT/flowers-102/{setid.mat,imagelabels.mat}, ROOT/flowers-102/jpg/image_NNNNN.jpg",
+            read_flowers,
+            aliases=("flowers102",),
+            splits=TRAIN_VAL_TEST,
+            split_sizes=(1020, 1020, 6149),
+        ),
+        PaperDataset(
+            "sun397",
+            "SUN397",
+            ("SUN397", ""),
+            "ClassName.txt",
+            397,
+            SUN397_SPLIT[1],
+            "top1",
+            "ROOT/SUN397/ClassName.txt, ROOT/SUN397/<l>/<class>/sun_*.jpg (108,754 images)",
+            read_sun397,
+            split_sizes=SUN397_SPLIT[:2],
+        ),
+        PaperDataset(
+            "stanford_car",
+            "Cars",
+            ("stanford_cars", ""),
+            "devkit/cars_meta.mat",
+            196,
+            8041,
+            "top1",
+            "ROOT/stanford_cars/{devkit/cars_meta.mat,devkit/cars_train_annos.mat,cars_train/,"
+            "cars_test_annos_withlabels.mat,cars_test/}",
+            read_stanford_car,
+            aliases=("cars", "stanford_cars"),
+            split_sizes=(8144, 8041),
+        ),
+        PaperDataset(
+            "dtd",
+            "DTD",
+            ("dtd/dtd", "dtd", ""),
+            "labels/test1.txt",
+            47,
+            1880,
+            "top1",
+            "ROOT/dtd/dtd/labels/{train,val,test}1.txt, ROOT/dtd/dtd/images/<class>/<file>",
+            read_dtd,
+            splits=TRAIN_VAL_TEST,
+            split_sizes=(1880, 1880, 1880),
+        ),
+        PaperDataset(
+            "caltech101",
+            "Caltech101",
+            ("caltech101/101_ObjectCategories", "101_ObjectCategories", ""),
+            "Faces_easy",
+            101,
+            CALTECH101_SPLIT[1],
+            "mean_per_class",
+            "ROOT/caltech101/101_ObjectCategories/<class>/image_NNNN.jpg (8,677 images)",
+            read_caltech101,
+            split_sizes=CALTECH101_SPLIT,
+        ),
+        PaperDataset(
+            "aircraft",
+            "Aircraft",
+            ("fgvc-aircraft-2013b", ""),
+            "data/variants.txt",
+            100,
+            3333,
+            "mean_per_class",
+            "ROOT/fgvc-aircraft-2013b/data/{variants.txt,images_variant_{train,val,test}.txt,images/}",
+            read_aircraft,
+            aliases=("fgvc_aircraft",),
+            splits=TRAIN_VAL_TEST,
+            split_sizes=(3334, 3333, 3333),
+        ),
+        PaperDataset(
+            "imagenet",
+            "ImageNet",
+            ("",),
+            "",
+            1000,
+            50000,
+            "top1",
+            "ROOT/val.rec + val.idx (the original's), or the val folder (synset folders, or flat + "
+            "LOC_val_solution.csv); training split: ROOT/train/<synset>/",
+            read_imagenet,
+            aliases=("imagenet1k",),
+            split_sizes=(1281167, 50000),
+        ),
     )
 }
 _ALIASES = {alias: d.name for d in PAPER_DATASETS.values() for alias in d.aliases}
@@ -396,7 +527,9 @@ def find_paper_dataset(name: str) -> PaperDataset | None:
     return PAPER_DATASETS.get(_ALIASES.get(name, name))
 
 
-def read_paper_dataset(entry: PaperDataset, path: Path, split: str = "test") -> tuple[ClassificationData, list[str]]:
+def read_paper_dataset(
+    entry: PaperDataset, path: Path, split: str = "test"
+) -> tuple[ClassificationData, list[str]]:
     """One split of the dataset (the test split unless said) with the original's class names, and its templates."""
     path = Path(path)
     if not path.exists():
@@ -421,6 +554,14 @@ def describe() -> list[dict]:
     rows = []
     for d in PAPER_DATASETS.values():
         _, templates = load_metadata(d.name)
-        rows.append({"name": d.name, "classes": d.num_classes, "templates": len(templates),
-                     "test_images": d.test_size, "metric": d.metric, "layout": d.layout})
+        rows.append(
+            {
+                "name": d.name,
+                "classes": d.num_classes,
+                "templates": len(templates),
+                "test_images": d.test_size,
+                "metric": d.metric,
+                "layout": d.layout,
+            }
+        )
     return rows

@@ -30,8 +30,10 @@ def _specs(args: argparse.Namespace) -> list:
     if args.datasets:
         return parse_dataset_list(args.datasets, args.data_root)
     if args.data_root is None:
-        raise EvalDataError("no datasets given; use --datasets NAME=PATH [...] or --data-root ROOT (every "
-                            "linear-probe dataset found under torchvision's ROOT)")
+        raise EvalDataError(
+            "no datasets given; use --datasets NAME=PATH [...] or --data-root ROOT (every "
+            "linear-probe dataset found under torchvision's ROOT)"
+        )
     found = []
     for name in LINEAR_PROBE_DATASETS:
         try:
@@ -40,9 +42,11 @@ def _specs(args: argparse.Namespace) -> list:
             continue
         found.append(DatasetSpec(name, Path(args.data_root)))
     if not found:
-        raise EvalDataError(f"--data-root {args.data_root}: none of the linear-probe datasets is there "
-                            f"({', '.join(LINEAR_PROBE_DATASETS)}); `python linear_probe.py --list-datasets` shows "
-                            "their layouts")
+        raise EvalDataError(
+            f"--data-root {args.data_root}: none of the linear-probe datasets is there "
+            f"({', '.join(LINEAR_PROBE_DATASETS)}); `python linear_probe.py --list-datasets` shows "
+            "their layouts"
+        )
     return found
 
 
@@ -80,30 +84,60 @@ def linear_probe(args: argparse.Namespace) -> int:
         try:
             check_output_dir(cache_dir)
         except EvalDataError:
-            raise EvalDataError(f"--feature-cache {cache_dir}: cannot write there; pass a writable folder") from None
+            raise EvalDataError(
+                f"--feature-cache {cache_dir}: cannot write there; pass a writable folder"
+            ) from None
         device, model = prepare(args, PROG)
-        print(f"[linear_probe] weights {args.checkpoint or 'random init'}: hashing them for the feature cache",
-              flush=True)
-        extraction = Extraction(model, weights_digest(model), dict(model.config), Path(cache_dir),
-                                model.config["input_size"], device, args.batch_size, args.workers,
-                                not args.no_progress)
-        settings = ProbeSettings(args.protocol, args.seed, args.val_fraction, args.max_iter, args.cb_lr,
-                                 args.cb_epochs, args.cb_batch_size)
+        print(
+            f"[linear_probe] weights {args.checkpoint or 'random init'}: hashing them for the feature cache",
+            flush=True,
+        )
+        extraction = Extraction(
+            model,
+            weights_digest(model),
+            dict(model.config),
+            Path(cache_dir),
+            model.config["input_size"],
+            device,
+            args.batch_size,
+            args.workers,
+            not args.no_progress,
+        )
+        settings = ProbeSettings(
+            args.protocol,
+            args.seed,
+            args.val_fraction,
+            args.max_iter,
+            args.cb_lr,
+            args.cb_epochs,
+            args.cb_batch_size,
+        )
         results = []
         for dataset in datasets:
             announce(PROG, dataset.spec)
             result = evaluate_linear_probe(dataset, extraction, settings, _log(dataset.name))
             seconds = result["seconds"]
-            results.append(record_result(
-                args, PROG, dataset.spec, result,
-                f"{result['metric']} {result['score']:.2f}% (features {seconds['features']:.1f} s, "
-                f"probe {seconds['probe']:.1f} s)"))
-        summary = atomic_write_json(args.output / "linear_probe.json",
-                                    {r["dataset"]: r["metrics"] for r in results})
+            results.append(
+                record_result(
+                    args,
+                    PROG,
+                    dataset.spec,
+                    result,
+                    f"{result['metric']} {result['score']:.2f}% (features {seconds['features']:.1f} s, "
+                    f"probe {seconds['probe']:.1f} s)",
+                )
+            )
+        summary = atomic_write_json(
+            args.output / "linear_probe.json", {r["dataset"]: r["metrics"] for r in results}
+        )
         print(format_table(results))
         if paper_scores(results, "linear_probe"):
             print(f"\nThe paper's linear-probe table ({args.protocol} protocol):")
-            print(format_paper_table(results, weights_label(args.checkpoint), "linear_probe", LINEAR_PROBE_DATASETS))
+            print(
+                format_paper_table(
+                    results, weights_label(args.checkpoint), "linear_probe", LINEAR_PROBE_DATASETS
+                )
+            )
         print(f"[linear_probe] metrics of every dataset -> {summary}")
     except UserError as exc:
         return report(PROG, exc)
@@ -120,8 +154,21 @@ def list_datasets() -> int:
     for name in LINEAR_PROBE_DATASETS:
         d = PAPER_DATASETS[name]
         sizes = dict(zip(d.splits, d.split_sizes))
-        rows.append([name, d.num_classes, f"{sizes['train']:,}", f"{sizes['val']:,}" if "val" in sizes else "-",
-                     f"{sizes['test']:,}", describe_splits(d.splits),
-                     "mean per class" if d.metric == "mean_per_class" else "top-1", d.layout])
-    print(format_rows(["name", "classes", "train", "val", "test", "validation", "metric", "layout under ROOT"], rows))
+        rows.append(
+            [
+                name,
+                d.num_classes,
+                f"{sizes['train']:,}",
+                f"{sizes['val']:,}" if "val" in sizes else "-",
+                f"{sizes['test']:,}",
+                describe_splits(d.splits),
+                "mean per class" if d.metric == "mean_per_class" else "top-1",
+                d.layout,
+            ]
+        )
+    print(
+        format_rows(
+            ["name", "classes", "train", "val", "test", "validation", "metric", "layout under ROOT"], rows
+        )
+    )
     return 0

@@ -51,12 +51,16 @@ def probe_dataset(spec: DatasetSpec) -> ProbeDataset:
         metric = "mean_per_class_recall" if entry.metric == "mean_per_class" else "top1"
         return ProbeDataset(spec, entry.splits, metric, True)
     if not spec.path.is_dir():
-        raise EvalDataError(f"dataset {spec.name}: a linear probe needs a folder ({spec.path} is not one): one of "
-                            "the paper's datasets by name, or a folder with train/ and test/ (and val/) class folders")
+        raise EvalDataError(
+            f"dataset {spec.name}: a linear probe needs a folder ({spec.path} is not one): one of "
+            "the paper's datasets by name, or a folder with train/ and test/ (and val/) class folders"
+        )
     splits = tuple(s for s in OWN_SPLITS if (spec.path / s).is_dir())
     if "train" not in splits or "test" not in splits:
-        raise EvalDataError(f"dataset {spec.name}: {spec.path} has no train/ and test/ folders; a linear probe of "
-                            "your own images reads train/<class>/<image> and test/<class>/<image> (val/ optional)")
+        raise EvalDataError(
+            f"dataset {spec.name}: {spec.path} has no train/ and test/ folders; a linear probe of "
+            "your own images reads train/<class>/<image> and test/<class>/<image> (val/ optional)"
+        )
     return ProbeDataset(spec, splits, "top1", False)
 
 
@@ -65,8 +69,10 @@ def check_same_classes(name: str, splits: dict[str, ClassificationData]) -> list
     first_split, first = next(iter(splits.items()))
     for split, data in splits.items():
         if data.classnames != first.classnames:
-            raise EvalDataError(f"dataset {name}: {split}/ and {first_split}/ hold different class folders; give "
-                                "every split the same <class> folders (an empty one is refused)")
+            raise EvalDataError(
+                f"dataset {name}: {split}/ and {first_split}/ hold different class folders; give "
+                "every split the same <class> folders (an empty one is refused)"
+            )
     return list(first.classnames)
 
 

@@ -7,8 +7,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The paper's linear-probe table: its zero-shot datasets without ImageNet, in that table's order.
-LINEAR_PROBE_DATASETS = ("cifar10", "cifar100", "food101", "pets", "flowers", "sun397", "stanford_car", "dtd",
-                         "caltech101", "aircraft")
+LINEAR_PROBE_DATASETS = (
+    "cifar10",
+    "cifar100",
+    "food101",
+    "pets",
+    "flowers",
+    "sun397",
+    "stanford_car",
+    "dtd",
+    "caltech101",
+    "aircraft",
+)
 PROTOCOLS = ("paper", "clip_benchmark")
 VAL_FRACTION = 0.2  # ours: the share of train held out where a dataset has no validation split
 SEED = 0  # ours for the held-out draw; CLIP_benchmark's --seed default

@@ -27,8 +27,12 @@ def paper_scores(results: Sequence[dict], task: str = "classification") -> dict[
     return scores
 
 
-def format_paper_table(results: Sequence[dict], label: str = "this model", task: str = "classification",
-                       columns: Sequence[str] | None = None) -> str:
+def format_paper_table(
+    results: Sequence[dict],
+    label: str = "this model",
+    task: str = "classification",
+    columns: Sequence[str] | None = None,
+) -> str:
     """The paper's row for `task`: one column per dataset of `columns` (default: the zero-shot
     table's 11), then their average when every one of them was evaluated."""
     names = list(columns or PAPER_DATASETS)

@@ -12,8 +12,13 @@ from src.evaluation.datasets import EvalDataError
 from src.fsutil import atomic_write_json, atomic_write_text
 
 
-def format_rows(header: Sequence[str], rows: Sequence[Sequence[object]], sep: str = "  ",
-                rule: bool = True, right: bool = False) -> str:
+def format_rows(
+    header: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    sep: str = "  ",
+    rule: bool = True,
+    right: bool = False,
+) -> str:
     """The one table printer: columns as wide as their widest cell, joined by `sep`, a rule of
     dashes under the header when `rule`, cells right-aligned when `right`; no trailing spaces."""
     lines = [[str(cell) for cell in line] for line in [header, *rows]]
@@ -54,7 +59,9 @@ def _write(path: Path, text: str) -> Path:
     try:
         return atomic_write_text(path, text)
     except OSError as exc:
-        raise EvalDataError(f"cannot write {path} ({exc.strerror or exc}); free space or pass another --output-dir") from None
+        raise EvalDataError(
+            f"cannot write {path} ({exc.strerror or exc}); free space or pass another --output-dir"
+        ) from None
 
 
 def write_result(result: dict, output_dir: Path | str) -> Path:
@@ -66,7 +73,9 @@ def write_result(result: dict, output_dir: Path | str) -> Path:
     try:
         return atomic_write_json(path, public)
     except OSError as exc:
-        raise EvalDataError(f"cannot write {path} ({exc.strerror or exc}); free space or pass another --output-dir") from None
+        raise EvalDataError(
+            f"cannot write {path} ({exc.strerror or exc}); free space or pass another --output-dir"
+        ) from None
 
 
 def tsv(rows: Sequence[Sequence[object]]) -> str:
@@ -91,13 +100,21 @@ def write_classification_details(result: dict, output_dir: Path | str) -> dict[s
         if top1 < 0:
             rows.append((str(data.images[i]), truth, "", "", "(unreadable)"))
         else:
-            rows.append((str(data.images[i]), truth, names[top1], int(top1 == int(data.labels[i])),
-                         "; ".join(names[k] for k in top_k)))
+            rows.append(
+                (
+                    str(data.images[i]),
+                    truth,
+                    names[top1],
+                    int(top1 == int(data.labels[i])),
+                    "; ".join(names[k] for k in top_k),
+                )
+            )
     files = {"predictions": str(_write(_path(result, output_dir, ".predictions.tsv"), tsv(rows)))}
     matrix = result["confusion_matrix"]
     out = io.StringIO()
-    csv.writer(out, lineterminator="\n").writerows([["true \\ predicted", *names],
-                                                     *([name, *row] for name, row in zip(names, matrix))])
+    csv.writer(out, lineterminator="\n").writerows(
+        [["true \\ predicted", *names], *([name, *row] for name, row in zip(names, matrix))]
+    )
     files["confusion_matrix"] = str(_write(_path(result, output_dir, ".confusion.csv"), out.getvalue()))
     if len(names) <= CONFUSION_MAX_CLASSES:
         title = f"zero-shot {result['dataset']}: top-1 {result['metrics']['top1']:.1f}% over {result['num_images']} images"
@@ -107,7 +124,9 @@ def write_classification_details(result: dict, output_dir: Path | str) -> dict[s
         except OSError as exc:
             raise EvalDataError(f"cannot write {picture} ({exc.strerror or exc})") from None
     else:
-        files["confusion_png"] = f"not drawn: {len(names)} classes, more than {CONFUSION_MAX_CLASSES} (see the CSV)"
+        files["confusion_png"] = (
+            f"not drawn: {len(names)} classes, more than {CONFUSION_MAX_CLASSES} (see the CSV)"
+        )
     return files
 
 

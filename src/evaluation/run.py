@@ -59,8 +59,18 @@ _SKIPPED = -1  # the top-1 column of an image that could not be read
 
 
 def _prediction_rows(
-    model: torch.nn.Module, data: ClassificationData, classifier: torch.Tensor, start: int, stop: int,
-    protocol: Protocol, dali: bool, input_size: int, device, batch_size: int, workers: int, progress: bool,
+    model: torch.nn.Module,
+    data: ClassificationData,
+    classifier: torch.Tensor,
+    start: int,
+    stop: int,
+    protocol: Protocol,
+    dali: bool,
+    input_size: int,
+    device,
+    batch_size: int,
+    workers: int,
+    progress: bool,
 ) -> tuple[torch.Tensor, dict[int, str]]:
     """One row per image of [start, stop), in order: top-1 class, label, top-k classes (what the
     metrics need, and small to gather); an unreadable image's row is all `_SKIPPED`. Also the
@@ -70,13 +80,16 @@ def _prediction_rows(
     reasons: dict[int, str] = {}
     if stop <= start:
         return rows, reasons
-    batches = image_batches(data.images[start:stop], data.labels[start:stop], input_size, device, batch_size,
-                            workers, dali)
+    batches = image_batches(
+        data.images[start:stop], data.labels[start:stop], input_size, device, batch_size, workers, dali
+    )
     for features, batch in encoded_batches(model, batches, input_size, device, progress, data.name):
         reasons.update((start + i, why) for i, why in batch.failed)
         if features is not None:
             top1, topk = top_predictions(class_logits(features, classifier, protocol.integer_logits))
-            rows[batch.positions] = torch.cat([top1[:, None], batch.labels.long()[:, None], topk], dim=1).cpu()
+            rows[batch.positions] = torch.cat(
+                [top1[:, None], batch.labels.long()[:, None], topk], dim=1
+            ).cpu()
     return rows, reasons
 
 
@@ -120,16 +133,30 @@ def evaluate_classification(
     with eval_mode(model):
         classifier = sharded_class_embeddings(model, data.classnames, templates, device, shard, tokenizer)
         local, reasons = _prediction_rows(
-            model, data, classifier, start, stop, protocol, dali, input_size,
-            device, batch_size, workers, progress and shard.rank == 0,
+            model,
+            data,
+            classifier,
+            start,
+            stop,
+            protocol,
+            dali,
+            input_size,
+            device,
+            batch_size,
+            workers,
+            progress and shard.rank == 0,
         )
     gathered = shard.gather(local, count, device).cpu()
     read = gathered[:, 0] != _SKIPPED
-    skipped = [{"image": str(data.images[i]), "error": reasons.get(i, "unreadable (read on another rank)")}
-               for i in torch.nonzero(~read).flatten().tolist()]
+    skipped = [
+        {"image": str(data.images[i]), "error": reasons.get(i, "unreadable (read on another rank)")}
+        for i in torch.nonzero(~read).flatten().tolist()
+    ]
     if not read.any():
-        raise EvalDataError(f"dataset {data.name}: none of its {count} images could be read "
-                            f"(e.g. {skipped[0]['image']}: {skipped[0]['error']})")
+        raise EvalDataError(
+            f"dataset {data.name}: none of its {count} images could be read "
+            f"(e.g. {skipped[0]['image']}: {skipped[0]['error']})"
+        )
     top1_all, labels_all, topk_all = gathered[read, 0], gathered[read, 1], gathered[read, 2:]
     if (labels_all < 0).any() or (labels_all >= num_classes).any():
         raise EvalDataError(f"dataset {data.name}: a stored label is outside 0..{num_classes - 1}")
@@ -146,20 +173,27 @@ def evaluate_classification(
         "chance_top1": 100.0 / num_classes,
         "preprocessing": _preprocessing(dali, input_size, device),
     }
-    confusion = torch.bincount(labels_all * num_classes + top1_all, minlength=num_classes ** 2).view(
-        num_classes, num_classes)
+    confusion = torch.bincount(labels_all * num_classes + top1_all, minlength=num_classes**2).view(
+        num_classes, num_classes
+    )
     if imagenet and protocol.imagenet_padding_launch:
         padding = original_padding_rows(len(top1_all), protocol.imagenet_padding_launch)
         # The original's unfilled rows: zero logits, target 0, ranked like every row.
-        pad1, padk = top_predictions(torch.zeros(1, num_classes, dtype=torch.long if protocol.integer_logits else None))
+        pad1, padk = top_predictions(
+            torch.zeros(1, num_classes, dtype=torch.long if protocol.integer_logits else None)
+        )
         result["padded_rows"] = padding
         result["metrics_without_padding"] = metrics
         metrics = prediction_metrics(
-            torch.cat([top1_all, pad1.expand(padding)]), torch.cat([topk_all, padk.expand(padding, -1)]),
-            torch.cat([labels_all, torch.zeros(padding, dtype=torch.long)]), num_classes,
+            torch.cat([top1_all, pad1.expand(padding)]),
+            torch.cat([topk_all, padk.expand(padding, -1)]),
+            torch.cat([labels_all, torch.zeros(padding, dtype=torch.long)]),
+            num_classes,
         )
     headline = "mean_per_class_recall" if entry is not None and entry.metric == "mean_per_class" else "top1"
-    if protocol.dataset_definitions == "clip_benchmark":  # it has no per-dataset headline; its tables rank by acc1
+    if (
+        protocol.dataset_definitions == "clip_benchmark"
+    ):  # it has no per-dataset headline; its tables rank by acc1
         headline = "top1"
         result["clip_benchmark_metrics"] = clip_benchmark_metrics(metrics, num_classes)
         if entry is not None and clip_benchmark_notices(entry.name, data):
@@ -184,8 +218,10 @@ def per_class_accuracy(confusion: torch.Tensor, classnames: Sequence[str]) -> li
     from the confusion matrix [true][predicted]."""
     totals = confusion.sum(dim=1).tolist()
     hits = confusion.diagonal().tolist()
-    return [{"class": name, "images": n, "top1": 100.0 * h / n if n else None}
-            for name, n, h in zip(classnames, totals, hits)]
+    return [
+        {"class": name, "images": n, "top1": 100.0 * h / n if n else None}
+        for name, n, h in zip(classnames, totals, hits)
+    ]
 
 
 def _preprocessing(dali: bool, input_size: int, device: torch.device | str) -> str:
@@ -215,12 +251,15 @@ def evaluate_retrieval(
     protocol = get_protocol(protocol)
     data = load_retrieval_data(dataset_spec, captions_per_image, protocol)
     with eval_mode(model):
-        image_emb, positions, failed = encode_images(model, data.images, input_size, device, batch_size, workers,
-                                                     progress, desc=data.name)
+        image_emb, positions, failed = encode_images(
+            model, data.images, input_size, device, batch_size, workers, progress, desc=data.name
+        )
         if image_emb is None:
             first = skipped_list(data.images, failed)[0]
-            raise EvalDataError(f"dataset {data.name}: none of its {len(data.images)} images could be read "
-                                f"(e.g. {first['image']}: {first['error']})")
+            raise EvalDataError(
+                f"dataset {data.name}: none of its {len(data.images)} images could be read "
+                f"(e.g. {first['image']}: {first['error']})"
+            )
         new_index = {old: new for new, old in enumerate(positions)}
         kept = [j for j, i in enumerate(data.caption_image) if i in new_index]
         captions = [protocol.caption_prefix + data.captions[j] for j in kept]
@@ -265,11 +304,19 @@ def classify_images(
         features, positions, failed = encode_images(model, images, input_size, device, batch_size, workers)
     skipped = skipped_list(images, failed)
     if features is None:
-        raise EvalDataError(f"--images: none of the {len(images)} images could be read "
-                            f"(e.g. {skipped[0]['image']}: {skipped[0]['error']})")
+        raise EvalDataError(
+            f"--images: none of the {len(images)} images could be read "
+            f"(e.g. {skipped[0]['image']}: {skipped[0]['error']})"
+        )
     probabilities = class_logits(features, classifier).softmax(dim=1).cpu()
     best = probabilities.topk(min(5, len(labels)), dim=1)
-    rows = [{"image": str(images[pos]), "label": labels[int(i[0])], "probability": float(p[0]),
-             "top_k": [(labels[int(j)], float(q)) for j, q in zip(i, p)]}
-            for pos, i, p in zip(positions, best.indices, best.values)]
+    rows = [
+        {
+            "image": str(images[pos]),
+            "label": labels[int(i[0])],
+            "probability": float(p[0]),
+            "top_k": [(labels[int(j)], float(q)) for j, q in zip(i, p)],
+        }
+        for pos, i, p in zip(positions, best.indices, best.values)
+    ]
     return rows, skipped

@@ -40,7 +40,9 @@ class Shard:
             return local
         sizes = self.sizes(count)
         if local.shape[0] != sizes[self.rank]:
-            raise ValueError(f"rank {self.rank} holds {local.shape[0]} rows, its slice has {sizes[self.rank]}")
+            raise ValueError(
+                f"rank {self.rank} holds {local.shape[0]} rows, its slice has {sizes[self.rank]}"
+            )
         padded = torch.zeros((max(sizes), *local.shape[1:]), dtype=local.dtype, device=device)
         padded[: local.shape[0]] = local.to(device)
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]

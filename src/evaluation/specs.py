@@ -71,8 +71,10 @@ def paper_dataset_of(spec: DatasetSpec) -> PaperDataset | None:
     entry = find_paper_dataset(spec.name)
     if entry is None or spec.kind is not None or spec.path.suffix.lower() in MANIFEST_SUFFIXES:
         return None
-    if entry.name in ("cifar10", "cifar100") and _has_class_folders(spec.path) and not (
-        (spec.path / entry.folders[0]).is_dir()
+    if (
+        entry.name in ("cifar10", "cifar100")
+        and _has_class_folders(spec.path)
+        and not ((spec.path / entry.folders[0]).is_dir())
     ):
         return None  # CIFAR exported as an ImageFolder tree
     return entry
@@ -87,7 +89,9 @@ def _has_class_folders(path: Path) -> bool:
 
 
 def _read_imagenet(spec: DatasetSpec, names: list[str] | None) -> ClassificationData:
-    return read_imagenet_val(spec.path, names if names is not None else load_metadata("imagenet1k")[0], name=spec.name)
+    return read_imagenet_val(
+        spec.path, names if names is not None else load_metadata("imagenet1k")[0], name=spec.name
+    )
 
 
 def _read_image_folder(spec: DatasetSpec, names: list[str] | None) -> ClassificationData:
@@ -95,8 +99,12 @@ def _read_image_folder(spec: DatasetSpec, names: list[str] | None) -> Classifica
     # only trusted for folders named by class index, where its order is the index order.
     data = read_image_folder(spec.path, spec.classnames, name=spec.name)
     bundled = names
-    if (spec.classnames is None and bundled and len(bundled) == len(data.classnames)
-            and all(n.isdigit() for n in data.classnames)):
+    if (
+        spec.classnames is None
+        and bundled
+        and len(bundled) == len(data.classnames)
+        and all(n.isdigit() for n in data.classnames)
+    ):
         first = int(data.classnames[0])
         if [int(n) - first for n in data.classnames] == list(range(len(bundled))):
             data.classnames = list(bundled)
@@ -121,7 +129,9 @@ def _infer_classification_kind(spec: DatasetSpec) -> str:
     return "imagefolder"
 
 
-def _read_paper_dataset(spec: DatasetSpec, entry: PaperDataset, protocol: Protocol) -> tuple[ClassificationData, list[str]]:
+def _read_paper_dataset(
+    spec: DatasetSpec, entry: PaperDataset, protocol: Protocol
+) -> tuple[ClassificationData, list[str]]:
     if protocol.dataset_definitions == "clip_benchmark":
         data, templates = read_clip_benchmark_dataset(entry, spec.path)
     else:
@@ -129,7 +139,9 @@ def _read_paper_dataset(spec: DatasetSpec, entry: PaperDataset, protocol: Protoc
     if spec.classnames is not None:
         names = read_classnames_file(spec.classnames)
         if len(names) != len(data.classnames):
-            raise EvalDataError(f"{spec.classnames}: {len(names)} class names, {entry.name} has {len(data.classnames)}")
+            raise EvalDataError(
+                f"{spec.classnames}: {len(names)} class names, {entry.name} has {len(data.classnames)}"
+            )
         data.classnames = names
     data.name = spec.name
     return data, read_templates(spec.templates) if spec.templates else templates
@@ -160,7 +172,9 @@ def load_classification_data(
             )
         data.classnames = list(names)
     data.name = spec.name
-    templates = read_templates(spec.templates) if spec.templates else list(bundled_templates or DEFAULT_TEMPLATES)
+    templates = (
+        read_templates(spec.templates) if spec.templates else list(bundled_templates or DEFAULT_TEMPLATES)
+    )
     return data, templates
 
 
@@ -183,9 +197,15 @@ def templates_source(spec: DatasetSpec | str | Path) -> str:
 # kind -> reader(spec, captions kept per image or None)
 RETRIEVAL_READERS: dict[str, Callable[[DatasetSpec, int | None], RetrievalData]] = {
     "manifest": lambda spec, per_image: read_manifest_retrieval(spec.path, name=spec.name),
-    "caption_json": lambda spec, per_image: read_caption_json(spec.path, spec.image_root, per_image, name=spec.name),
-    "karpathy": lambda spec, per_image: read_split_json(spec.path, spec.image_root, per_image, name=spec.name),
-    "flickr_txt": lambda spec, per_image: read_flickr_txt(spec.path, spec.image_root, per_image, name=spec.name),
+    "caption_json": lambda spec, per_image: read_caption_json(
+        spec.path, spec.image_root, per_image, name=spec.name
+    ),
+    "karpathy": lambda spec, per_image: read_split_json(
+        spec.path, spec.image_root, per_image, name=spec.name
+    ),
+    "flickr_txt": lambda spec, per_image: read_flickr_txt(
+        spec.path, spec.image_root, per_image, name=spec.name
+    ),
 }
 
 
@@ -195,7 +215,9 @@ def _clip_benchmark_annotation(folder: Path, protocol: str | None) -> Path | Non
     found = [folder / n for n in CLIP_BENCHMARK_ANNOTATIONS if (folder / n).is_file()]
     if len(found) != 1:
         return None
-    if get_protocol(protocol or STANDARD).dataset_definitions == "clip_benchmark" or not list(folder.glob("dataset_*.json")):
+    if get_protocol(protocol or STANDARD).dataset_definitions == "clip_benchmark" or not list(
+        folder.glob("dataset_*.json")
+    ):
         return found[0]
     return None
 
@@ -217,7 +239,9 @@ def _json_starts_with_list(path: Path) -> bool:
 
 
 def load_retrieval_data(
-    spec: DatasetSpec | str | Path, captions_per_image: int | None = None, protocol: Protocol | str | None = None,
+    spec: DatasetSpec | str | Path,
+    captions_per_image: int | None = None,
+    protocol: Protocol | str | None = None,
 ) -> RetrievalData:
     """An ALBEF/BLIP retrieval JSON (a list of {"image", "caption"}), a Karpathy-split JSON (or a
     folder holding one), CLIP_benchmark's own coco_test_karpathy.json (COCO's caption layout) or

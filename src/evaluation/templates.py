@@ -26,7 +26,9 @@ def read_templates(path: Path | str) -> list[str]:
         templates = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
     bad = [t for t in templates if "{}" not in t]
     if not templates or bad:
-        raise EvalDataError(f"template file {path}: every template needs a '{{}}' placeholder (bad: {bad[:3]})")
+        raise EvalDataError(
+            f"template file {path}: every template needs a '{{}}' placeholder (bad: {bad[:3]})"
+        )
     return list(templates)
 
 
@@ -40,16 +42,23 @@ def read_labels(value: str) -> list[str]:
             lines = path.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-            raise EvalDataError(f"--labels {value}: cannot read the label file ({why}); give a UTF-8 file "
-                                "with one label per line") from None
+            raise EvalDataError(
+                f"--labels {value}: cannot read the label file ({why}); give a UTF-8 file "
+                "with one label per line"
+            ) from None
         labels = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
     else:
         labels = [label.strip() for label in value.split(",")]
     if len([label for label in labels if label]) < 2:
-        hint = f" (to read labels from the file {value}, pass --labels @{value})" if Path(value).is_file() else ""
+        hint = (
+            f" (to read labels from the file {value}, pass --labels @{value})"
+            if Path(value).is_file()
+            else ""
+        )
         raise EvalDataError(
             f"--labels {value!r} gives {len([la for la in labels if la])} label{hint}; give two or more, "
-            "comma-separated (--labels 'cat,dog,car') or one per line in a file (--labels @labels.txt)")
+            "comma-separated (--labels 'cat,dog,car') or one per line in a file (--labels @labels.txt)"
+        )
     if len(set(labels)) != len(labels) or not all(labels):
         raise EvalDataError("--labels: give distinct, non-empty labels, e.g. --labels 'cat,dog,car'")
     return labels
@@ -63,5 +72,7 @@ def repeated_names(names: Sequence[str]) -> str | None:
     if not repeats:
         return None
     shown = ", ".join(f"{name!r} x{n}" for name, n in sorted(repeats, key=lambda r: -r[1])[:3])
-    return (f"class names repeat ({shown}{', ...' if len(repeats) > 3 else ''}): classes of one name get the same "
-            "text embedding, so the model cannot tell them apart; check the class names")
+    return (
+        f"class names repeat ({shown}{', ...' if len(repeats) > 3 else ''}): classes of one name get the same "
+        "text embedding, so the model cannot tell them apart; check the class names"
+    )

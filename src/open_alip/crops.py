@@ -44,7 +44,9 @@ def uniforms(seeds: np.ndarray, draws: np.ndarray) -> np.ndarray:
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def crops_and_flips(widths: np.ndarray, heights: np.ndarray, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def crops_and_flips(
+    widths: np.ndarray, heights: np.ndarray, seeds: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(boxes int64 [n, 4] as (left, top, right, bottom), mirror bool [n]) of n images."""
     widths = np.asarray(widths, np.int64)
     heights = np.asarray(heights, np.int64)

@@ -37,8 +37,14 @@ class WeightsMismatchError(PretrainedError):
     one they record, else the one shipped config of their shapes), and `recorded` whether they
     hold their own config: a command line turns these into advice about its own flags."""
 
-    def __init__(self, message: str, detail: str = "", fits: str | None = None, recorded: bool = False,
-                 summary: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        detail: str = "",
+        fits: str | None = None,
+        recorded: bool = False,
+        summary: str = "",
+    ) -> None:
         super().__init__(message)
         self.detail, self.fits, self.recorded, self.summary = detail, fits, recorded, summary or detail
 

@@ -28,16 +28,28 @@ The folder holds open_clip_config.json (the architecture), model.safetensors and
 
 def build_parser(prog: str = SCRIPT) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog, description="Turn trained weights into a folder ready for a Hugging Face hub model repo.",
-        epilog=USAGE_EXAMPLE.format(prog=prog), formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog,
+        description="Turn trained weights into a folder ready for a Hugging Face hub model repo.",
+        epilog=USAGE_EXAMPLE.format(prog=prog),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    p.add_argument("weights", help="train.py checkpoint, .pt state dict, .safetensors or hf-hub:ORG/REPO[/FILE]")
+    p.add_argument(
+        "weights", help="train.py checkpoint, .pt state dict, .safetensors or hf-hub:ORG/REPO[/FILE]"
+    )
     p.add_argument("--output", type=Path, required=True, help="folder to create (must not exist)")
-    p.add_argument("--config", default=None,
-                   help="model config name or JSON (default: the one a train.py checkpoint records)")
-    p.add_argument("--results", type=Path, action="append", default=[],
-                   help="an evaluation's JSON output (zero_shot.py / retrieval.py), listed in the card; repeatable")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="model config name or JSON (default: the one a train.py checkpoint records)",
+    )
+    p.add_argument(
+        "--results",
+        type=Path,
+        action="append",
+        default=[],
+        help="an evaluation's JSON output (zero_shot.py / retrieval.py), listed in the card; repeatable",
+    )
     p.add_argument("--title", default=None, help="the card's title (default: the folder's name)")
     return p
 
@@ -48,8 +60,10 @@ def _read_results(paths: list[Path]) -> dict[str, Any]:
         try:
             found[path.stem] = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise OpenAlipError(f"--results {path}: cannot read it as JSON ({type(exc).__name__}); pass an "
-                                "evaluation's JSON output") from None
+            raise OpenAlipError(
+                f"--results {path}: cannot read it as JSON ({type(exc).__name__}); pass an "
+                "evaluation's JSON output"
+            ) from None
     return found
 
 
@@ -59,8 +73,13 @@ def main(argv: list[str] | None = None, prog: str = SCRIPT) -> int:
     from .hub_export import export_for_hub
 
     try:
-        out = export_for_hub(args.weights, args.output, config=args.config, results=_read_results(args.results),
-                             title=args.title)
+        out = export_for_hub(
+            args.weights,
+            args.output,
+            config=args.config,
+            results=_read_results(args.results),
+            title=args.title,
+        )
     except OpenAlipError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2

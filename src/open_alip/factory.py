@@ -101,8 +101,10 @@ class RandomResizedCropFlip:
         return augment_pil(img, self.size, seed)
 
     def __repr__(self) -> str:
-        return (f"RandomResizedCropFlip(size={self.size}, scale={TRAIN_AREA}, ratio={TRAIN_ASPECT}, flip_p=0.5, "
-                "interpolation=bilinear)")
+        return (
+            f"RandomResizedCropFlip(size={self.size}, scale={TRAIN_AREA}, ratio={TRAIN_ASPECT}, flip_p=0.5, "
+            "interpolation=bilinear)"
+        )
 
 
 class NormalizedTensor:
@@ -134,10 +136,15 @@ class TrainTransform:
         self.size = size
         self.transforms = (ConvertRGB(), RandomResizedCropFlip(size), NormalizedTensor())
 
-    def __call__(self, img: Image.Image, rng: np.random.Generator | None = None, seed: int | None = None
-                 ) -> torch.Tensor:
+    def __call__(
+        self, img: Image.Image, rng: np.random.Generator | None = None, seed: int | None = None
+    ) -> torch.Tensor:
         if seed is None:
-            seed = int(rng.integers(0, 2**63 - 1)) if rng is not None else int(torch.randint(0, 2**63 - 1, (1,)).item())
+            seed = (
+                int(rng.integers(0, 2**63 - 1))
+                if rng is not None
+                else int(torch.randint(0, 2**63 - 1, (1,)).item())
+            )
         rgb, crop, to_tensor = self.transforms
         return to_tensor(crop(rgb(img), seed))
 
@@ -176,7 +183,9 @@ def _device(device: str | torch.device | None) -> torch.device:
     try:
         target = torch.device(device)
     except (RuntimeError, TypeError):
-        raise OpenAlipError(f"device {device!r} is not a torch device; use cpu, cuda, cuda:N or auto") from None
+        raise OpenAlipError(
+            f"device {device!r} is not a torch device; use cpu, cuda, cuda:N or auto"
+        ) from None
     if target.type == "cuda" and not torch.cuda.is_available():
         raise OpenAlipError(f"device {device!r}: torch {torch.__version__} sees no CUDA GPU; use cpu or auto")
     return target
@@ -198,7 +207,9 @@ def _hub_config(spec: str, cache_dir: str | os.PathLike | None) -> tuple[str, Pa
             f"model {spec}: name the repo only (hf-hub:ORG/REPO); a weights file goes in pretrained="
         )
     try:
-        return f"{HF_HUB_PREFIX}{repo_id}", download_from_hub(f"{HF_HUB_PREFIX}{repo_id}/{HUB_CONFIG}", cache_dir)
+        return f"{HF_HUB_PREFIX}{repo_id}", download_from_hub(
+            f"{HF_HUB_PREFIX}{repo_id}/{HUB_CONFIG}", cache_dir
+        )
     except WeightsNotFoundError:
         raise ModelConfigError(
             f"model {spec}: the repo has no {HUB_CONFIG}; pass a config name (list_models()) as the model "
@@ -210,10 +221,17 @@ def _is_tag(name_or_json: Any, pretrained: str | os.PathLike) -> bool:
     """A released tag rather than a file: open_clip's order, a tag first (a file of that name then
     needs ./ before it)."""
     text = str(pretrained)
-    return isinstance(name_or_json, str) and not is_hub_spec(text) and "/" not in text and is_pretrained_tag(text)
+    return (
+        isinstance(name_or_json, str)
+        and not is_hub_spec(text)
+        and "/" not in text
+        and is_pretrained_tag(text)
+    )
 
 
-def _hub_repo_config(pretrained: str | os.PathLike | None, cache_dir: str | os.PathLike | None) -> Path | None:
+def _hub_repo_config(
+    pretrained: str | os.PathLike | None, cache_dir: str | os.PathLike | None
+) -> Path | None:
     """The config file of the hub repo `pretrained` names (hf-hub:ORG/REPO or ORG/REPO/FILE), if it has one."""
     if pretrained is None or not is_hub_spec(str(pretrained)):
         return None
@@ -224,8 +242,9 @@ def _hub_repo_config(pretrained: str | os.PathLike | None, cache_dir: str | os.P
         return None
 
 
-def _config_of_weights(weights: Mapping[str, Any], label: str, pretrained: str | os.PathLike,
-                       cache_dir: str | os.PathLike | None) -> tuple[Any, str]:
+def _config_of_weights(
+    weights: Mapping[str, Any], label: str, pretrained: str | os.PathLike, cache_dir: str | os.PathLike | None
+) -> tuple[Any, str]:
     """(the config for weights given without one, how it was found): the config they record
     (train.py checkpoints), else their hub repo's open_clip_config.json, else the one shipped config
     their shapes fit."""
@@ -361,7 +380,13 @@ def create_model(
     train mode as open_clip returns it (call `.eval()` before inference). The arguments are
     create_model_and_transforms'."""
     model, _, _ = create_model_and_transforms(
-        model_name, pretrained, device, precision, cache_dir=cache_dir, wkv_impl=wkv_impl, output_dict=output_dict,
+        model_name,
+        pretrained,
+        device,
+        precision,
+        cache_dir=cache_dir,
+        wkv_impl=wkv_impl,
+        output_dict=output_dict,
         **overrides,
     )
     return model.train()

@@ -36,15 +36,32 @@ from .pretrained import HUB_CONFIG, mismatch_error, read_weights, resolve_pretra
 WEIGHTS_FILE = "model.safetensors"
 CARD_FILE = "README.md"
 # Training settings worth a line of the card, in this order (a train.py checkpoint's "run").
-_CARD_SETTINGS = ("config", "recipe", "train_data", "epochs", "batch_size", "lr", "wd", "warmup", "lr_scheduler",
-                  "precision", "text_decay_dtype", "seed")
+_CARD_SETTINGS = (
+    "config",
+    "recipe",
+    "train_data",
+    "epochs",
+    "batch_size",
+    "lr",
+    "wd",
+    "warmup",
+    "lr_scheduler",
+    "precision",
+    "text_decay_dtype",
+    "seed",
+)
 
 
 def hub_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "model_cfg": dict(config),
-        "preprocess_cfg": {"image_size": config["input_size"], "mean": list(CLIP_MEAN), "std": list(CLIP_STD),
-                           "interpolation": "bicubic", "resize_mode": "shortest"},
+        "preprocess_cfg": {
+            "image_size": config["input_size"],
+            "mean": list(CLIP_MEAN),
+            "std": list(CLIP_STD),
+            "interpolation": "bicubic",
+            "resize_mode": "shortest",
+        },
     }
 
 
@@ -57,21 +74,40 @@ def _flat(values: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix[:-1], values)]
 
 
-def model_card(title: str, config: Mapping[str, Any], checkpoint: Mapping[str, Any],
-               results: Mapping[str, Any]) -> str:
+def model_card(
+    title: str, config: Mapping[str, Any], checkpoint: Mapping[str, Any], results: Mapping[str, Any]
+) -> str:
     name = config_name(config) or "a custom config (open_clip_config.json)"
-    lines = ["---", "tags:", "- rwkv-clip", "- clip", "- zero-shot-image-classification", "---", "",
-             f"# {title}", "", f"RWKV-CLIP, architecture {name}: input {config['input_size']} px, image tower "
-             f"{config['image_depth']} blocks x {config['image_embed_dims']}, text tower {config['n_layer']} blocks x "
-             f"{config['n_embd']}, context {config['ctx_len']} tokens.", "", "```python",
-             "from open_alip import create_model_and_transforms, get_tokenizer",
-             'model, _, preprocess = create_model_and_transforms("hf-hub:ORG/REPO")',
-             'tokenizer = get_tokenizer("hf-hub:ORG/REPO")', "```", ""]
+    lines = [
+        "---",
+        "tags:",
+        "- rwkv-clip",
+        "- clip",
+        "- zero-shot-image-classification",
+        "---",
+        "",
+        f"# {title}",
+        "",
+        f"RWKV-CLIP, architecture {name}: input {config['input_size']} px, image tower "
+        f"{config['image_depth']} blocks x {config['image_embed_dims']}, text tower {config['n_layer']} blocks x "
+        f"{config['n_embd']}, context {config['ctx_len']} tokens.",
+        "",
+        "```python",
+        "from open_alip import create_model_and_transforms, get_tokenizer",
+        'model, _, preprocess = create_model_and_transforms("hf-hub:ORG/REPO")',
+        'tokenizer = get_tokenizer("hf-hub:ORG/REPO")',
+        "```",
+        "",
+    ]
     run = checkpoint.get("run")
     if isinstance(run, Mapping):
         lines += ["## Training", "", "| setting | value |", "| --- | --- |"]
         lines += [f"| {k} | {json.dumps(run[k])} |" for k in _CARD_SETTINGS if k in run]
-        lines += [f"| {k} | {json.dumps(checkpoint[k])} |" for k in ("step", "epoch", "world_size") if k in checkpoint]
+        lines += [
+            f"| {k} | {json.dumps(checkpoint[k])} |"
+            for k in ("step", "epoch", "world_size")
+            if k in checkpoint
+        ]
         lines.append("")
     if results:
         lines += ["## Evaluation", "", "| result | value |", "| --- | --- |"]

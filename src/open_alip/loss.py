@@ -95,7 +95,9 @@ class ClipLoss(nn.Module):
         super().__init__()
         initialised = dist.is_available() and dist.is_initialized()
         self.rank = rank if rank is not None else (dist.get_rank() if initialised else 0)
-        self.world_size = world_size if world_size is not None else (dist.get_world_size() if initialised else 1)
+        self.world_size = (
+            world_size if world_size is not None else (dist.get_world_size() if initialised else 1)
+        )
         self.local_loss = local_loss
         self.gather_with_grad = gather_with_grad
         self.cache_labels = cache_labels
@@ -137,7 +139,9 @@ class ClipLoss(nn.Module):
     ) -> torch.Tensor:
         # The softmax over a large batch wants fp32 even when the towers ran in bf16.
         image_features, text_features, logit_scale = (
-            _at_least_fp32(image_features), _at_least_fp32(text_features), _at_least_fp32(logit_scale)
+            _at_least_fp32(image_features),
+            _at_least_fp32(text_features),
+            _at_least_fp32(logit_scale),
         )
         if self.normalize:
             image_features = F.normalize(image_features, dim=-1)

@@ -88,13 +88,17 @@ def _shape(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None) -> tuple[int, i
     if not 1 <= mixes <= MAX_MIXES:
         raise ValueError(f"{mixes} mixes: the kernels take 1 to {MAX_MIXES}")
     if b.shape != a.shape or coef.dim() != 2 or coef.shape[1] != channels:
-        raise ValueError(f"mixes of a {tuple(a.shape)}, b {tuple(b.shape)}: coef must be [K, {channels}], "
-                         f"got {tuple(coef.shape)}")
+        raise ValueError(
+            f"mixes of a {tuple(a.shape)}, b {tuple(b.shape)}: coef must be [K, {channels}], "
+            f"got {tuple(coef.shape)}"
+        )
     if m is not None and m.shape != (mixes, *a.shape):
         raise ValueError(f"m must be [{mixes}, {', '.join(map(str, a.shape))}], got {tuple(m.shape)}")
     if mixes * rows * channels >= 2**31:  # the kernels address m and dm with 32-bit offsets
-        raise ValueError(f"{mixes} mixes of {rows} x {channels} values exceed the kernels' 2^31 elements; "
-                         "use a smaller micro-batch or --mix-impl torch")
+        raise ValueError(
+            f"{mixes} mixes of {rows} x {channels} values exceed the kernels' 2^31 elements; "
+            "use a smaller micro-batch or --mix-impl torch"
+        )
     return mixes, rows, channels
 
 
@@ -104,7 +108,9 @@ def _pointers(tensors: list[Tensor]) -> list[Tensor]:
 
 
 @torch.library.custom_op("open_alip::token_mix", mutates_args=())
-def token_mix_op(a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None, out_dtype: torch.dtype) -> list[Tensor]:
+def token_mix_op(
+    a: Tensor, b: Tensor, coef: Tensor, m: Tensor | None, out_dtype: torch.dtype
+) -> list[Tensor]:
     """The K mixes a + (b - a) * (coef[j] + m[j]), each a tensor of a's shape in `out_dtype`;
     coef `[K, C]`, m `[K, *a.shape]` or None. K separate outputs, so that autograd hands their
     gradients back as they are (one stacked output would have them stacked into a copy)."""

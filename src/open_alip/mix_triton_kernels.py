@@ -84,7 +84,9 @@ def mix_forward_kernel(
     col_ok = cols < C
     first_row = tl.program_id(0) * BLOCK_R * SPANS
     for s in range(SPANS):
-        ok, at, a, diff = _span(a_ptr, b_ptr, first_row + s * BLOCK_R + tl.arange(0, BLOCK_R), cols, col_ok, R, C)
+        ok, at, a, diff = _span(
+            a_ptr, b_ptr, first_row + s * BLOCK_R + tl.arange(0, BLOCK_R), cols, col_ok, R, C
+        )
         for j in tl.static_range(K):
             c = _coefficient(coef_ptr, m_ptr, j, cols, col_ok, at, ok, R, C, HAS_M)
             out_ptr = _pick(j, out0_ptr, out1_ptr, out2_ptr, out3_ptr, out4_ptr)
@@ -105,11 +107,15 @@ def mix_backward_kernel(
     mixes = tl.arange(0, K_PAD)
     dcoef = tl.zeros((K_PAD, BLOCK_C), dtype=tl.float32)  # the span's coefficient gradients
     for s in range(SPANS):
-        ok, at, a, diff = _span(a_ptr, b_ptr, first_row + s * BLOCK_R + tl.arange(0, BLOCK_R), cols, col_ok, R, C)
+        ok, at, a, diff = _span(
+            a_ptr, b_ptr, first_row + s * BLOCK_R + tl.arange(0, BLOCK_R), cols, col_ok, R, C
+        )
         g_sum = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
         db = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
         for j in tl.static_range(K):
-            g = tl.load(_pick(j, g0_ptr, g1_ptr, g2_ptr, g3_ptr, g4_ptr) + at, mask=ok, other=0.0).to(tl.float32)
+            g = tl.load(_pick(j, g0_ptr, g1_ptr, g2_ptr, g3_ptr, g4_ptr) + at, mask=ok, other=0.0).to(
+                tl.float32
+            )
             c = _coefficient(coef_ptr, m_ptr, j, cols, col_ok, at, ok, R, C, HAS_M)
             g_sum += g
             db += g * c

@@ -150,9 +150,28 @@ def get_model_config(config: str | os.PathLike | Mapping[str, Any], **overrides:
 
 # What each value must be, checked when a config is resolved, so that a wrong one is a
 # ModelConfigError naming its key instead of a TypeError or a kernel-size error deep in a tower.
-_AT_LEAST_1 = ("input_size", "image_depth", "image_embed_dims", "image_patch_size", "image_hidden_rate",
-               "image_num_heads", "ctx_len", "vocab_size", "head_size", "head_size_divisor", "n_layer", "n_embd")
-_AT_LEAST_0 = ("dim_att", "dim_ffn", "text_num_head", "pos_emb", "head_qk", "tiny_att_dim")  # 0: derived or off
+_AT_LEAST_1 = (
+    "input_size",
+    "image_depth",
+    "image_embed_dims",
+    "image_patch_size",
+    "image_hidden_rate",
+    "image_num_heads",
+    "ctx_len",
+    "vocab_size",
+    "head_size",
+    "head_size_divisor",
+    "n_layer",
+    "n_embd",
+)
+_AT_LEAST_0 = (
+    "dim_att",
+    "dim_ffn",
+    "text_num_head",
+    "pos_emb",
+    "head_qk",
+    "tiny_att_dim",
+)  # 0: derived or off
 _WHOLE = ("tiny_att_layer",)
 _FRACTIONS = ("drop_path_rate", "dropout")  # probabilities, in [0, 1)
 
@@ -180,7 +199,9 @@ def _check_values(cfg: Mapping[str, Any]) -> None:
         raise bad("input_size", f"must be a multiple of image_patch_size {cfg['image_patch_size']}")
     heads, width = cfg["image_num_heads"], cfg["image_embed_dims"]
     if width % heads or (width // heads) % 4:
-        raise bad("image_embed_dims", f"must split into image_num_heads {heads} heads whose size is a multiple of 4")
+        raise bad(
+            "image_embed_dims", f"must split into image_num_heads {heads} heads whose size is a multiple of 4"
+        )
     head = cfg["head_size"]
     if head % 2:
         raise bad("head_size", "must be even")
@@ -297,7 +318,11 @@ class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for us
         """
         tower = self.image_model
         _lock(
-            [[tower.patch_embed, tower.pos_embed], *([b] for b in tower.layers[:-1]), [tower.layers[-1], tower.ln1]],
+            [
+                [tower.patch_embed, tower.pos_embed],
+                *([b] for b in tower.layers[:-1]),
+                [tower.layers[-1], tower.ln1],
+            ],
             unlocked_groups,
         )
 
@@ -306,9 +331,14 @@ class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for us
         [token embedding], each block but the last, [last block, final norm]. As in open_clip,
         only `freeze_layer_norm=True` is supported."""
         if not freeze_layer_norm:
-            raise ValueError("freeze_layer_norm=False is not supported (open_clip does not support it either)")
+            raise ValueError(
+                "freeze_layer_norm=False is not supported (open_clip does not support it either)"
+            )
         tower = self.text_model
-        _lock([[tower.emb], *([b] for b in tower.blocks[:-1]), [tower.blocks[-1], tower.ln_out]], unlocked_layers)
+        _lock(
+            [[tower.emb], *([b] for b in tower.blocks[:-1]), [tower.blocks[-1], tower.ln_out]],
+            unlocked_layers,
+        )
 
     def set_wkv_impl(self, impl: str) -> None:
         """Choose the WKV implementation of every layer: a name from `wkv.WKV_IMPL_CHOICES`.
@@ -319,7 +349,9 @@ class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for us
         tells up front; a forward on an unusable device raises the same ValueError).
         """
         if impl not in WKV_IMPL_CHOICES:
-            raise ValueError(f"unknown wkv implementation {impl!r}; choose one of {', '.join(WKV_IMPL_CHOICES)}")
+            raise ValueError(
+                f"unknown wkv implementation {impl!r}; choose one of {', '.join(WKV_IMPL_CHOICES)}"
+            )
         for module in self.modules():
             if isinstance(module, TimeMix):
                 module.wkv_impl = impl
@@ -352,9 +384,11 @@ class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for us
 
     def get_logits(self, image: torch.Tensor, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """open_clip's (image_logits `[B_img, B_txt]`, text_logits = its transpose)."""
-        image_logits = self.logit_scale.exp() * self.encode_image(image, normalize=True) @ self.encode_text(
-            text, normalize=True
-        ).T
+        image_logits = (
+            self.logit_scale.exp()
+            * self.encode_image(image, normalize=True)
+            @ self.encode_text(text, normalize=True).T
+        )
         return image_logits, image_logits.T
 
     def forward(
@@ -370,7 +404,11 @@ class RWKV_CLIP(nn.Module):  # noqa: N801 - the original class name, kept for us
         text_features = self.encode_text(text, normalize=normalize) if text is not None else None
         logit_scale = self.logit_scale.exp()
         if self.output_dict:
-            return {"image_features": image_features, "text_features": text_features, "logit_scale": logit_scale}
+            return {
+                "image_features": image_features,
+                "text_features": text_features,
+                "logit_scale": logit_scale,
+            }
         return image_features, text_features, logit_scale
 
 
@@ -448,7 +486,9 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             return model
 
 
-def _compare(own: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> tuple[list[str], list[str], list[str]]:
+def _compare(
+    own: Mapping[str, torch.Tensor], state: Mapping[str, Any]
+) -> tuple[list[str], list[str], list[str]]:
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     mismatched = [
@@ -459,11 +499,16 @@ def _compare(own: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> tuple
     return missing, unexpected, mismatched
 
 
-def _mismatch_message(where: str, what: str, missing: list[str], unexpected: list[str], mismatched: list[str],
-                      limit: int = 12) -> str:
+def _mismatch_message(
+    where: str, what: str, missing: list[str], unexpected: list[str], mismatched: list[str], limit: int = 12
+) -> str:
     parts = [
         _summarise(kind, keys, limit)
-        for kind, keys in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", mismatched))
+        for kind, keys in (
+            ("missing keys", missing),
+            ("unexpected keys", unexpected),
+            ("shape mismatches", mismatched),
+        )
         if keys
     ]
     return f"{where} does not fit {what}: " + "; ".join(parts)
@@ -474,13 +519,25 @@ class _SkipRandomInit(torch.overrides.TorchFunctionMode):
     their own init there too). They fill nothing there, and torch's meta version of `normal_` imports
     torch._dynamo on its first call: 2 of the 4.3 s zero_shot.py took on the demo's model."""
 
-    _SKIPPED = frozenset((
-        torch.Tensor.normal_, torch.Tensor.uniform_,
-        *(getattr(nn.init, name) for name in (
-            "normal_", "uniform_", "trunc_normal_", "orthogonal_", "kaiming_normal_", "kaiming_uniform_",
-            "xavier_normal_", "xavier_uniform_",
-        )),
-    ))
+    _SKIPPED = frozenset(
+        (
+            torch.Tensor.normal_,
+            torch.Tensor.uniform_,
+            *(
+                getattr(nn.init, name)
+                for name in (
+                    "normal_",
+                    "uniform_",
+                    "trunc_normal_",
+                    "orthogonal_",
+                    "kaiming_normal_",
+                    "kaiming_uniform_",
+                    "xavier_normal_",
+                    "xavier_uniform_",
+                )
+            ),
+        )
+    )
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -491,7 +548,9 @@ class _SkipRandomInit(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def check_fits(config: Mapping[str, Any], checkpoint: Mapping[str, Any], where: str = "the given checkpoint") -> None:
+def check_fits(
+    config: Mapping[str, Any], checkpoint: Mapping[str, Any], where: str = "the given checkpoint"
+) -> None:
     """Raise CheckpointMismatchError unless `checkpoint` (anything load_checkpoint takes in memory)
     loads into RWKV_CLIP(config), without building it: the shapes come from a model on the meta
     device, which allocates and initialises nothing (benchmarks/config_check.py: 61x faster than building a B/32)."""
@@ -503,7 +562,8 @@ def check_fits(config: Mapping[str, Any], checkpoint: Mapping[str, Any], where: 
         # Only what differs, a few names of each kind: the caller's message already names the weights
         # and the model, and says which config they fit.
         error = CheckpointMismatchError(
-            _mismatch_message(where, "RWKV_CLIP", missing, unexpected, mismatched, limit=2).split(": ", 1)[1])
+            _mismatch_message(where, "RWKV_CLIP", missing, unexpected, mismatched, limit=2).split(": ", 1)[1]
+        )
         error.counts = (len(missing), len(unexpected), len(mismatched))
         raise error
 
@@ -574,7 +634,9 @@ def load_checkpoint(
     own = model.state_dict()
     missing, unexpected, mismatched = _compare(own, state)
     if strict and (missing or unexpected or mismatched):
-        raise CheckpointMismatchError(_mismatch_message(where, type(model).__name__, missing, unexpected, mismatched))
+        raise CheckpointMismatchError(
+            _mismatch_message(where, type(model).__name__, missing, unexpected, mismatched)
+        )
 
     fitting = {
         k: state[k].to(dtype=own[k].dtype) for k in own if k in state and state[k].shape == own[k].shape

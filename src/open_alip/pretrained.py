@@ -144,7 +144,9 @@ def _hub_error(spec: str, endpoint: str, exc: Exception) -> PretrainedError:
     if isinstance(exc, hub_errors.EntryNotFoundError):
         return WeightsNotFoundError(f"{spec}: no such file in the repo at {endpoint} ({code})")
     if isinstance(exc, hub_errors.OfflineModeIsEnabled):
-        return HubError(f"{spec}: HF_HUB_OFFLINE is set and the file is not in the hub cache; unset it to download")
+        return HubError(
+            f"{spec}: HF_HUB_OFFLINE is set and the file is not in the hub cache; unset it to download"
+        )
     if isinstance(exc, hub_errors.HfHubHTTPError):
         return HubError(f"{spec}: {endpoint} answered {code}: {_one_line(exc, 160)}")
     return HubError(
@@ -169,7 +171,12 @@ def _offline() -> bool:
     from huggingface_hub import constants
 
     # huggingface_hub reads the variable once, at import; read it again so that setting it later works too.
-    return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+    return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {
+        "1",
+        "ON",
+        "YES",
+        "TRUE",
+    }
 
 
 def download_from_hub(spec: str, cache_dir: str | os.PathLike | None = None) -> Path:
@@ -179,7 +186,9 @@ def download_from_hub(spec: str, cache_dir: str | os.PathLike | None = None) -> 
     try:
         import huggingface_hub as hub
     except ImportError:
-        raise PretrainedError(f"{spec}: huggingface_hub is not installed; pip install huggingface_hub") from None
+        raise PretrainedError(
+            f"{spec}: huggingface_hub is not installed; pip install huggingface_hub"
+        ) from None
     # Submodules by name: the package loads its attributes lazily, so `hub.constants` exists only
     # once something has imported it, which made the default endpoint crash (issue 24).
     from huggingface_hub import constants as hub_constants
@@ -209,8 +218,12 @@ def download_from_hub(spec: str, cache_dir: str | os.PathLike | None = None) -> 
                 hub.hf_hub_download(
                     # by branch, not info.sha: the cache then records main -> commit, which is what
                     # an offline run (HF_HUB_OFFLINE=1) looks up; the hash check catches a moved branch
-                    repo_id, filename, repo_type="model", cache_dir=cache,
-                    endpoint=endpoint, force_download=force,
+                    repo_id,
+                    filename,
+                    repo_type="model",
+                    cache_dir=cache,
+                    endpoint=endpoint,
+                    force_download=force,
                 )
             )
 
@@ -229,13 +242,19 @@ def download_from_hub(spec: str, cache_dir: str | os.PathLike | None = None) -> 
         raise
     except hub_errors.HFValidationError as exc:  # a repo id the hub cannot hold
         raise PretrainedError(f"{spec}: {_one_line(exc, 200)}") from None
-    except (hub_errors.HfHubHTTPError, hub_errors.OfflineModeIsEnabled, hub_errors.LocalEntryNotFoundError) as exc:
+    except (
+        hub_errors.HfHubHTTPError,
+        hub_errors.OfflineModeIsEnabled,
+        hub_errors.LocalEntryNotFoundError,
+    ) as exc:
         raise _hub_error(spec, where, exc) from None
     except Exception as exc:
         if _is_transport_error(exc):
             raise _hub_error(spec, where, exc) from None
         if isinstance(exc, OSError):  # the cache folder: permissions, a full disk
-            raise PretrainedError(f"{spec}: cannot store the file in the hub cache ({_one_line(exc, 200)})") from None
+            raise PretrainedError(
+                f"{spec}: cannot store the file in the hub cache ({_one_line(exc, 200)})"
+            ) from None
         raise
 
 
@@ -255,10 +274,14 @@ def _from_cache(spec: str, repo_id: str, filename: str | None, cache: str | None
 
     try:
         if filename is None:
-            folder = Path(hub.snapshot_download(repo_id, repo_type="model", cache_dir=cache, local_files_only=True))
+            folder = Path(
+                hub.snapshot_download(repo_id, repo_type="model", cache_dir=cache, local_files_only=True)
+            )
             files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
             filename = pick_weights_file(spec, files)
-        path = Path(hub.hf_hub_download(repo_id, filename, repo_type="model", cache_dir=cache, local_files_only=True))
+        path = Path(
+            hub.hf_hub_download(repo_id, filename, repo_type="model", cache_dir=cache, local_files_only=True)
+        )
     except (hub_errors.LocalEntryNotFoundError, FileNotFoundError):
         raise HubError(
             f"{spec}: HF_HUB_OFFLINE is set and the file is not in the hub cache; unset HF_HUB_OFFLINE to download it"
@@ -311,11 +334,15 @@ def read_weights(path: Path, label: str | None = None) -> Mapping[str, Any]:
         try:
             from safetensors.torch import load_file
         except ImportError:
-            raise PretrainedError(f"weights {label}: reading .safetensors needs safetensors; pip install safetensors") from None
+            raise PretrainedError(
+                f"weights {label}: reading .safetensors needs safetensors; pip install safetensors"
+            ) from None
         try:
             return load_file(str(path), device="cpu")
         except Exception as exc:  # safetensors raises its own SafetensorError and OSErrors
-            raise PretrainedError(f"cannot read weights {label}: not a valid safetensors file ({_one_line(exc, 160)})") from None
+            raise PretrainedError(
+                f"cannot read weights {label}: not a valid safetensors file ({_one_line(exc, 160)})"
+            ) from None
     try:
         # mmap: a training checkpoint also holds optimizer state, which need not be read into memory
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -329,7 +356,9 @@ def read_weights(path: Path, label: str | None = None) -> Mapping[str, Any]:
         ) from None
 
 
-def load_weights(model: nn.Module, weights: Mapping[str, Any], label: str, model_name: str | None = None) -> None:
+def load_weights(
+    model: nn.Module, weights: Mapping[str, Any], label: str, model_name: str | None = None
+) -> None:
     """Load what `read_weights` returned into `model`, strictly; weights made for another
     architecture raise WeightsMismatchError naming the offending keys."""
     try:
@@ -350,22 +379,30 @@ def mismatch_error(
     if stored is None:
         fitting = shipped_configs_that_fit(weights)
         fits = fitting[0] if len(fitting) == 1 else None
-        hint = f"they fit {' and '.join(fitting)}: pass that config" if fitting else "pass the model config they were trained with"
+        hint = (
+            f"they fit {' and '.join(fitting)}: pass that config"
+            if fitting
+            else "pass the model config they were trained with"
+        )
     else:
         run = weights.get("run")
         recorded = run.get("config") if isinstance(run, Mapping) else None
         fits = config_name(stored)
         name = fits or (f"{recorded!r} as the run recorded it" if isinstance(recorded, str) else None)
-        hint = (
-            f"they hold their own config ({name or 'not a shipped one'}): pass no config to use it"
-            + (f", or {name}" if name and not name.endswith("recorded it") else "")
+        hint = f"they hold their own config ({name or 'not a shipped one'}): pass no config to use it" + (
+            f", or {name}" if name and not name.endswith("recorded it") else ""
         )
     summary = ""
     if exc.counts is not None:
         kinds = zip(exc.counts, ("missing", "unexpected", "of other shapes"))
         summary = ", ".join(f"{n} tensor{'s' if n > 1 else ''} {kind}" for n, kind in kinds if n)
-    return WeightsMismatchError(f"weights {label} do not fit {target} ({detail}); {hint}", detail=detail, fits=fits,
-                                recorded=stored is not None, summary=summary)
+    return WeightsMismatchError(
+        f"weights {label} do not fit {target} ({detail}); {hint}",
+        detail=detail,
+        fits=fits,
+        recorded=stored is not None,
+        summary=summary,
+    )
 
 
 def load_pretrained(

@@ -68,8 +68,14 @@ def get_pretrained_cfg(config: str, tag: str) -> ReleasedWeights:
         if entry.config == config and entry.tag == _clean(tag):
             return entry
     tags = list_pretrained_tags_by_model(config)
-    released = f"its tags: {', '.join(tags)}" if tags else (
-        "it has no released weights; " + ", ".join(f"{c}:{t}" for c, t in list_pretrained(as_str=False)) + " do"
+    released = (
+        f"its tags: {', '.join(tags)}"
+        if tags
+        else (
+            "it has no released weights; "
+            + ", ".join(f"{c}:{t}" for c, t in list_pretrained(as_str=False))
+            + " do"
+        )
     )
     raise PretrainedError(f"pretrained tag {tag!r} is not released for model {config}; {released}")
 

@@ -207,7 +207,9 @@ class TimeMix(nn.Module):
         xx = x_shifted - x
         xxx = torch.addcmul(x, xx, self.time_maa_x)
         lora = torch.tanh(xxx.view(rows, channels) @ self.time_maa_w1).view(rows, 5, MIX_LORA).transpose(0, 1)
-        maa = torch.stack([self.time_maa_w, self.time_maa_k, self.time_maa_v, self.time_maa_r, self.time_maa_g])
+        maa = torch.stack(
+            [self.time_maa_w, self.time_maa_k, self.time_maa_v, self.time_maa_r, self.time_maa_g]
+        )
         coef = torch.baddbmm(maa.view(5, 1, channels), lora, self.time_maa_w2)  # maa_f + m_f
         mixes = torch.addcmul(x.view(1, rows, channels), xx.view(1, rows, channels), coef)
         return mixes.view(5, batch, time, channels).unbind(0)
@@ -226,7 +228,9 @@ class TimeMix(nn.Module):
         w = torch.addmm(self.time_decay.reshape(1, -1).to(lora.dtype), lora, self.time_decay_w2)
         bonus = self.time_faaaa.to(r.dtype) if self.cast_decays else self.time_faaaa
         y = wkv(r, k, v, w.view(batch, time, -1), bonus, impl=self.wkv_impl).to(self.ln_x.weight.dtype)
-        y = F.group_norm(y.view(batch * time, -1), self.n_head, self.ln_x.weight, self.ln_x.bias, self.ln_x.eps)
+        y = F.group_norm(
+            y.view(batch * time, -1), self.n_head, self.ln_x.weight, self.ln_x.bias, self.ln_x.eps
+        )
         return self.output(y.view(batch, time, -1).mul_(g))
 
     def forward(self, x: torch.Tensor, x_shifted: torch.Tensor) -> torch.Tensor:

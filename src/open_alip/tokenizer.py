@@ -159,7 +159,10 @@ def _character_fixers() -> tuple[tuple[set[int], Any], ...] | None:
             (_class_codes(chardata.C1_CONTROL_RE), fixes.fix_c1_controls),
             (set(chardata.LIGATURES), fixes.fix_latin_ligatures),
             (set(chardata.WIDTH_MAP), fixes.fix_character_width),
-            (_class_codes(chardata.SINGLE_QUOTE_RE) | _class_codes(chardata.DOUBLE_QUOTE_RE), fixes.uncurl_quotes),
+            (
+                _class_codes(chardata.SINGLE_QUOTE_RE) | _class_codes(chardata.DOUBLE_QUOTE_RE),
+                fixes.uncurl_quotes,
+            ),
             (set(map(ord, "\r\u2028\u2029\x85")), fixes.fix_line_breaks),
             (_class_codes(fixes.SURROGATE_RE), fixes.fix_surrogates),
             ({0x1B}, fixes.remove_terminal_escapes),
@@ -171,8 +174,10 @@ def _character_fixers() -> tuple[tuple[set[int], Any], ...] | None:
 
 _FIXER_CODES = _character_fixers()
 # Each fixer with a pattern for its characters, and one for any fixer's character.
-_CHARACTER_FIXERS = None if _FIXER_CODES is None else tuple(
-    (std_re.compile(_char_class(codes)), fixer) for codes, fixer in _FIXER_CODES
+_CHARACTER_FIXERS = (
+    None
+    if _FIXER_CODES is None
+    else tuple((std_re.compile(_char_class(codes)), fixer) for codes, fixer in _FIXER_CODES)
 )
 _FIXABLE_CODES: set[int] = set().union(*(codes for codes, _ in _FIXER_CODES or ()))
 _FIXABLE = std_re.compile(_char_class(_FIXABLE_CODES)) if _FIXABLE_CODES else None
@@ -266,7 +271,9 @@ _FAST_BADNESS, _BADNESS_HINTS = _fast_badness_pattern() or (None, set())
 # Text without any of these is its own ftfy.fix_text and html.unescape, if it is one
 # NFC segment: no '&' to start an entity, not bad, nothing for a character fixer.
 _MAYBE_CHANGED = (
-    None if _FAST_BADNESS is None else std_re.compile(_char_class({*_FIXABLE_CODES, *_BADNESS_HINTS, *b"&\n"}))
+    None
+    if _FAST_BADNESS is None
+    else std_re.compile(_char_class({*_FIXABLE_CODES, *_BADNESS_HINTS, *b"&\n"}))
 )
 # ftfy's default `max_decode_length`: longer lines are cut into segments of this size.
 _FTFY_SEGMENT_LENGTH = 1_000_000
@@ -526,7 +533,9 @@ class SimpleTokenizer:
         try:
             symbols = "".join(self.decoder[int(t)] for t in tokens)
         except KeyError as e:
-            raise ValueError(f"token id {e.args[0]} is not in the vocabulary (0..{self.vocab_size - 1})") from None
+            raise ValueError(
+                f"token id {e.args[0]} is not in the vocabulary (0..{self.vocab_size - 1})"
+            ) from None
         # Special tokens' names are plain ASCII, which maps to itself.
         data = bytes(self._byte_of[c] for c in symbols)
         return data.decode("utf-8", errors="replace").replace(_END_OF_WORD, " ")
@@ -628,7 +637,9 @@ def decode(ids: Any) -> str:
     if row.ndim == 2 and row.shape[0] == 1:
         row = row[0]
     if row.ndim != 1:
-        raise ValueError(f"decode() takes one row of ids, got shape {tuple(row.shape)}; decode rows one by one")
+        raise ValueError(
+            f"decode() takes one row of ids, got shape {tuple(row.shape)}; decode rows one by one"
+        )
     if row.size and not np.issubdtype(row.dtype, np.integer):
         if not np.all(np.equal(np.mod(row, 1), 0)):
             raise ValueError("decode() takes integer token ids")

@@ -127,7 +127,9 @@ def preprocess_tensor(image: torch.Tensor, size: int) -> torch.Tensor:
     nw, nh = resized_size(w, h, size)
     x = image.unsqueeze(0).float()
     if (nw, nh) != (w, h):
-        x = torch.nn.functional.interpolate(x, size=(nh, nw), mode="bicubic", align_corners=False, antialias=True)
+        x = torch.nn.functional.interpolate(
+            x, size=(nh, nw), mode="bicubic", align_corners=False, antialias=True
+        )
         # PIL hands back uint8: round and clip so both paths see the same quantised pixels
         x = x.round().clamp(0, 255)
     top, left = center_crop_offsets(nw, nh, size)

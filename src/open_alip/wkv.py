@@ -195,7 +195,9 @@ def wkv_chunked(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: in
     return wkv_chunked_autograd(r, k, v, w, u, chunk=chunk or DEFAULT_CHUNK)
 
 
-def wkv_chunked_autograd(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: int = DEFAULT_CHUNK) -> Tensor:
+def wkv_chunked_autograd(
+    r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: int = DEFAULT_CHUNK
+) -> Tensor:
     """The chunked form with its custom backward (what training runs), also without grad."""
     _check(r, k, v, w, u)
     heads, size = u.shape
@@ -299,7 +301,9 @@ def wkv_bi_triton(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor) -> Tens
     if problem:
         raise ValueError(f"wkv implementation 'bi_triton' cannot run on {r.device.type}: {problem}")
     args = [t.float() if t.dtype == torch.float64 else t for t in (r, k, v, w, u)]
-    return _bi.wkv_bi_triton_op(*args, _F32_W_MAX).to(torch.float64 if r.dtype == torch.float64 else torch.float32)
+    return _bi.wkv_bi_triton_op(*args, _F32_W_MAX).to(
+        torch.float64 if r.dtype == torch.float64 else torch.float32
+    )
 
 
 _CHUNK_CPU = "it runs only on CUDA tensors (Triton's interpreter cannot run fla's chunked kernels)"
@@ -313,7 +317,9 @@ IMPLEMENTATIONS: dict[str, Callable[..., Tensor]] = {
 }
 # The names are choices.py's (what the CLIs offer without importing this module); they must be these.
 if tuple(IMPLEMENTATIONS) != WKV_IMPLEMENTATIONS:
-    raise ImportError(f"src/open_alip/choices.py names {WKV_IMPLEMENTATIONS}, wkv.py implements {tuple(IMPLEMENTATIONS)}")
+    raise ImportError(
+        f"src/open_alip/choices.py names {WKV_IMPLEMENTATIONS}, wkv.py implements {tuple(IMPLEMENTATIONS)}"
+    )
 # Triton kernels: on CPU they run only under Triton's interpreter (for checks, slow).
 TRITON_IMPLEMENTATIONS = frozenset({"fla", "fla_chunk", "bi_triton"})
 # Implementations that take r, k, v, w, u in the dtypes they come in; `wkv` converts

@@ -134,7 +134,9 @@ def wkv_fla_backward_op(
     grad, r, k, v, logd, u = (t.contiguous() for t in (grad, r, k, v, logd, u))
     options = {"scale": 1.0, "initial_state": None, "reverse": False}
     with device_guard(r):
-        dr, dk, dv, dlogd, du, _ = fused_recurrent.fused_recurrent_rwkv6_bwd(r, k, v, logd, u, grad, **options)
+        dr, dk, dv, dlogd, du, _ = fused_recurrent.fused_recurrent_rwkv6_bwd(
+            r, k, v, logd, u, grad, **options
+        )
         flipped = [t.flip(1) for t in (r, k, v, logd)]
         back = fused_recurrent.fused_recurrent_rwkv6_bwd(
             *flipped, torch.zeros_like(u), grad.flip(1), **options

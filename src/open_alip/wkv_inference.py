@@ -72,7 +72,9 @@ def _carry_left(kv: Tensor, carry: Tensor) -> Tensor:
     states = torch.empty_like(kv)
     states[..., 0, :, :] = 0
     for c in range(kv.shape[-3] - 1):
-        torch.addcmul(kv[..., c, :, :], states[..., c, :, :], carry[..., c, :, None], out=states[..., c + 1, :, :])
+        torch.addcmul(
+            kv[..., c, :, :], states[..., c, :, :], carry[..., c, :, None], out=states[..., c + 1, :, :]
+        )
     return states
 
 
@@ -82,7 +84,9 @@ def _carry_right(kv: Tensor, carry: Tensor) -> Tensor:
     last = kv.shape[-3] - 1
     states[..., last, :, :] = 0
     for c in range(last, 0, -1):
-        torch.addcmul(kv[..., c, :, :], states[..., c, :, :], carry[..., c, :, None], out=states[..., c - 1, :, :])
+        torch.addcmul(
+            kv[..., c, :, :], states[..., c, :, :], carry[..., c, :, None], out=states[..., c - 1, :, :]
+        )
     return states
 
 
@@ -92,8 +96,10 @@ def _exact_scores(r: Tensor, k: Tensor, logd: Tensor, lower: Tensor) -> Tensor:
     length = logd.shape[-2]
     # between[t, s, l]: s < l < t, summed by matmul (same-sign terms only)
     idx = torch.arange(length, device=logd.device)
-    between = ((idx.view(1, -1, 1) < idx.view(1, 1, -1)) & (idx.view(1, 1, -1) < idx.view(-1, 1, 1)))
-    sums = (between.to(logd.dtype).reshape(length * length, length) @ logd).reshape(-1, length, length, logd.shape[-1])
+    between = (idx.view(1, -1, 1) < idx.view(1, 1, -1)) & (idx.view(1, 1, -1) < idx.view(-1, 1, 1))
+    sums = (between.to(logd.dtype).reshape(length * length, length) @ logd).reshape(
+        -1, length, length, logd.shape[-1]
+    )
     decay = torch.exp(sums) * lower.unsqueeze(-1)
     decay = decay + decay.transpose(-2, -3)
     return (r.unsqueeze(-2) * k.unsqueeze(-3) * decay).sum(-1)
@@ -164,7 +170,9 @@ def wkv_chunked_inference(
     grow[:, :1] = -mid
     torch.sub(inner[:, :-1], mid, out=grow[:, 1:])
     grow.clamp_(-EXP_CAP, EXP_CAP).exp_()
-    scores = torch.where(lower, (r * grow) @ (k * shrink).transpose(1, 2), (r * shrink) @ (k * grow).transpose(1, 2))
+    scores = torch.where(
+        lower, (r * grow) @ (k * shrink).transpose(1, 2), (r * shrink) @ (k * grow).transpose(1, 2)
+    )
     del grow, shrink
     bonus = (r * k).view(batch, heads, n_chunks * length, size).mul_(u.view(1, heads, 1, size)).sum(-1)
     scores.diagonal(dim1=1, dim2=2).copy_(bonus.view(-1, length))
@@ -192,10 +200,14 @@ def wkv_chunked_inference(
     carry = (inner[:, -1] + first[:, 0]).exp_()
     del inner
     grid = (batch * heads, n_chunks)
-    from_left = _carry_left(((k * suffix).transpose(1, 2) @ v).view(*grid, size, size), carry.view(*grid, size))
+    from_left = _carry_left(
+        ((k * suffix).transpose(1, 2) @ v).view(*grid, size, size), carry.view(*grid, size)
+    )
     y = torch.baddbmm(y, r * prefix, from_left.view(-1, size, size))
     del from_left
-    from_right = _carry_right(((k * prefix).transpose(1, 2) @ v).view(*grid, size, size), carry.view(*grid, size))
+    from_right = _carry_right(
+        ((k * prefix).transpose(1, 2) @ v).view(*grid, size, size), carry.view(*grid, size)
+    )
     y = torch.baddbmm(y, r * suffix, from_right.view(-1, size, size))
     y = y.view(batch, heads, n_chunks * length, size)[:, :, :time]
     return y.transpose(1, 2).reshape(batch, time, channels)

@@ -21,7 +21,12 @@ from .model import unwrap_model
 DATA_DIR = Path(__file__).resolve().parent / "zero_shot_data"
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 # Names the original scripts use for the same bundled metadata.
-ALIASES = {"imagenet": "imagenet1k", "cars": "stanford_car", "fgvc_aircraft": "aircraft", "flowers102": "flowers"}
+ALIASES = {
+    "imagenet": "imagenet1k",
+    "cars": "stanford_car",
+    "fgvc_aircraft": "aircraft",
+    "flowers102": "flowers",
+}
 
 Tokenizer = Callable[[Sequence[str]], torch.Tensor]
 
@@ -142,7 +147,9 @@ def prediction_metrics(
     }
 
 
-def classification_metrics(logits: torch.Tensor, targets: torch.Tensor, num_classes: int | None = None) -> dict:
+def classification_metrics(
+    logits: torch.Tensor, targets: torch.Tensor, num_classes: int | None = None
+) -> dict:
     """Top-1 / top-5 accuracy and mean per-class recall (classes without samples are skipped), in %."""
     top1, topk = top_predictions(logits)
     return prediction_metrics(top1, topk, targets, num_classes or logits.shape[1])

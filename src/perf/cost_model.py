@@ -208,7 +208,10 @@ def analytic_flops(cfg: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     for tower in TOWERS:
         shape, depth = tower_wkv_shape(cfg, tower), tower_depth(cfg, tower)
         if tower == "image":
-            width, hidden = int(cfg["image_embed_dims"]), int(cfg["image_embed_dims"]) * int(cfg["image_hidden_rate"])
+            width, hidden = (
+                int(cfg["image_embed_dims"]),
+                int(cfg["image_embed_dims"]) * int(cfg["image_hidden_rate"]),
+            )
             att = width
         else:
             width, hidden, att = int(cfg["n_embd"]), int(cfg["dim_ffn"]), int(cfg["dim_att"])
@@ -265,7 +268,8 @@ def _wkv_run(impl: str, shape: WkvShape, batch: int, precision: str, device: str
     with fake_mode() if fake else contextlib.nullcontext():
         # Leaves stand in for the parameters upstream; they are not counted.
         base = [
-            torch.randn(batch, shape.tokens, shape.channels, device=device, requires_grad=True) for _ in range(4)
+            torch.randn(batch, shape.tokens, shape.channels, device=device, requires_grad=True)
+            for _ in range(4)
         ]
         u = torch.randn(shape.heads, shape.head_size, device=device, requires_grad=True)
         exclude = {storage_key(t) for t in [*base, u]}
@@ -461,7 +465,9 @@ def estimate_cost(
     if precision not in PRECISIONS:
         raise CostModelError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
     with MEASURE_LOCK:
-        return _estimate_cost(name, json.dumps(cfg, sort_keys=True), wkv_impl, precision, device_type, wkv_apart)
+        return _estimate_cost(
+            name, json.dumps(cfg, sort_keys=True), wkv_impl, precision, device_type, wkv_apart
+        )
 
 
 @functools.lru_cache(maxsize=32)
@@ -559,7 +565,9 @@ def _estimate_cost(
         text=towers["text"],
         peak_lines=peak_lines,
         peak_lines_cp=peak_lines_cp,
-        notes=(f"wkv {wkv_impl!r} measured alone on {where} and swapped into the chunked model's memory figures",)
+        notes=(
+            f"wkv {wkv_impl!r} measured alone on {where} and swapped into the chunked model's memory figures",
+        )
         + cost.notes,
     )
 

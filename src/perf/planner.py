@@ -18,8 +18,15 @@ from typing import Any
 
 from src.perf.cost_model import CostModel, CostModelError, estimate_cost
 
-__all__ = ["HEADROOM", "MIN_EFFICIENT_MICRO", "RESERVED_BYTES", "CostModelError", "MicroBatchPlan",
-           "plan_micro_batch", "usable_bytes"]
+__all__ = [
+    "HEADROOM",
+    "MIN_EFFICIENT_MICRO",
+    "RESERVED_BYTES",
+    "CostModelError",
+    "MicroBatchPlan",
+    "plan_micro_batch",
+    "usable_bytes",
+]
 
 GiB = 2**30
 # Share of device memory kept free for the caching allocator's fragmentation.
@@ -43,7 +50,9 @@ class MicroBatchPlan:
     explanation: str  # one line for the log
 
 
-def usable_bytes(device_memory_bytes: int, reserved_bytes: int = RESERVED_BYTES, headroom: float = HEADROOM) -> int:
+def usable_bytes(
+    device_memory_bytes: int, reserved_bytes: int = RESERVED_BYTES, headroom: float = HEADROOM
+) -> int:
     return int(device_memory_bytes * (1.0 - headroom)) - int(reserved_bytes)
 
 
@@ -110,9 +119,7 @@ def plan_micro_batch(
         for cp in cps:
             candidates += [(m, cp) for m in divisors[1:] if m >= floor]
     choice = next(((m, cp) for m, cp in candidates if need(m, cp) <= budget), None)
-    setting = (
-        f"{cost.name}, wkv {cost.wkv_impl}, {cost.precision}: {_gb(budget)} usable of {_gb(device_memory_bytes)}"
-    )
+    setting = f"{cost.name}, wkv {cost.wkv_impl}, {cost.precision}: {_gb(budget)} usable of {_gb(device_memory_bytes)}"
     if choice is None:
         raise CostModelError(
             f"even 1 sample per GPU{' with gradient checkpointing' if allow_checkpointing else ''} needs "

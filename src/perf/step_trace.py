@@ -123,10 +123,25 @@ class SavedBytes:
 # alone). The model calls one of them on bf16 tensors: pow, through torch.square in
 # both channel mixes; the others receive float32 already.
 _CUDA_FP32_OPS = (
-    "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar",
-    "exp", "expm1", "log", "log1p", "rsqrt", "reciprocal", "softplus",
-    "layer_norm", "group_norm", "softmax.int", "log_softmax.int", "logsumexp",
-    "sum", "sum.dim_IntList", "cumsum", "linalg_vector_norm",
+    "pow.Tensor_Scalar",
+    "pow.Tensor_Tensor",
+    "pow.Scalar",
+    "exp",
+    "expm1",
+    "log",
+    "log1p",
+    "rsqrt",
+    "reciprocal",
+    "softplus",
+    "layer_norm",
+    "group_norm",
+    "softmax.int",
+    "log_softmax.int",
+    "logsumexp",
+    "sum",
+    "sum.dim_IntList",
+    "cumsum",
+    "linalg_vector_norm",
 )
 _AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 # The CUDA autocast rules are registered process-wide while a measurement runs.

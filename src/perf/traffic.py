@@ -98,9 +98,22 @@ _COPY = {
     "diagonal_backward", "expand_copy", "index_put_", "index_put", "where",
 }  # fmt: skip
 # Ops that allocate without writing, or compute on shapes only.
-_FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_local_scalar_dense",
-         "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "lift_fresh",
-         "_unsafe_view", "_reshape_alias"}
+_FREE = {
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "_local_scalar_dense",
+    "sym_size",
+    "sym_stride",
+    "sym_numel",
+    "sym_storage_offset",
+    "is_same_size",
+    "lift_fresh",
+    "_unsafe_view",
+    "_reshape_alias",
+}
 # Ops that overwrite their first argument without reading it.
 _OVERWRITE = {"copy_", "fill_", "zero_"}
 
@@ -137,7 +150,9 @@ def op_class(name: str, args: tuple, out: Any) -> str:
 
 def _written_args(func) -> set[int]:
     """Positions of the arguments `func` writes into (in-place ops, out= arguments)."""
-    return {i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write}
+    return {
+        i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write
+    }
 
 
 def _is_view(func) -> bool:
@@ -248,15 +263,23 @@ class TrafficReport:
             "mix_impl": self.mix_impl,
             "bytes_per_pair": {c: self.per_pair(c) for c in CLASSES} | {"total": self.per_pair()},
             "top_lines": [
-                {"class": c, "line": line, "bytes_per_pair": b / self.batch} for c, line, b in self.top_lines(40)
+                {"class": c, "line": line, "bytes_per_pair": b / self.batch}
+                for c, line, b in self.top_lines(40)
             ],
             "top_ops": [
                 {"class": c, "op": op, "bytes_per_pair": b / self.batch}
                 for (c, op), b in sorted(self.by_op.items(), key=lambda kv: -kv[1])[:40]
             ],
             "wkv_calls": [
-                {"tower": c.tower, "batch": c.batch, "time": c.time, "heads": c.heads, "size": c.size,
-                 "dtype": str(c.dtype), "w_dtype": str(c.w_dtype)}
+                {
+                    "tower": c.tower,
+                    "batch": c.batch,
+                    "time": c.time,
+                    "heads": c.heads,
+                    "size": c.size,
+                    "dtype": str(c.dtype),
+                    "w_dtype": str(c.w_dtype),
+                }
                 for c in self.wkv_calls
             ],  # fmt: skip
         }
@@ -275,7 +298,12 @@ def _resolved(path: str) -> str:
 def _short(path: str) -> str | None:
     """`path` relative to the repository, or None for files outside it, this module's own, and
     installed packages (a virtual environment inside the repository, such as .venv, holds torch)."""
-    if path in _HERE or not path.startswith(str(_REPO)) or path.startswith(sys.prefix) or "site-packages" in path:
+    if (
+        path in _HERE
+        or not path.startswith(str(_REPO))
+        or path.startswith(sys.prefix)
+        or "site-packages" in path
+    ):
         return None
     return str(Path(path).relative_to(_REPO))
 
@@ -486,4 +514,3 @@ def _run(
             counter.optimizer_site = "torch.optim.AdamW(fused=True).step"
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-

@@ -24,7 +24,9 @@ TOKEN_PREFIX = ".rank-check-"
 def data_view(shardset) -> dict:
     """This rank's view of the training data: shard names (not paths, which may differ
     between nodes that mount the same data elsewhere), their record counts and sizes."""
-    shards = [(s.rec.name, int(c), int(z)) for s, c, z in zip(shardset.shards, shardset.counts, shardset.sizes)]
+    shards = [
+        (s.rec.name, int(c), int(z)) for s, c, z in zip(shardset.shards, shardset.counts, shardset.sizes)
+    ]
     digest = hashlib.sha256(repr(shards).encode()).hexdigest()[:12]
     return {"host": socket.gethostname(), "records": shardset.total_records, "hash": digest, "shards": shards}
 
@@ -56,14 +58,17 @@ def check_same_data(shardset, env: DistEnv) -> None:
         return
     r = odd[0]
     ours, theirs = set(first["shards"]), set(views[r]["shards"])
-    diff = [f"only {_where(0, first)}: {', '.join(sorted(n for n, _, _ in ours - theirs)) or 'none'}",
-            f"only {_where(r, views[r])}: {', '.join(sorted(n for n, _, _ in theirs - ours)) or 'none'}"]
+    diff = [
+        f"only {_where(0, first)}: {', '.join(sorted(n for n, _, _ in ours - theirs)) or 'none'}",
+        f"only {_where(r, views[r])}: {', '.join(sorted(n for n, _, _ in theirs - ours)) or 'none'}",
+    ]
     raise TrainingError(
         f"ranks see different training data: {_where(0, first)} has {first['records']} records in "
         f"{len(first['shards'])} shard(s) (list hash {first['hash']}), {_where(r, views[r])} has "
         f"{views[r]['records']} in {len(views[r]['shards'])} (hash {views[r]['hash']}); ranks differing from rank 0: "
         f"{', '.join(map(str, odd))}; {'; '.join(diff)} (counting shards of another size too); give every node "
-        "the same data (a .rec without its .idx is left out)")
+        "the same data (a .rec without its .idx is left out)"
+    )
 
 
 def check_shared_output(output: Path, env: DistEnv) -> None:
@@ -90,7 +95,8 @@ def check_shared_output(output: Path, env: DistEnv) -> None:
     if blind:
         raise TrainingError(
             f"--output {output} is not one folder all ranks see: {', '.join(blind)} cannot read what rank 0 "
-            f"wrote there; pass a folder on storage every node shares")
+            f"wrote there; pass a folder on storage every node shares"
+        )
 
 
 def check_same_plan(plan, checkpointing: bool, env: DistEnv) -> None:
@@ -112,4 +118,5 @@ def check_same_plan(plan, checkpointing: bool, env: DistEnv) -> None:
 
     raise TrainingError(
         f"ranks planned different batches ({said(0)}; {said(odd[0])}; ranks differing from rank 0: "
-        f"{', '.join(map(str, odd))}); give every rank the same flags and software, or set --batch-size N")
+        f"{', '.join(map(str, odd))}); give every rank the same flags and software, or set --batch-size N"
+    )

@@ -47,19 +47,27 @@ class BatchPlan:
 
     def to_json(self) -> dict[str, int]:
         """What params.json and a checkpoint record of the split."""
-        return {"micro_batch": self.micro_batch, "accum_freq": self.accum_freq, "global_batch": self.global_batch}
+        return {
+            "micro_batch": self.micro_batch,
+            "accum_freq": self.accum_freq,
+            "global_batch": self.global_batch,
+        }
 
     def describe(self) -> str:
-        return (f"global batch {self.global_batch} = {self.micro_batch} per micro-batch x {self.world_size} "
-                f"process(es) x accumulation {self.accum_freq}")
+        return (
+            f"global batch {self.global_batch} = {self.micro_batch} per micro-batch x {self.world_size} "
+            f"process(es) x accumulation {self.accum_freq}"
+        )
 
     def shortfall_notice(self) -> str | None:
         """A loud sentence when the run's global batch is not the one asked for."""
         if self.requested is None or self.global_batch == self.requested:
             return None
-        return (f"the global batch is {self.global_batch}, not the --global-batch-size {self.requested} asked for: "
-                f"{self.requested} does not split into equal micro-batches over {self.world_size} process(es); "
-                "choose a global batch divisible by the number of processes to keep it exact")
+        return (
+            f"the global batch is {self.global_batch}, not the --global-batch-size {self.requested} asked for: "
+            f"{self.requested} does not split into equal micro-batches over {self.world_size} process(es); "
+            "choose a global batch divisible by the number of processes to keep it exact"
+        )
 
 
 def _even_split(per_process: int, at_most: int) -> int | None:
@@ -99,8 +107,16 @@ def plan_batches(
 
 
 def plan_for_device(
-    *, model_config: dict, wkv_impl: str, precision: str, device, world_size: int,
-    global_batch: int | None, accum_freq: int | None, batch_size: int | None, force_checkpointing: bool,
+    *,
+    model_config: dict,
+    wkv_impl: str,
+    precision: str,
+    device,
+    world_size: int,
+    global_batch: int | None,
+    accum_freq: int | None,
+    batch_size: int | None,
+    force_checkpointing: bool,
     env: DistEnv | None = None,
 ) -> tuple[BatchPlan, bool, str | None]:
     """(plan, gradient checkpointing, a line saying why) for this run on `device`.
@@ -113,38 +129,61 @@ def plan_for_device(
     all of them take the same plan.
     """
     if batch_size is not None:
-        plan = plan_batches(per_process_max=batch_size, world_size=world_size, global_batch=global_batch,
-                            accum_freq=accum_freq)
+        plan = plan_batches(
+            per_process_max=batch_size,
+            world_size=world_size,
+            global_batch=global_batch,
+            accum_freq=accum_freq,
+        )
         return plan, force_checkpointing, None
     if device.type != "cuda":
-        plan = plan_batches(per_process_max=AUTO_CPU_BATCH, world_size=world_size, global_batch=global_batch,
-                            accum_freq=accum_freq)
-        return plan, force_checkpointing, f"--batch-size auto: no GPU, so micro-batches of at most {AUTO_CPU_BATCH}"
+        plan = plan_batches(
+            per_process_max=AUTO_CPU_BATCH,
+            world_size=world_size,
+            global_batch=global_batch,
+            accum_freq=accum_freq,
+        )
+        return (
+            plan,
+            force_checkpointing,
+            f"--batch-size auto: no GPU, so micro-batches of at most {AUTO_CPU_BATCH}",
+        )
     if accum_freq is not None:
-        raise TrainingError("--batch-size auto chooses the accumulation itself; leave out --accum-freq, "
-                            "or give --batch-size N")
+        raise TrainingError(
+            "--batch-size auto chooses the accumulation itself; leave out --accum-freq, "
+            "or give --batch-size N"
+        )
     import torch
 
     from src.perf.planner import CostModelError, plan_micro_batch
 
     target = global_batch if global_batch is not None else AUTO_CPU_BATCH * world_size
     if target < world_size:
-        raise TrainingError(f"--global-batch-size {target} is smaller than the {world_size} processes; "
-                            "give at least one sample per process")
+        raise TrainingError(
+            f"--global-batch-size {target} is smaller than the {world_size} processes; "
+            "give at least one sample per process"
+        )
     local = torch.cuda.get_device_properties(device).total_memory
     memories = gather_object(local, env) if env is not None else [local]
     memory = min(memories)
     try:
         # Planned for the part that splits evenly; plan_batches below announces any shortfall.
         chosen = plan_micro_batch(
-            model_config, wkv_impl=wkv_impl, precision=precision, device_memory_bytes=memory,
-            global_batch=target // world_size * world_size, world_size=world_size, device_type="cuda",
-            allow_checkpointing=True, bucket_view=True,  # the trainer's DDP uses gradient_as_bucket_view
+            model_config,
+            wkv_impl=wkv_impl,
+            precision=precision,
+            device_memory_bytes=memory,
+            global_batch=target // world_size * world_size,
+            world_size=world_size,
+            device_type="cuda",
+            allow_checkpointing=True,
+            bucket_view=True,  # the trainer's DDP uses gradient_as_bucket_view
         )
     except CostModelError as exc:
         raise TrainingError(f"--batch-size auto: {exc}; give --batch-size N") from exc
-    plan = plan_batches(per_process_max=chosen.micro_batch, world_size=world_size, global_batch=target,
-                        accum_freq=None)
+    plan = plan_batches(
+        per_process_max=chosen.micro_batch, world_size=world_size, global_batch=target, accum_freq=None
+    )
     why = f"--batch-size auto: {_smallest(memories)}{chosen.explanation}"
     return plan, force_checkpointing or chosen.grad_checkpointing, why
 
@@ -154,6 +193,8 @@ def _smallest(memories: list[int]) -> str:
     if len(set(memories)) < 2:
         return ""
     low, high = min(memories), max(memories)
-    return (f"planned for the smallest GPU of the {len(memories)} processes (rank {memories.index(low)}: "
-            f"{low / 1e9:.1f} GB; the largest {high / 1e9:.1f} GB), so that every process takes the same "
-            "micro-batch and accumulation: ")
+    return (
+        f"planned for the smallest GPU of the {len(memories)} processes (rank {memories.index(low)}: "
+        f"{low / 1e9:.1f} GB; the largest {high / 1e9:.1f} GB), so that every process takes the same "
+        "micro-batch and accumulation: "
+    )

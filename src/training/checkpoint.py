@@ -59,7 +59,8 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
         if full or _room(path.parent) < need:
             raise TrainingError(
                 f"no space left on device, need ≈ {need / 1e9:.3g} GB at {path.parent} for {path.name}; "
-                "free some space (or lower --keep-checkpoints) and resume with --resume latest") from None
+                "free some space (or lower --keep-checkpoints) and resume with --resume latest"
+            ) from None
         raise
     return path
 
@@ -96,7 +97,9 @@ def list_checkpoints(output: str | os.PathLike) -> list[tuple[int, Path]]:
             found.append((_step_of(p), p))
     # A file whose step cannot be read sorts as the newest, so that a resume meets it and
     # says why it is skipped instead of passing over it in silence.
-    return sorted(found, key=lambda sp: (sp[0] if sp[0] >= 0 else float("inf"), sp[1].name.startswith("epoch")))
+    return sorted(
+        found, key=lambda sp: (sp[0] if sp[0] >= 0 else float("inf"), sp[1].name.startswith("epoch"))
+    )
 
 
 def _step_of(path: Path) -> int:
@@ -111,7 +114,9 @@ def _step_of(path: Path) -> int:
         return -1
 
 
-def prune_before_save(output: str | os.PathLike, keep: int, protect: Iterable[str | os.PathLike] = ()) -> list[Path]:
+def prune_before_save(
+    output: str | os.PathLike, keep: int, protect: Iterable[str | os.PathLike] = ()
+) -> list[Path]:
     """Make room for one more step checkpoint, so that a disk holding exactly `keep` of them
     can still save: only while at least one complete checkpoint stays (keep >= 2).
 
@@ -122,7 +127,9 @@ def prune_before_save(output: str | os.PathLike, keep: int, protect: Iterable[st
     return []
 
 
-def prune_step_checkpoints(output: str | os.PathLike, keep: int, protect: Iterable[str | os.PathLike] = ()) -> list[Path]:
+def prune_step_checkpoints(
+    output: str | os.PathLike, keep: int, protect: Iterable[str | os.PathLike] = ()
+) -> list[Path]:
     """Delete step checkpoints until at most `keep` remain (epoch checkpoints are kept); what was
     deleted.
 

@@ -49,7 +49,10 @@ def warn_compile_failed(failure: BaseException | str, backend: str, where: str =
     LOG.warning(
         "WARNING: torch.compile (backend %s) failed%s: %s. Training continues EAGERLY%s, several times slower "
         "per step; fix the compiler (see the error) or pass --no-compile to silence this.",
-        backend, where, text, " on every rank" if where else "",
+        backend,
+        where,
+        text,
+        " on every rank" if where else "",
     )
 
 

@@ -94,7 +94,9 @@ def unreachable_kind(address: str) -> str | None:
         ip = ipaddress.ip_address(address.strip("[]"))
     except ValueError:
         return None  # a host name: only the network knows
-    return "a loopback address" if ip.is_loopback else "the unspecified address" if ip.is_unspecified else None
+    return (
+        "a loopback address" if ip.is_loopback else "the unspecified address" if ip.is_unspecified else None
+    )
 
 
 def read_env(environ: Mapping[str, str]) -> LaunchEnv:
@@ -118,8 +120,10 @@ def read_env(environ: Mapping[str, str]) -> LaunchEnv:
     if nnodes > 1 and nproc is None:
         # torchrun's static rendezvous needs the same process count on every node; counting
         # each node's GPUs would start a run that hangs when the counts differ.
-        raise LaunchError(f"NNODES={nnodes} needs NPROC_PER_NODE (the processes per node, the same on every "
-                          "node); export NPROC_PER_NODE=<GPUs per node>")
+        raise LaunchError(
+            f"NNODES={nnodes} needs NPROC_PER_NODE (the processes per node, the same on every "
+            "node); export NPROC_PER_NODE=<GPUs per node>"
+        )
     return LaunchEnv(environ.get("DATA_ROOT") or f"./{DEFAULT_DATASET}", nnodes, node_rank, addr, port, nproc)
 
 
@@ -214,25 +218,34 @@ def _split_data_root(spec: str) -> list[str]:
 def _scan_folder(folder: Path, scan: ShardScan) -> None:
     parquet = [p for p in folder.iterdir() if p.is_file() and p.suffix == ".parquet"]
     if parquet:
-        scan.ignored.append((folder, f"{len(parquet)} parquet file(s): data2rec.py's input, not training shards"))
+        scan.ignored.append(
+            (folder, f"{len(parquet)} parquet file(s): data2rec.py's input, not training shards")
+        )
     found = scan_folder(folder)
     scan.shards += [(rec, count_records(idx)) for rec, idx in found.shards]
     scan.ignored += found.left_out
     if not found.shards:
         below = sorted({p.parent for p in folder.glob(f"*/*{REC}")})
         where = ", ".join(map(str, below[:3]))
-        hint = (f"; {REC} files are in {where}: put that folder in DATA_ROOT" if below
-                else "; convert the data with data2rec.py first")
+        hint = (
+            f"; {REC} files are in {where}: put that folder in DATA_ROOT"
+            if below
+            else "; convert the data with data2rec.py first"
+        )
         raise LaunchError(f"DATA_ROOT={folder} holds no training {REC}/{IDX} shards{hint}")
 
 
 def _take_file(item: str, scan: ShardScan) -> None:
     rec, idx = pair(item)
     if not rec.is_file():
-        raise LaunchError(f"DATA_ROOT entry {item} is neither a folder nor a .rec file or prefix; "
-                          "export DATA_ROOT=<folder of .rec/.idx shards>")
+        raise LaunchError(
+            f"DATA_ROOT entry {item} is neither a folder nor a .rec file or prefix; "
+            "export DATA_ROOT=<folder of .rec/.idx shards>"
+        )
     if not idx.is_file():
-        raise LaunchError(f"DATA_ROOT entry {item}: {rec} has no {idx.name} beside it; rebuild it with data2rec.py")
+        raise LaunchError(
+            f"DATA_ROOT entry {item}: {rec} has no {idx.name} beside it; rebuild it with data2rec.py"
+        )
     scan.shards.append((rec, count_records(idx)))
 
 
@@ -284,13 +297,27 @@ def compile_cache_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: str(v) for k, v in wanted.items() if not environ.get(k)}
 
 
-def torchrun_command(env: LaunchEnv, nproc: int, scan: ShardScan | None, train_args: Sequence[str]) -> list[str]:
+def torchrun_command(
+    env: LaunchEnv, nproc: int, scan: ShardScan | None, train_args: Sequence[str]
+) -> list[str]:
     data = ["--train-data", *(str(rec) for rec, _ in scan.shards)] if scan else []
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", str(env.nnodes), "--node_rank", str(env.node_rank), "--nproc_per_node", str(nproc),
-        "--master_addr", env.master_addr, "--master_port", str(env.master_port),
-        str(REPO / "train.py"), *data, *train_args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(env.nnodes),
+        "--node_rank",
+        str(env.node_rank),
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        env.master_addr,
+        "--master_port",
+        str(env.master_port),
+        str(REPO / "train.py"),
+        *data,
+        *train_args,
     ]
 
 
@@ -301,8 +328,11 @@ def check_gpu_node(gpus: int, config: TrainConfig) -> None:
         return
     import torch
 
-    why = (f"torch {torch.__version__} is a CPU-only build" if torch.version.cuda is None
-           else "torch sees no GPU (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them)")
+    why = (
+        f"torch {torch.__version__} is a CPU-only build"
+        if torch.version.cuda is None
+        else "torch sees no GPU (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them)"
+    )
     raise LaunchError(
         f"this node has no GPU to train on ({why}); run the script on a GPU node (README: Training on GPUs), or "
         "pass --device cpu to train on the CPU on purpose (for a small run: python train.py --config RWKV_CLIP_tiny, "
@@ -335,16 +365,20 @@ def run_torchrun(cmd: Sequence[str], environ: Mapping[str, str], prog: str) -> i
         lines = [(errors / f"rank{rank}.txt") for rank, _ in failures]
         found = list(dict.fromkeys(p.read_text(encoding="utf-8").strip() for p in lines if p.is_file()))
         # The first rank to fail is the cause; the others were stopped by torchrun (negative: a signal).
-        first = min((f for _, f in failures), key=lambda f: (not (isinstance(f.exitcode, int) and f.exitcode > 0),
-                                                             f.timestamp))
+        first = min(
+            (f for _, f in failures),
+            key=lambda f: (not (isinstance(f.exitcode, int) and f.exitcode > 0), f.timestamp),
+        )
         code = first.exitcode if isinstance(first.exitcode, int) and first.exitcode > 0 else 1
         sys.stdout.flush()
         if found:
             print("\n".join(found), file=sys.stderr)
         else:
             ranks = ", ".join(str(r) for r, _ in failures)
-            print(f"{prog}: train.py failed on rank(s) {ranks} (exit status {first.exitcode}); its output is above",
-                  file=sys.stderr)
+            print(
+                f"{prog}: train.py failed on rank(s) {ranks} (exit status {first.exitcode}); its output is above",
+                file=sys.stderr,
+            )
         return code
     finally:
         shutil.rmtree(errors, ignore_errors=True)

@@ -167,7 +167,9 @@ class Trainer:
                 self._backward(loss)
         return loss.detach()
 
-    def _compile_without_collectives(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> BaseException | None:
+    def _compile_without_collectives(
+        self, micro: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> BaseException | None:
         """Compile this step's graphs (forward, backward, and accumulation's gradient-free
         forward) by running the model once with DDP's gradient sync off; the error, if the
         compiler fails. Nothing here is a collective: the model has no buffers to broadcast, and
@@ -202,8 +204,11 @@ class Trainer:
         if failed:
             if self.env.is_master:
                 ranks = ", ".join(map(str, failed))
-                warn_compile_failed(failures[failed[0]], self.compile_backend,
-                                    f" on rank{'s' if len(failed) > 1 else ''} {ranks} of {self.env.world_size}")
+                warn_compile_failed(
+                    failures[failed[0]],
+                    self.compile_backend,
+                    f" on rank{'s' if len(failed) > 1 else ''} {ranks} of {self.env.world_size}",
+                )
             if self.eager_fallback is not None:
                 self.model = self.eager_fallback
             self.optimizer.zero_grad(set_to_none=True)

@@ -50,8 +50,20 @@ EpochEndHook = Callable[[nn.Module, int, TrainConfig, BatchPlan, DistEnv], "dict
 LOCK_NAME = "train.lock"  # held by rank 0 for the whole run: one writer per --output
 
 # Settings a resume may change; it says which ones did (they take effect at once).
-_RESUME_MAY_CHANGE = ("lr", "lr_scheduler", "warmup", "epochs", "max_steps", "beta1", "beta2", "eps",
-                      "weight_decay", "grad_clip_norm", "precision", "text_decay_dtype")
+_RESUME_MAY_CHANGE = (
+    "lr",
+    "lr_scheduler",
+    "warmup",
+    "epochs",
+    "max_steps",
+    "beta1",
+    "beta2",
+    "eps",
+    "weight_decay",
+    "grad_clip_norm",
+    "precision",
+    "text_decay_dtype",
+)
 
 
 def run(config: TrainConfig, epoch_end_hooks: list[EpochEndHook] | None = None) -> None:
@@ -66,8 +78,10 @@ def run(config: TrainConfig, epoch_end_hooks: list[EpochEndHook] | None = None) 
 
 def _run(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook]) -> None:
     if cfg.zeroshot_data and not hooks:
-        raise TrainingError("--zeroshot-data was given but no zero-shot evaluation is wired into this "
-                            "train.py; leave the flag out")
+        raise TrainingError(
+            "--zeroshot-data was given but no zero-shot evaluation is wired into this "
+            "train.py; leave the flag out"
+        )
     locks: list[OutputLock] = []
     try:
         resume_path = _prepare_output(cfg, env, locks)
@@ -82,9 +96,16 @@ def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resum
     wkv_impl = _resolve_wkv_impl(cfg, env)
     _check_mix_impl(cfg, env)
     plan, checkpointing, why = plan_for_device(
-        model_config=cfg.model, wkv_impl=wkv_impl, precision=cfg.precision, device=env.device,
-        world_size=env.world_size, global_batch=cfg.global_batch_size, accum_freq=cfg.accum_freq,
-        batch_size=cfg.batch_size, force_checkpointing=bool(cfg.model.get("with_cp")), env=env,
+        model_config=cfg.model,
+        wkv_impl=wkv_impl,
+        precision=cfg.precision,
+        device=env.device,
+        world_size=env.world_size,
+        global_batch=cfg.global_batch_size,
+        accum_freq=cfg.accum_freq,
+        batch_size=cfg.batch_size,
+        force_checkpointing=bool(cfg.model.get("with_cp")),
+        env=env,
     )
     if why:
         LOG.info("%s", why)
@@ -99,8 +120,13 @@ def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resum
     warmed = warm_wkv(cfg.model, wkv_impl, plan.micro_batch, env.device, cfg.precision)
     if warmed is not None:
         chosen = tuning_choices(plan.micro_batch)
-        LOG.info("WKV kernels (%s) tuned at the micro-batch %d in %.1f s%s", wkv_impl, plan.micro_batch, warmed,
-                 ":" if chosen else " (no autotuner chose anything)")
+        LOG.info(
+            "WKV kernels (%s) tuned at the micro-batch %d in %.1f s%s",
+            wkv_impl,
+            plan.micro_batch,
+            warmed,
+            ":" if chosen else " (no autotuner chose anything)",
+        )
         for line in chosen:
             LOG.info("  %s", line)
     optimizer = _build_optimizer(cfg, model, env)
@@ -139,12 +165,25 @@ def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resum
         run_log.close()
     if env.is_master:
         draw_loss_curve(cfg.output, plan.global_batch)
-        log_summary(cfg.output, first_step=first_step, last_step=state.step, global_batch=plan.global_batch,
-                    seconds=time.perf_counter() - started, last_checkpoint=saver.last)
+        log_summary(
+            cfg.output,
+            first_step=first_step,
+            last_step=state.step,
+            global_batch=plan.global_batch,
+            seconds=time.perf_counter() - started,
+            last_checkpoint=saver.last,
+        )
 
 
-def train_one_epoch(state: TrainState, trainer: Trainer, plan: BatchPlan, steps_per_epoch: int, stop_step: int,
-                    progress: Progress, saver: _Saver) -> None:
+def train_one_epoch(
+    state: TrainState,
+    trainer: Trainer,
+    plan: BatchPlan,
+    steps_per_epoch: int,
+    stop_step: int,
+    progress: Progress,
+    saver: _Saver,
+) -> None:
     """Optimizer steps from the state's position to the epoch's end (or to `stop_step`)."""
     if state.epoch_step == 0:
         state.loader.set_epoch(state.epoch)
@@ -193,32 +232,44 @@ def _prepare_on_master(cfg: TrainConfig, locks: list[OutputLock]) -> tuple[Path 
     try:
         cfg.output.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise TrainingError(f"--output {cfg.output}: cannot create it ({exc.strerror or exc}); "
-                            "pass a folder you can write") from exc
+        raise TrainingError(
+            f"--output {cfg.output}: cannot create it ({exc.strerror or exc}); pass a folder you can write"
+        ) from exc
     # Two runs into one folder would overwrite each other's checkpoints and interleave metrics.
-    lock = OutputLock(cfg.output, tool="train.py", path=cfg.output / LOCK_NAME,
-                      resume_hint="then rerun with --resume latest to continue it")
+    lock = OutputLock(
+        cfg.output,
+        tool="train.py",
+        path=cfg.output / LOCK_NAME,
+        resume_hint="then rerun with --resume latest to continue it",
+    )
     try:
         lock.acquire()
     except OutputLocked as exc:
         raise TrainingError(f"--output {exc}") from None
     except OSError as exc:
-        raise TrainingError(f"--output {cfg.output}: cannot write there ({exc.strerror or exc}); "
-                            "pass a folder you can write") from exc
+        raise TrainingError(
+            f"--output {cfg.output}: cannot write there ({exc.strerror or exc}); pass a folder you can write"
+        ) from exc
     locks.append(lock)
     notices = []
     removed = ckpt_io.remove_interrupted_saves(cfg.output)
     if removed:
-        notices.append(f"removed {len(removed)} temporary file(s) of interrupted saves: "
-                       + ", ".join(p.name for p in removed))
+        notices.append(
+            f"removed {len(removed)} temporary file(s) of interrupted saves: "
+            + ", ".join(p.name for p in removed)
+        )
     path, skipped = ckpt_io.find_resume_checkpoint(cfg.resume, cfg.output)
     if cfg.resume and path is None:
-        notices.append(f"--resume {cfg.resume}: no checkpoint in {ckpt_io.checkpoint_dir(cfg.output)} yet, so this "
-                       "run starts from step 0")
+        notices.append(
+            f"--resume {cfg.resume}: no checkpoint in {ckpt_io.checkpoint_dir(cfg.output)} yet, so this "
+            "run starts from step 0"
+        )
     if not cfg.resume and ckpt_io.list_checkpoints(cfg.output):
         # Mixing two runs' checkpoints would make a later `--resume latest` pick either.
-        raise TrainingError(f"--output {cfg.output} already holds checkpoints; pass --resume latest to "
-                            "continue that run, or choose another --output")
+        raise TrainingError(
+            f"--output {cfg.output} already holds checkpoints; pass --resume latest to "
+            "continue that run, or choose another --output"
+        )
     return path, notices + skipped
 
 
@@ -271,9 +322,14 @@ def _steps_per_epoch(cfg: TrainConfig, plan: BatchPlan, loader) -> int:
         if cfg.train_num_samples < records:
             LOG.warning(
                 "--train-num-samples %d is less than the %d records in %s: each epoch uses %d samples",
-                cfg.train_num_samples, records, _data_label(cfg), cfg.train_num_samples,
+                cfg.train_num_samples,
+                records,
+                _data_label(cfg),
+                cfg.train_num_samples,
             )
-            micro_per_epoch = min(micro_per_epoch, cfg.train_num_samples // (plan.micro_batch * plan.world_size))
+            micro_per_epoch = min(
+                micro_per_epoch, cfg.train_num_samples // (plan.micro_batch * plan.world_size)
+            )
     steps = micro_per_epoch // plan.accum_freq
     if steps < 1:
         raise TrainingError(
@@ -310,8 +366,9 @@ def _build_model(cfg: TrainConfig, env: DistEnv, wkv_impl: str, checkpointing: b
     from src.open_alip.errors import OpenAlipError, PretrainedError
 
     try:
-        model, _, _ = create_model_and_transforms(cfg.model, pretrained=cfg.pretrained, wkv_impl=wkv_impl,
-                                                  random_init_warning=False)  # from scratch on purpose
+        model, _, _ = create_model_and_transforms(
+            cfg.model, pretrained=cfg.pretrained, wkv_impl=wkv_impl, random_init_warning=False
+        )  # from scratch on purpose
     except PretrainedError as exc:
         raise TrainingError(f"--pretrained {cfg.pretrained}: {exc}") from None
     except OpenAlipError as exc:
@@ -327,12 +384,19 @@ def _build_model(cfg: TrainConfig, env: DistEnv, wkv_impl: str, checkpointing: b
 def _build_optimizer(cfg: TrainConfig, model: nn.Module, env: DistEnv) -> torch.optim.Optimizer:
     # One kernel for all parameters on CUDA (fused); torch's default elsewhere.
     fused = True if env.device.type == "cuda" else None
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                             weight_decay=cfg.weight_decay, fused=fused)
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        fused=fused,
+    )
 
 
-def _build_trainer(cfg: TrainConfig, state: TrainState, schedule: Schedule, plan: BatchPlan,
-                   env: DistEnv) -> Trainer:
+def _build_trainer(
+    cfg: TrainConfig, state: TrainState, schedule: Schedule, plan: BatchPlan, env: DistEnv
+) -> Trainer:
     return _make_trainer(cfg, state.model, state.optimizer, state.scaler, schedule, plan, env)
 
 
@@ -343,9 +407,16 @@ def build_training_step(cfg: TrainConfig, env: DistEnv, total_steps: int) -> tup
     wkv_impl = _resolve_wkv_impl(cfg, env)
     _check_mix_impl(cfg, env)
     plan, checkpointing, _ = plan_for_device(
-        model_config=cfg.model, wkv_impl=wkv_impl, precision=cfg.precision, device=env.device,
-        world_size=env.world_size, global_batch=cfg.global_batch_size, accum_freq=cfg.accum_freq,
-        batch_size=cfg.batch_size, force_checkpointing=bool(cfg.model.get("with_cp")), env=env,
+        model_config=cfg.model,
+        wkv_impl=wkv_impl,
+        precision=cfg.precision,
+        device=env.device,
+        world_size=env.world_size,
+        global_batch=cfg.global_batch_size,
+        accum_freq=cfg.accum_freq,
+        batch_size=cfg.batch_size,
+        force_checkpointing=bool(cfg.model.get("with_cp")),
+        env=env,
     )
     check_same_plan(plan, checkpointing, env)
     seed_everything(cfg.seed, env.rank)
@@ -356,8 +427,15 @@ def build_training_step(cfg: TrainConfig, env: DistEnv, total_steps: int) -> tup
     return _make_trainer(cfg, model, optimizer, scaler, schedule, plan, env), plan
 
 
-def _make_trainer(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
-                  scaler: torch.amp.GradScaler | None, schedule: Schedule, plan: BatchPlan, env: DistEnv) -> Trainer:
+def _make_trainer(
+    cfg: TrainConfig,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    schedule: Schedule,
+    plan: BatchPlan,
+    env: DistEnv,
+) -> Trainer:
     from src.open_alip import ClipLoss
 
     if cfg.precision == "tf32":
@@ -366,31 +444,70 @@ def _make_trainer(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Opt
     # static_graph: every step runs the same graph, except that accumulation's non-final
     # passes skip the gradient sync, which static graphs do not allow for.
     eager_model = wrap_ddp(model, env, static_graph=plan.accum_freq == 1)
-    train_model, failure = try_compile(eager_model, cfg.compile_backend) if cfg.compile else (eager_model, None)
+    train_model, failure = (
+        try_compile(eager_model, cfg.compile_backend) if cfg.compile else (eager_model, None)
+    )
     if failure is not None and not env.distributed:  # a distributed run decides with the other ranks
         warn_compile_failed(failure, cfg.compile_backend)
-    loss_fn = ClipLoss(local_loss=cfg.local_loss, gather_with_grad=cfg.gather_with_grad,
-                       rank=env.rank, world_size=env.world_size)
+    loss_fn = ClipLoss(
+        local_loss=cfg.local_loss,
+        gather_with_grad=cfg.gather_with_grad,
+        rank=env.rank,
+        world_size=env.world_size,
+    )
     if cfg.local_loss and not cfg.gather_with_grad and env.world_size > 1:
-        LOG.warning("--local-loss without --gather-with-grad drops cross-rank gradient terms (an approximation)")
-    return Trainer(train_model, optimizer, schedule, loss_fn, env, precision=cfg.precision,
-                   grad_clip_norm=cfg.grad_clip_norm, accum_freq=plan.accum_freq, scaler=scaler,
-                   eager_fallback=eager_model if train_model is not eager_model else None,
-                   compile_backend=cfg.compile_backend, compile_failure=failure if env.distributed else None)
+        LOG.warning(
+            "--local-loss without --gather-with-grad drops cross-rank gradient terms (an approximation)"
+        )
+    return Trainer(
+        train_model,
+        optimizer,
+        schedule,
+        loss_fn,
+        env,
+        precision=cfg.precision,
+        grad_clip_norm=cfg.grad_clip_norm,
+        accum_freq=plan.accum_freq,
+        scaler=scaler,
+        eager_fallback=eager_model if train_model is not eager_model else None,
+        compile_backend=cfg.compile_backend,
+        compile_failure=failure if env.distributed else None,
+    )
 
 
-def _announce(cfg: TrainConfig, env: DistEnv, plan: BatchPlan, model: nn.Module, loader,
-              steps_per_epoch: int, schedule: Schedule) -> None:
+def _announce(
+    cfg: TrainConfig,
+    env: DistEnv,
+    plan: BatchPlan,
+    model: nn.Module,
+    loader,
+    steps_per_epoch: int,
+    schedule: Schedule,
+) -> None:
     """Log what this run is and write params.json (the resolved configuration)."""
     params = sum(p.numel() for p in model.parameters())
     wkv = {m.wkv_impl for m in model.modules() if hasattr(m, "wkv_impl")}
     mixes = {m.mix_impl for m in model.modules() if hasattr(m, "mix_impl")}
-    LOG.info("model %s: %s parameters, WKV %s, token-shift mixes %s, text decays stored in %s | %d process(es) "
-             "on %s, %s%s", cfg.config, f"{params:,}", "/".join(sorted(wkv)), "/".join(sorted(mixes)),
-             cfg.text_decay_dtype, env.world_size,
-             env.device.type, cfg.precision, f", compiled ({cfg.compile_backend})" if cfg.compile else "")
-    LOG.info("%s | %d records, %d steps per epoch, %d steps in all", plan.describe(), int(loader.total_records),
-             steps_per_epoch, schedule.total_steps)
+    LOG.info(
+        "model %s: %s parameters, WKV %s, token-shift mixes %s, text decays stored in %s | %d process(es) "
+        "on %s, %s%s",
+        cfg.config,
+        f"{params:,}",
+        "/".join(sorted(wkv)),
+        "/".join(sorted(mixes)),
+        cfg.text_decay_dtype,
+        env.world_size,
+        env.device.type,
+        cfg.precision,
+        f", compiled ({cfg.compile_backend})" if cfg.compile else "",
+    )
+    LOG.info(
+        "%s | %d records, %d steps per epoch, %d steps in all",
+        plan.describe(),
+        int(loader.total_records),
+        steps_per_epoch,
+        schedule.total_steps,
+    )
     if cfg.recipe:
         LOG.info("recipe %s, under the flags given beside it", cfg.recipe)
     for notice in [*recipe_notices(cfg), plan.shortfall_notice()]:
@@ -398,24 +515,39 @@ def _announce(cfg: TrainConfig, env: DistEnv, plan: BatchPlan, model: nn.Module,
             LOG.warning("NOTICE: %s", notice)
     LOG.info("lr schedule %s", schedule.describe())
     if cfg.lr_scheduler in FORMER_MEANING:
-        LOG.info("(--lr-scheduler %s means what it meant in the original; this toolkit's former '%s' is now '%s')",
-                 cfg.lr_scheduler, cfg.lr_scheduler, FORMER_MEANING[cfg.lr_scheduler])
+        LOG.info(
+            "(--lr-scheduler %s means what it meant in the original; this toolkit's former '%s' is now '%s')",
+            cfg.lr_scheduler,
+            cfg.lr_scheduler,
+            FORMER_MEANING[cfg.lr_scheduler],
+        )
     if cfg.lr_scheduler in ONECYCLE and "beta1" in cfg.given:
-        LOG.warning("NOTICE: --beta1 %g has no effect: --lr-scheduler %s cycles beta1 (0.95 -> 0.85 -> 0.95), "
-                    "as the original's schedule did", cfg.beta1, cfg.lr_scheduler)
+        LOG.warning(
+            "NOTICE: --beta1 %g has no effect: --lr-scheduler %s cycles beta1 (0.95 -> 0.85 -> 0.95), "
+            "as the original's schedule did",
+            cfg.beta1,
+            cfg.lr_scheduler,
+        )
     if cfg.lr_scheduler == "linear" and "warmup" in cfg.given:
-        LOG.warning("NOTICE: --warmup has no effect: --lr-scheduler linear is the original's decay without "
-                    "warmup; use --lr-scheduler warmup-linear for a warmup")
+        LOG.warning(
+            "NOTICE: --warmup has no effect: --lr-scheduler linear is the original's decay without "
+            "warmup; use --lr-scheduler warmup-linear for a warmup"
+        )
     if env.is_master:
-        atomic_write_json(cfg.output / "params.json", {
-            **cfg.to_json(),
-            "world_size": env.world_size,
-            "batch": plan.to_json(),
-            "steps_per_epoch": steps_per_epoch,
-            "total_steps": schedule.total_steps,
-            "records": int(loader.total_records),
-            "torch": torch.__version__,
-        }, sort_keys=True, default=str)
+        atomic_write_json(
+            cfg.output / "params.json",
+            {
+                **cfg.to_json(),
+                "world_size": env.world_size,
+                "batch": plan.to_json(),
+                "steps_per_epoch": steps_per_epoch,
+                "total_steps": schedule.total_steps,
+                "records": int(loader.total_records),
+                "torch": torch.__version__,
+            },
+            sort_keys=True,
+            default=str,
+        )
 
 
 # --- resume --------------------------------------------------------------------------------
@@ -424,12 +556,19 @@ def _announce(cfg: TrainConfig, env: DistEnv, plan: BatchPlan, model: nn.Module,
 def _resume(state: TrainState, path: Path, cfg: TrainConfig, plan: BatchPlan, schedule: Schedule) -> None:
     ckpt = ckpt_io.load_checkpoint_file(path)
     notices = state.load_state_dict(ckpt, where=path, plan=plan)
-    LOG.info("resumed from %s at step %d (epoch %d, step %d of it)", path, state.step, state.epoch + 1,
-             state.epoch_step)
+    LOG.info(
+        "resumed from %s at step %d (epoch %d, step %d of it)",
+        path,
+        state.step,
+        state.epoch + 1,
+        state.epoch_step,
+    )
     for notice in notices + _setting_changes(ckpt, cfg, schedule, state.step):
         LOG.warning("NOTICE: %s", notice)
-    LOG.info("a resume keeps the weights, the AdamW moments, the step, the data position and the random "
-             "streams; the lr schedule and the optimizer settings are this command line's")
+    LOG.info(
+        "a resume keeps the weights, the AdamW moments, the step, the data position and the random "
+        "streams; the lr schedule and the optimizer settings are this command line's"
+    )
 
 
 def _setting_changes(ckpt: dict[str, Any], cfg: TrainConfig, schedule: Schedule, step: int) -> list[str]:
@@ -437,12 +576,17 @@ def _setting_changes(ckpt: dict[str, Any], cfg: TrainConfig, schedule: Schedule,
     old_format = saved is None
     saved = saved if saved is not None else ckpt.get("args", {})
     now = cfg.to_json()
-    changed = [f"{flag_of(k)} {now[k]} (was {saved[k]})"
-               for k in _RESUME_MAY_CHANGE if k in saved and saved[k] != now[k]]
+    changed = [
+        f"{flag_of(k)} {now[k]} (was {saved[k]})"
+        for k in _RESUME_MAY_CHANGE
+        if k in saved and saved[k] != now[k]
+    ]
     notices = []
     if changed:
-        notices.append(f"changed on resume, in effect from step {step + 1} (lr there {schedule.lr_at(step):.4g}): "
-                       + ", ".join(changed))
+        notices.append(
+            f"changed on resume, in effect from step {step + 1} (lr there {schedule.lr_at(step):.4g}): "
+            + ", ".join(changed)
+        )
     old_kind = saved.get("lr_scheduler")
     if old_format and old_kind in FORMER_MEANING:
         notices.append(
@@ -459,8 +603,15 @@ def _setting_changes(ckpt: dict[str, Any], cfg: TrainConfig, schedule: Schedule,
 class _Saver:
     """Writes checkpoints: never one holding a non-finite step, always atomically, on rank 0."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, state: TrainState, trainer: Trainer, plan: BatchPlan,
-                 last: Path | None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        env: DistEnv,
+        state: TrainState,
+        trainer: Trainer,
+        plan: BatchPlan,
+        last: Path | None,
+    ) -> None:
         self.cfg, self.env, self.state, self.trainer, self.plan = cfg, env, state, trainer, plan
         self.last = last  # the newest good checkpoint, for the NaN message
         self._saved_step = state.step
@@ -480,8 +631,9 @@ class _Saver:
             try:
                 if path.name.startswith("step_"):
                     # The last good checkpoint stays until this one is complete: the save may fail.
-                    ckpt_io.prune_before_save(self.cfg.output, self.cfg.keep_checkpoints,
-                                              protect=[self.last] if self.last else [])
+                    ckpt_io.prune_before_save(
+                        self.cfg.output, self.cfg.keep_checkpoints, protect=[self.last] if self.last else []
+                    )
                 ckpt_io.atomic_save(ckpt, path)
             except TrainingError as exc:  # a full disk: every rank stops, none waits in the barrier
                 error = str(exc)
@@ -495,8 +647,16 @@ class _Saver:
         barrier(self.env)
 
 
-def _run_hooks(hooks: list[EpochEndHook], model: nn.Module, epochs_done: int, cfg: TrainConfig, plan: BatchPlan,
-               env: DistEnv, run_log: RunLog, step: int) -> None:
+def _run_hooks(
+    hooks: list[EpochEndHook],
+    model: nn.Module,
+    epochs_done: int,
+    cfg: TrainConfig,
+    plan: BatchPlan,
+    env: DistEnv,
+    run_log: RunLog,
+    step: int,
+) -> None:
     if not hooks:
         return
     model = unwrap_model(model)
@@ -507,8 +667,11 @@ def _run_hooks(hooks: list[EpochEndHook], model: nn.Module, epochs_done: int, cf
             for hook in hooks:
                 metrics = hook(model, epochs_done, cfg, plan, env)
                 if metrics:
-                    LOG.info("eval after epoch %d: %s", epochs_done,
-                             ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                    LOG.info(
+                        "eval after epoch %d: %s",
+                        epochs_done,
+                        ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()),
+                    )
                     run_log.scalars(step, dict(metrics), prefix="eval")
     finally:
         model.train(was_training)

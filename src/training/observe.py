@@ -160,7 +160,9 @@ def _truncate_metrics(path: Path, step: int) -> None:
         if logged <= step:
             kept.append(line if line.endswith("\n") else line + "\n")
     if unreadable:
-        LOG.warning("dropped %d line(s) of metrics.jsonl that are not UTF-8 JSON (cut by a kill or damaged)",
-                    unreadable)
+        LOG.warning(
+            "dropped %d line(s) of metrics.jsonl that are not UTF-8 JSON (cut by a kill or damaged)",
+            unreadable,
+        )
     if len(kept) != len(lines):
         atomic_write_text(path, "".join(kept))

@@ -69,9 +69,9 @@ def str2bool(value: str) -> bool:
 
 _GROUP_HELP = {
     BATCH: "The loss contrasts the whole global batch of an optimizer step. With --global-batch-size, each "
-             "process takes global/processes samples per step, in as few equal micro-batches of at most "
-             "--batch-size as divide it (gradient accumulation): the same recipe on 1 GPU or 8. Without it, "
-             "the global batch is --batch-size x processes x --accum-freq.",
+    "process takes global/processes samples per step, in as few equal micro-batches of at most "
+    "--batch-size as divide it (gradient accumulation): the same recipe on 1 GPU or 8. Without it, "
+    "the global batch is --batch-size x processes x --accum-freq.",
 }
 
 
@@ -100,14 +100,20 @@ def _add_setting(group: argparse._ArgumentGroup, f: dataclasses.Field, hint: Any
     else:
         if kind is float:
             kind = finite_float
-        kwargs.update(type=meta["parse"] or kind, nargs=nargs, choices=meta["choices"], metavar=meta["metavar"])
+        kwargs.update(
+            type=meta["parse"] or kind, nargs=nargs, choices=meta["choices"], metavar=meta["metavar"]
+        )
     group.add_argument(flag_of(f.name), *meta["aliases"], required=required, **kwargs)
 
 
 def _add_model_flags(g: argparse._ArgumentGroup) -> None:
     for flag, typ, help_ in _MODEL_FLAGS:
-        g.add_argument(flag, type=finite_float if typ is float else typ, default=None,
-                       help=help_ + " (default: config's)")
+        g.add_argument(
+            flag,
+            type=finite_float if typ is float else typ,
+            default=None,
+            help=help_ + " (default: config's)",
+        )
     for flag, dest, help_ in _MODEL_BOOL_FLAGS:
         g.add_argument(flag, dest=dest, type=str2bool, default=None, metavar="BOOL", help=help_)
     for flag, dest in _ALIASES.items():

@@ -50,8 +50,12 @@ class Progress:
         self._count += 1
         if self._next_timed < 0:
             self._next_timed = state.step
-        if (state.step % self.cfg.log_every_n_steps == 0 or state.epoch_step == self.steps_per_epoch
-                or state.step >= self._next_timed or state.step == self.stop_step):
+        if (
+            state.step % self.cfg.log_every_n_steps == 0
+            or state.epoch_step == self.steps_per_epoch
+            or state.step >= self._next_timed
+            or state.step == self.stop_step
+        ):
             self._report(state, result)
 
     def _timed_step_after(self, step: int, step_time_s: float) -> float:
@@ -66,7 +70,8 @@ class Progress:
         speed = self.meter.report(state.step)
         model = unwrap_model(self.trainer.model)
         bad_records, self._next_timed = _bad_records_and_next(
-            state.loader, self.env, self._timed_step_after(state.step, speed["step_time_s"]))
+            state.loader, self.env, self._timed_step_after(state.step, speed["step_time_s"])
+        )
         self._reports += 1
         values = {
             "loss": float(result.loss.item()),
@@ -84,10 +89,21 @@ class Progress:
         LOG.info(
             "epoch %d/%d step %d/%d (%.1f%%) | loss %.4f (avg %.4f) | lr %.3e | logit_scale %.2f | "
             "%.1f samples/s per rank, %.1f total | data wait %.0f%% | bad records %d | elapsed %s | ETA %s",
-            state.epoch + 1, self.cfg.epochs, state.step, self.stop_step, 100.0 * state.step / self.stop_step,
-            values["loss"], values["loss_avg"], values["lr"], values["logit_scale"],
-            speed["samples_per_s_per_rank"], speed["samples_per_s"], 100 * speed["data_wait_frac"],
-            values["bad_records"], format_duration(speed["elapsed_s"]), format_duration(speed["eta_s"]),
+            state.epoch + 1,
+            self.cfg.epochs,
+            state.step,
+            self.stop_step,
+            100.0 * state.step / self.stop_step,
+            values["loss"],
+            values["loss_avg"],
+            values["lr"],
+            values["logit_scale"],
+            speed["samples_per_s_per_rank"],
+            speed["samples_per_s"],
+            100 * speed["data_wait_frac"],
+            values["bad_records"],
+            format_duration(speed["elapsed_s"]),
+            format_duration(speed["eta_s"]),
         )
         self.run_log.scalars(state.step, values)
         self._loss_sum, self._count = None, 0

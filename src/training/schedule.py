@@ -126,9 +126,11 @@ class Schedule:
 
     def describe(self) -> str:
         if self.kind in ONECYCLE:
-            return (f"{self.kind}: OneCycle as in the original, lr {self.peak_lr / _DIV_FACTOR:.3g} -> "
-                    f"{self.peak_lr:.3g} over the first {self._pct_start():.0f} steps, then -> "
-                    f"{self.peak_lr / _DIV_FACTOR / _FINAL_DIV_FACTOR:.3g}; beta1 cycles 0.95 -> 0.85 -> 0.95")
+            return (
+                f"{self.kind}: OneCycle as in the original, lr {self.peak_lr / _DIV_FACTOR:.3g} -> "
+                f"{self.peak_lr:.3g} over the first {self._pct_start():.0f} steps, then -> "
+                f"{self.peak_lr / _DIV_FACTOR / _FINAL_DIV_FACTOR:.3g}; beta1 cycles 0.95 -> 0.85 -> 0.95"
+            )
         if self.kind == "linear":
             return f"linear: lr {self.peak_lr:.3g} -> 0 over {self.total_steps} steps, no warmup (the original's)"
         return f"{self.kind}: {self.warmup_steps} warmup steps to lr {self.peak_lr:.3g}, {self.total_steps} in all"

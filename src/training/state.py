@@ -119,8 +119,10 @@ class TrainState:
         batch = ckpt.get("batch")
         if batch is None:  # the first checkpoint format kept the flags instead
             args = ckpt.get("args", {})
-            batch = {"micro_batch": args.get("batch_size", plan.micro_batch),
-                     "accum_freq": args.get("accum_freq", plan.accum_freq)}
+            batch = {
+                "micro_batch": args.get("batch_size", plan.micro_batch),
+                "accum_freq": args.get("accum_freq", plan.accum_freq),
+            }
         saved = (int(batch["micro_batch"]), int(batch["accum_freq"]), saved_world)
         now = (plan.micro_batch, plan.accum_freq, self.env.world_size)
         if saved != now:

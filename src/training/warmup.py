@@ -71,7 +71,7 @@ def tuning_choices(micro_batch: int | None = None) -> list[str]:
             if micro_batch is not None and named.get("B", micro_batch) != micro_batch:
                 continue
             shape = " ".join(f"{k}={v}" for k, v in named.items())
-            dtypes = ",".join(sorted({str(v).replace("torch.", "") for v in key[len(named):]}))
+            dtypes = ",".join(sorted({str(v).replace("torch.", "") for v in key[len(named) :]}))
             lines.append(f"{name} [{shape}{' ' + dtypes if dtypes else ''}]: {config}")
     return sorted(lines)
 
@@ -104,8 +104,14 @@ def autotuners(module: object) -> list[Any]:
     return found
 
 
-def warm_wkv(model_cfg: Mapping[str, Any], impl: str, micro_batch: int, device: torch.device,
-             precision: str = "bf16", force: bool = False) -> float | None:
+def warm_wkv(
+    model_cfg: Mapping[str, Any],
+    impl: str,
+    micro_batch: int,
+    device: torch.device,
+    precision: str = "bf16",
+    force: bool = False,
+) -> float | None:
     """Run the WKV forward and backward once per tower at `micro_batch`; seconds taken, or None
     when there is nothing to tune (a CPU run, an implementation without an autotuner)."""
     if not force and (device.type != "cuda" or impl not in TUNED_IMPLS):
@@ -122,8 +128,12 @@ def warm_wkv(model_cfg: Mapping[str, Any], impl: str, micro_batch: int, device: 
     started = time.perf_counter()
     for tower in TOWERS:
         shape = tower_wkv_shape(model_cfg, tower)
-        r, k, v = (torch.randn(micro_batch, shape.tokens, shape.channels, device=device, dtype=act,
-                               requires_grad=True) for _ in range(3))
+        r, k, v = (
+            torch.randn(
+                micro_batch, shape.tokens, shape.channels, device=device, dtype=act, requires_grad=True
+            )
+            for _ in range(3)
+        )
         w = torch.randn(micro_batch, shape.tokens, shape.channels, device=device, requires_grad=True)
         u = torch.randn(shape.heads, shape.head_size, device=device, requires_grad=True)
         wkv(r, k, v, w, u, impl=impl).float().sum().backward()

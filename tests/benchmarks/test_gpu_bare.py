@@ -33,8 +33,13 @@ def _readme_install_line() -> str:
 
 def _bare_run(python, args: list[str], site, cwd=REPO, **kwargs) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_"))}
-    env.update(PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(site),
-               PYTHONDONTWRITEBYTECODE="1", PYTHONWARNINGS="ignore", **kwargs)
+    env.update(
+        PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=str(site),
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONWARNINGS="ignore",
+        **kwargs,
+    )
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -50,19 +55,23 @@ def test_the_check_runs_on_a_bare_machine_with_exactly_the_carried_wheels(tmp_pa
     # The README's line, as it is, but for the folder it installs into (/tmp/site is shared here).
     line = _readme_install_line()
     assert line == gpu_setup.install_line()
-    proc = _bare_run(python, ["bash", "-c", line.replace(gpu_setup.INSTALL_TARGET, str(site))], site, cwd=work)
+    proc = _bare_run(
+        python, ["bash", "-c", line.replace(gpu_setup.INSTALL_TARGET, str(site))], site, cwd=work
+    )
     assert proc.returncode == 0, proc.stderr
 
     before = _bare_run(python, [str(python), "-c", "import numpy"], tmp_path / "nothing")
     assert "No module named 'numpy'" in before.stderr  # the bare environment really lacks it
 
     # The import chain: what it takes from the installed folder is exactly what is carried.
-    code = ("import json, sys\n"
-            "from benchmarks import gpu_setup\n"
-            "assert gpu_setup.check_imports() is None\n"
-            f"site = {str(site)!r} + '/'\n"
-            "print(json.dumps(sorted({m.__file__[len(site):].split('/')[0] for m in list(sys.modules.values())\n"
-            "                         if (getattr(m, '__file__', None) or '').startswith(site)})))\n")
+    code = (
+        "import json, sys\n"
+        "from benchmarks import gpu_setup\n"
+        "assert gpu_setup.check_imports() is None\n"
+        f"site = {str(site)!r} + '/'\n"
+        "print(json.dumps(sorted({m.__file__[len(site):].split('/')[0] for m in list(sys.modules.values())\n"
+        "                         if (getattr(m, '__file__', None) or '').startswith(site)})))\n"
+    )
     proc = _bare_run(python, [str(python), "-c", code], site)
     assert proc.returncode == 0, proc.stderr
     imported = {re.sub(r"\.py$", "", name) for name in json.loads(proc.stdout)}
@@ -75,8 +84,12 @@ def test_the_check_runs_on_a_bare_machine_with_exactly_the_carried_wheels(tmp_pa
     report = json.loads(out.read_text())
     assert report["status"] == "done" and report["fla"] == "0.6.0" and report["fla_missing"] is None
     sections = report["sections"]
-    assert [n for n, s in sections.items() if s["status"] == "done"] == ["wkv", "train_compiled", "train_eager",
-                                                                         "predict"], sections
+    assert [n for n, s in sections.items() if s["status"] == "done"] == [
+        "wkv",
+        "train_compiled",
+        "train_eager",
+        "predict",
+    ], sections
     assert all("fla" not in s and "error" not in s for s in sections.values())
     for name in ("train_compiled", "train_eager"):
         (case,) = sections[name]["cases"]

@@ -20,7 +20,7 @@ _STAND_IN = {
     "__init__.py": "raise RuntimeError('the package __init__ ran')\n",
     "utils.py": "from torchvision.ops.misc import FrozenBatchNorm2d  # noqa: F401\n",
     "transformer.py": "",
-    "model.py": '''
+    "model.py": """
 import torch
 from torch import nn
 from . import utils  # noqa: F401
@@ -40,7 +40,7 @@ class CLIP(nn.Module):
 
     def encode_text(self, text):
         return self.emb(text).mean(1)
-''',
+""",
 }
 
 
@@ -51,8 +51,11 @@ def open_clip_dir(tmp_path_factory) -> Path:
     for name, text in _STAND_IN.items():
         (folder / name).write_text(text)
     for name, patch in (("ViT-B-32", 8), ("ViT-B-16", 8)):
-        config = {"embed_dim": 16, "vision_cfg": {"image_size": 224, "layers": 1, "width": 16, "patch_size": patch},
-                  "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 16, "heads": 2, "layers": 1}}
+        config = {
+            "embed_dim": 16,
+            "vision_cfg": {"image_size": 224, "layers": 1, "width": 16, "patch_size": patch},
+            "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 16, "heads": 2, "layers": 1},
+        }
         (folder / "model_configs" / f"{name}.json").write_text(json.dumps(config))
     return folder
 
@@ -71,15 +74,38 @@ def tiny_pair(monkeypatch):
 
 def test_a_run_prints_the_table_growth_text_and_peak_memory(open_clip_dir, tiny_pair, capsys):
     # The memory child is a fresh process: it measures the real ViT/RWKV names of the pair it is given.
-    assert bench.main(["--open-clip", str(open_clip_dir), "--models", "B32", "--sizes", "32,64", "--rounds", "2",
-                       "--batch", "2", "--text-batch", "2"]) == 0
+    assert (
+        bench.main(
+            [
+                "--open-clip",
+                str(open_clip_dir),
+                "--models",
+                "B32",
+                "--sizes",
+                "32,64",
+                "--rounds",
+                "2",
+                "--batch",
+                "2",
+                "--text-batch",
+                "2",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"open_clip's model code from {open_clip_dir}" in out
     number = r"[0-9.e+-]+"
-    rows = re.findall(rf"^B/32\s+(\d+)\s+(\d+)\s+(\d+)\s+({number})\s+({number})\s+({number})x "
-                      rf"\[({number})-({number})\]\s+([0-9,]+)\s+([0-9,]+)$", out, re.M)
+    rows = re.findall(
+        rf"^B/32\s+(\d+)\s+(\d+)\s+(\d+)\s+({number})\s+({number})\s+({number})x "
+        rf"\[({number})-({number})\]\s+([0-9,]+)\s+([0-9,]+)$",
+        out,
+        re.M,
+    )
     assert [r[:3] for r in rows] == [("32", "16", "2"), ("64", "64", "2")]  # px, tokens (patch 8), batch
-    assert re.search(rf"RWKV-CLIP B/32\s+32->64 {number}", out) and re.search(rf"ViT-B/32\s+32->64 {number}", out)
+    assert re.search(rf"RWKV-CLIP B/32\s+32->64 {number}", out) and re.search(
+        rf"ViT-B/32\s+32->64 {number}", out
+    )
     assert re.search(rf"encode_text, batch 2 x 77 tokens: RWKV-CLIP {number} texts/s", out)
     assert "issue 44's goals" not in out  # none of the goals' sizes was measured
 
@@ -90,7 +116,9 @@ def test_the_wkv_mode_times_both_forms_and_their_growth(monkeypatch, capsys):
     monkeypatch.setattr(bench, "WKV_HEAD_SIZE", 8)
     assert bench.main(["--wkv", "--rounds", "1"]) == 0  # no --threads: it would set this process's
     out = capsys.readouterr().out
-    rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+x \[[0-9.-]+\]\s+([0-9.e+-]+)$", out, re.M)
+    rows = re.findall(
+        r"^\s+(\d+)\s+(\d+)\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+x \[[0-9.-]+\]\s+([0-9.e+-]+)$", out, re.M
+    )
     assert [r[:2] for r in rows] == [("20", "2"), ("90", "1")]
     assert all(float(r[2]) < 1e-5 for r in rows)  # the two forms agree to float32 rounding
     assert re.search(r"growth exponent .*, inference form: 20->90 [0-9.-]+", out)
@@ -98,9 +126,13 @@ def test_the_wkv_mode_times_both_forms_and_their_growth(monkeypatch, capsys):
 
 
 def test_goals_and_growth_come_from_the_rows(capsys):
-    rows = [bench.Row("B32", 224, 49, 16, rwkv=[1.0, 1.1, 0.9], vit=[0.9, 0.9, 0.9]),
-            bench.Row("B32", 448, 196, 16, rwkv=[4.5, 4.0, 4.2], vit=[4.0, 4.0, 4.0]),
-            bench.Row("B16", 1024, 4096, 1, rwkv=[6.0, 6.5], vit=[12.0, 12.0], peaks={"rwkv": 2**20, "vit": 2**21})]
+    rows = [
+        bench.Row("B32", 224, 49, 16, rwkv=[1.0, 1.1, 0.9], vit=[0.9, 0.9, 0.9]),
+        bench.Row("B32", 448, 196, 16, rwkv=[4.5, 4.0, 4.2], vit=[4.0, 4.0, 4.0]),
+        bench.Row(
+            "B16", 1024, 4096, 1, rwkv=[6.0, 6.5], vit=[12.0, 12.0], peaks={"rwkv": 2**20, "vit": 2**21}
+        ),
+    ]
     assert rows[0].ratios() == [0.9, 0.9 / 1.1, 1.0]
     assert bench.growth_exponent((49, 196), (1.0, 4.0)) == pytest.approx(1.0)
     bench.print_goals(rows)
@@ -116,7 +148,9 @@ def test_goals_and_growth_come_from_the_rows(capsys):
 
 def test_the_models_take_turns_and_alternate_who_goes_first():
     order = []
-    bench.time_turns({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, 3, bench.clock_of("wall"))
+    bench.time_turns(
+        {"a": lambda: order.append("a"), "b": lambda: order.append("b")}, 3, bench.clock_of("wall")
+    )
     assert order == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up, then a b / b a / a b
 
 
@@ -132,8 +166,10 @@ def test_bad_arguments_and_a_folder_without_open_clip_are_one_line_errors(tmp_pa
     assert exc.value.code == 2 and "each size must be at least 32 px" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         bench.load_open_clip(tmp_path)
-    assert str(exc.value) == (f"error: {tmp_path} holds no open_clip model code (model.py, transformer.py); "
-                              "pass --open-clip PATH/open_clip")
+    assert str(exc.value) == (
+        f"error: {tmp_path} holds no open_clip model code (model.py, transformer.py); "
+        "pass --open-clip PATH/open_clip"
+    )
 
 
 def test_the_gpu_section_is_registered_as_an_extra_and_its_code_runs_on_the_cpu(tmp_path):

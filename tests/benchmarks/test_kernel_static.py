@@ -20,8 +20,10 @@ from benchmarks import kernel_static as ks
 from benchmarks import sass
 
 _TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-compiles = pytest.mark.skipif(not _TOOLS.exists() or os.environ.get("TRITON_INTERPRET") == "1",
-                              reason="needs the NVIDIA tools of Triton's wheel and compiled (not interpreted) kernels")
+compiles = pytest.mark.skipif(
+    not _TOOLS.exists() or os.environ.get("TRITON_INTERPRET") == "1",
+    reason="needs the NVIDIA tools of Triton's wheel and compiled (not interpreted) kernels",
+)
 
 # ------------------------------------------------------------------ SASS text, no compiler
 
@@ -62,8 +64,9 @@ def test_counts_scale_with_the_trip_count():
     assert counts.barriers == counts.barriers_in_loops == 7
     assert counts.fp32_flop == 7 * 32 * 2 + 32  # the loop's FFMA, and the out-of-line FADD once
     assert counts.round_trips == 7  # the loaded value is used in the same iteration
-    assert counts.loops == [{"address": 0x40, "depth": 0, "trips": 7, "barriers": 1, "round_trips": 1,
-                             "instructions": 4}]
+    assert counts.loops == [
+        {"address": 0x40, "depth": 0, "trips": 7, "barriers": 1, "round_trips": 1, "instructions": 4}
+    ]
     with pytest.raises(ValueError, match="1 loops .*2 trip counts"):
         sass.analyse(sass.parse(_SASS), trips=[7, 1])
 
@@ -158,8 +161,12 @@ def _counts(fn, arguments, warps, trips, stages=3):
 
 @compiles
 def test_one_explicit_barrier_and_one_fma_per_element_and_step():
-    compiled, counts = _counts(_barrier_loop, {"x": ("*fp32", None), "T": ("i32", 5), "BLOCK": ("constexpr", 128)},
-                               warps=4, trips=[5])
+    compiled, counts = _counts(
+        _barrier_loop,
+        {"x": ("*fp32", None), "T": ("i32", 5), "BLOCK": ("constexpr", 128)},
+        warps=4,
+        trips=[5],
+    )
     assert [lp["barriers"] for lp in counts.loops] == [1]
     assert counts.barriers_in_loops == 5
     assert counts.fp32_flop * 4 == 5 * 128 * 2  # 128 lanes, one FFMA each per step, over 4 warps
@@ -169,7 +176,9 @@ def test_one_explicit_barrier_and_one_fma_per_element_and_step():
 
 @compiles
 def test_nested_loops_multiply():
-    _, counts = _counts(_nested, {"x": ("*fp32", None), "A": ("i32", 3), "B": ("i32", 4)}, warps=1, trips=[3, 4])
+    _, counts = _counts(
+        _nested, {"x": ("*fp32", None), "A": ("i32", 3), "B": ("i32", 4)}, warps=1, trips=[3, 4]
+    )
     assert [lp["depth"] for lp in counts.loops] == [0, 1]
     assert counts.barriers == 12
 
@@ -178,8 +187,14 @@ def test_nested_loops_multiply():
 @pytest.mark.parametrize("shape,warps", [((64, 64, 64), 4), ((16, 32, 64), 1)], ids=["wgmma", "mma"])
 def test_tensor_core_flop_add_up_to_the_product(shape, warps):
     m, n, k = shape
-    args = {"a": ("*bf16", None), "b": ("*bf16", None), "c": ("*fp32", None), "M": ("constexpr", m),
-            "N": ("constexpr", n), "K": ("constexpr", k)}
+    args = {
+        "a": ("*bf16", None),
+        "b": ("*bf16", None),
+        "c": ("*fp32", None),
+        "M": ("constexpr", m),
+        "N": ("constexpr", n),
+        "K": ("constexpr", k),
+    }
     _, counts = _counts(_matmul, args, warps=warps, trips=[])
     assert counts.mma > 0
     assert sum(counts.mma_flop.values()) * warps == 2 * m * n * k
@@ -188,8 +203,13 @@ def test_tensor_core_flop_add_up_to_the_product(shape, warps):
 
 @compiles
 def test_asynchronous_copies_come_with_software_pipelining():
-    args = {"a": ("*bf16", None), "b": ("*bf16", None), "c": ("*fp32", None), "K": ("i32", 256),
-            "BLOCK": ("constexpr", 64)}
+    args = {
+        "a": ("*bf16", None),
+        "b": ("*bf16", None),
+        "c": ("*fp32", None),
+        "K": ("i32", 256),
+        "BLOCK": ("constexpr", 64),
+    }
     pipelined = ks.compile_sm90(_pipelined, args, 4, num_stages=3)
     plain = ks.compile_sm90(_pipelined, args, 4, num_stages=1)
     count = lambda compiled: sum(ins.family in sass.ASYNC_COPIES for ins in compiled.code)  # noqa: E731
@@ -198,13 +218,38 @@ def test_asynchronous_copies_come_with_software_pipelining():
 
 @compiles
 def test_a_row_has_the_keys_the_json_promises(tmp_path):
-    launch = ks.Launch(kernel="barrier_loop", impl="mix", tower="image", pass_="fwd", fn=_barrier_loop,
-                       arguments={"x": ("*fp32", None), "T": ("i32", 8), "BLOCK": ("constexpr", 128)},
-                       num_warps=4, programs=1000, trips=[8], tokens=8, calls=3)
+    launch = ks.Launch(
+        kernel="barrier_loop",
+        impl="mix",
+        tower="image",
+        pass_="fwd",
+        fn=_barrier_loop,
+        arguments={"x": ("*fp32", None), "T": ("i32", 8), "BLOCK": ("constexpr", 128)},
+        num_warps=4,
+        programs=1000,
+        trips=[8],
+        tokens=8,
+        calls=3,
+    )
     row = ks.measure(launch)
     data = row.to_json()
-    assert list(data) == ["kernel", "impl", "tower", "pass", "registers", "spills", "shared_bytes", "blocks_per_sm",
-                          "barriers_per_step", "serial_steps", "programs", "waves", "mma", "cp_async", "est_ms"]
+    assert list(data) == [
+        "kernel",
+        "impl",
+        "tower",
+        "pass",
+        "registers",
+        "spills",
+        "shared_bytes",
+        "blocks_per_sm",
+        "barriers_per_step",
+        "serial_steps",
+        "programs",
+        "waves",
+        "mma",
+        "cp_async",
+        "est_ms",
+    ]
     assert data["barriers_per_step"] == 1.0 and data["serial_steps"] == 8 and data["programs"] == 1000
     assert data["waves"] == -(-1000 // (ks.SMS * data["blocks_per_sm"]))
     json.dumps(data)

@@ -18,9 +18,27 @@ def test_generated_layouts_probe_and_time_a_first_and_a_cached_run(tmp_path, cap
     weights = tmp_path / "micro.pt"
     torch.save(layouts.micro_model().state_dict(), weights)
     output = tmp_path / "timings.json"
-    assert bench.main(["--model-weight", str(weights), "--model-name", str(config), "--datasets", "dtd,cifar100",
-                       "--scale", "0.004", "--workers", "0", "--data", str(tmp_path / "data"),
-                       "--output", str(output)]) == 0
+    assert (
+        bench.main(
+            [
+                "--model-weight",
+                str(weights),
+                "--model-name",
+                str(config),
+                "--datasets",
+                "dtd,cifar100",
+                "--scale",
+                "0.004",
+                "--workers",
+                "0",
+                "--data",
+                str(tmp_path / "data"),
+                "--output",
+                str(output),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     report = json.loads(output.read_text())
     assert set(report["datasets"]) == {"dtd", "cifar100"} and report["scale"] == 0.004

@@ -1,7 +1,6 @@
 """data2rec end to end: every input kind to shards, read back by our reader, DALI and real MXNet;
 bad inputs reported, multi-machine splits, kill-and-resume of a real subprocess, verify, CLI errors."""
 
-
 import hashlib
 import json
 import os
@@ -131,8 +130,12 @@ def test_multi_machine_split_is_disjoint_and_complete(hub, tmp_path):
     more = tmp_path / "more.parquet"
     write_hub_parquet(more, [(jpeg(16, 16, 50 + r), tokens_for(3, 50 + r)) for r in range(4)])
     inputs = [*files, more]
-    whole = {i: (p, lab.tobytes()) for i, _, lab, p in read_records(
-        find_shards(Path(convert(inputs, tmp_path / "all", quiet())["output"])))}
+    whole = {
+        i: (p, lab.tobytes())
+        for i, _, lab, p in read_records(
+            find_shards(Path(convert(inputs, tmp_path / "all", quiet())["output"]))
+        )
+    }
     parts = []
     for m in range(2):
         rep = convert(inputs, tmp_path / "split", quiet(num_machines=2, machine_id=m, shard_size=3))
@@ -144,8 +147,16 @@ def test_multi_machine_split_is_disjoint_and_complete(hub, tmp_path):
     # Both machines' shards sit side by side and verify together.
     assert verify(tmp_path / "split-m000")["ok"] and verify(tmp_path / "split-m001")["ok"]
     # More machines than input files: the spare machine has nothing to do, and says so.
-    idle = run_cli(*map(str, inputs), "--output", str(tmp_path / "idle"), "--num-machines", "4",
-                   "--machine-id", "3", "--no-progress")
+    idle = run_cli(
+        *map(str, inputs),
+        "--output",
+        str(tmp_path / "idle"),
+        "--num-machines",
+        "4",
+        "--machine-id",
+        "3",
+        "--no-progress",
+    )
     assert idle.returncode == 0 and "has no input" in idle.stdout
 
 
@@ -196,8 +207,18 @@ def test_manifest_caption_columns_keep_the_non_empty_captions(tmp_path):
         lines.append("\t".join([f"images/{i}.jpg", *row]))
     lines.append("images/missing.jpg\tgone\tgone\tgone")
     (tmp_path / "m.tsv").write_text("\n".join(lines) + "\n")
-    code = run_cli(str(tmp_path / "m.tsv"), "--output", str(tmp_path / "cc"), "--caption-columns",
-                   "caption,synthetic,generated", "--no-progress", "--workers", "1", "--max-skip-fraction", "0.4")
+    code = run_cli(
+        str(tmp_path / "m.tsv"),
+        "--output",
+        str(tmp_path / "cc"),
+        "--caption-columns",
+        "caption,synthetic,generated",
+        "--no-progress",
+        "--workers",
+        "1",
+        "--max-skip-fraction",
+        "0.4",
+    )
     assert code.returncode == 0, code.stderr
     assert "missing_image: 1" in code.stdout and "empty_caption: 1" in code.stdout
     assert "1 caption: 1 record, 2 captions: 1 record, 3 captions: 2 records" in code.stdout
@@ -216,10 +237,14 @@ def test_folder_with_several_caption_files_per_image(tmp_path):
     (root / "img").mkdir(parents=True)
     (root / "captions").mkdir()
     captions = {  # file name -> text; STEM.txt, STEM.1.txt, ... are one image's captions
-        "0.txt": "zero", "0.1.txt": "zero again", "0.2.txt": "zero thrice",
+        "0.txt": "zero",
+        "0.1.txt": "zero again",
+        "0.2.txt": "zero thrice",
         "1.txt": "one",
-        "2.txt": "  ", "2.1.txt": "two, the first file is empty",
-        "3.1.txt": "three, numbered only", "3.3.txt": "after a gap: not read",
+        "2.txt": "  ",
+        "2.1.txt": "two, the first file is empty",
+        "3.1.txt": "three, numbered only",
+        "3.3.txt": "after a gap: not read",
     }
     for name, text in captions.items():
         (root / "captions" / name).write_text(text)
@@ -234,8 +259,14 @@ def test_folder_with_several_caption_files_per_image(tmp_path):
     report = convert([root], tmp_path / "f", quiet())
     assert report["skipped"] == 0
     assert report["records_by_caption_count"] == {"1": 5, "3": 1}
-    want = [["bee one"], ["bee"], ["zero", "zero again", "zero thrice"], ["one"],
-            ["two, the first file is empty"], ["three, numbered only"]]  # sorted: b.1.jpg, b.jpg, img/...
+    want = [
+        ["bee one"],
+        ["bee"],
+        ["zero", "zero again", "zero thrice"],
+        ["one"],
+        ["two, the first file is empty"],
+        ["three, numbered only"],
+    ]  # sorted: b.1.jpg, b.jpg, img/...
     records = read_records([tmp_path / "f.rec"])
     assert len(records) == len(want)
     for (_, _, label, _), texts in zip(records, want):
@@ -248,8 +279,11 @@ def test_webdataset_tars(tmp_path):
         members = []
         for k in range(3):
             key = f"{t:05d}{k:04d}"
-            members += [(f"{key}.jpg", jpeg(seed=t * 10 + k)), (f"{key}.txt", f"tar {t} item {k}".encode()),
-                        (f"{key}.json", b'{"status": "success"}')]
+            members += [
+                (f"{key}.jpg", jpeg(seed=t * 10 + k)),
+                (f"{key}.txt", f"tar {t} item {k}".encode()),
+                (f"{key}.json", b'{"status": "success"}'),
+            ]
         write_tar(tmp_path / f"{t:05d}.tar", members)
     report = convert([tmp_path], tmp_path / "wds", quiet(id_offset=1000))
     assert report["written"] == 6 and not report["skipped"]
@@ -267,8 +301,9 @@ def dali_decode_all(rec: Path, labels: list[np.ndarray]) -> None:
 
     @pipeline_def(batch_size=len(labels), num_threads=1, device_id=None)
     def pipe():
-        data, label = fn.readers.mxnet(path=[str(rec)], index_path=[str(rec.with_suffix(".idx"))],
-                                       random_shuffle=False)
+        data, label = fn.readers.mxnet(
+            path=[str(rec)], index_path=[str(rec.with_suffix(".idx"))], random_shuffle=False
+        )
         return fn.decoders.image(data, device="cpu", output_type=types.RGB), label
 
     p = pipe()
@@ -342,7 +377,11 @@ def _blocked_run(tmp_path: Path, n: int = 80, blocked: int = 70) -> tuple[Path, 
         for i in range(n):
             (d / "img" / f"{i}.jpg").write_bytes(jpeg(seed=i) if i % 9 else b"broken")
     # 9 of 80 images are broken (11%): accepted here, the mass-skip tests check the limit.
-    return ref_dir, run_dir, ["--shard-size", "5", "--workers", "2", "--no-progress", "--max-skip-fraction", "0.2"]
+    return (
+        ref_dir,
+        run_dir,
+        ["--shard-size", "5", "--workers", "2", "--no-progress", "--max-skip-fraction", "0.2"],
+    )
 
 
 def _start_until_mid_shard(cmd: list[str], out: Path, shards: int, hung: Path) -> subprocess.Popen:
@@ -350,13 +389,15 @@ def _start_until_mid_shard(cmd: list[str], out: Path, shards: int, hung: Path) -
     until `shards` shards are final and the next one is being written."""
     path = [str(REPO / "tests" / "_hung_open"), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "RWKV_CLIP_TEST_HUNG_FILE": str(hung.resolve())}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=env)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
+    )
     state, tmp = out / "x.state.json", out / f"x-{shards:05d}.rec.tmp"
 
     def caught() -> bool:
         return proc.poll() is not None or (
-            state.exists() and len(json.loads(state.read_text())["shards"]) >= shards and tmp.exists())
+            state.exists() and len(json.loads(state.read_text())["shards"]) >= shards and tmp.exists()
+        )
 
     wait_for(caught, limit=120)
     assert proc.poll() is None, proc.communicate()[1]
@@ -443,6 +484,7 @@ def test_a_stop_while_a_shard_opens_or_commits_leaves_no_partial_file(hub, tmp_p
 
     d, _, _ = hub
     if stage == "opening":
+
         class Stopped(writer_module._IndexStreamer):
             def __init__(self, *args):
                 super().__init__(*args)
@@ -495,18 +537,32 @@ def test_cli_fatal_errors_are_one_line(hub, tmp_path):
     d, files, _ = hub
     accept = ("--no-progress", "--max-skip-fraction", "1")  # the hub fixture's bad rows are on purpose
     _one_line_error(run_cli("--output", str(tmp_path / "x"), cwd=tmp_path), "no INPUT", "./YFCC15M")
-    _one_line_error(run_cli(str(tmp_path / "missing.parquet"), "--output", str(tmp_path / "x")), "missing.parquet")
+    _one_line_error(
+        run_cli(str(tmp_path / "missing.parquet"), "--output", str(tmp_path / "x")), "missing.parquet"
+    )
     (tmp_path / "afile").write_text("")
     _one_line_error(run_cli(str(files[0]), "--output", str(tmp_path / "afile" / "x")), "not writable")
-    _one_line_error(run_cli(str(files[0]), "--output", str(tmp_path / "x"), "--machine-id", "3",
-                            "--num-machines", "2"), "--machine-id")
-    _one_line_error(run_cli(str(files[0]), "--output", str(tmp_path / "x"), "--workers", "1000"),
-                    "--workers 1000", "per usable core")
+    _one_line_error(
+        run_cli(str(files[0]), "--output", str(tmp_path / "x"), "--machine-id", "3", "--num-machines", "2"),
+        "--machine-id",
+    )
+    _one_line_error(
+        run_cli(str(files[0]), "--output", str(tmp_path / "x"), "--workers", "1000"),
+        "--workers 1000",
+        "per usable core",
+    )
     # ids are uint64: the largest offset is refused once it cannot hold every row's id
-    _one_line_error(run_cli(str(files[0]), "--output", str(tmp_path / "x"), "--id-offset", str(2**64 - 1)),
-                    "--id-offset", "2^64-1", f"at most {2**64 - 9}")
-    _one_line_error(run_cli(str(files[0]), "--output", str(tmp_path / "x"), "--id-offset", str(2**64)),
-                    "--id-offset", "2^64-1")
+    _one_line_error(
+        run_cli(str(files[0]), "--output", str(tmp_path / "x"), "--id-offset", str(2**64 - 1)),
+        "--id-offset",
+        "2^64-1",
+        f"at most {2**64 - 9}",
+    )
+    _one_line_error(
+        run_cli(str(files[0]), "--output", str(tmp_path / "x"), "--id-offset", str(2**64)),
+        "--id-offset",
+        "2^64-1",
+    )
     first = run_cli(str(files[0]), "--output", str(tmp_path / "x"), *accept)
     assert first.returncode == 0, first.stderr
     _one_line_error(run_cli(str(files[1]), "--output", str(tmp_path / "x"), *accept), "--overwrite")
@@ -522,9 +578,15 @@ def test_cli_fatal_errors_are_one_line(hub, tmp_path):
 
 def test_help_documents_the_exit_statuses_and_the_decoders():
     text = " ".join(run_cli("--help").stdout.split())
-    for needle in ("Exit status", "4 more than --max-skip-fraction", "143", "--max-captions",
-                   "structure (default): + every JPEG's markers", "decode (old name: quick): + a decode by PIL",
-                   "DALI's CPU decoder itself"):
+    for needle in (
+        "Exit status",
+        "4 more than --max-skip-fraction",
+        "143",
+        "--max-captions",
+        "structure (default): + every JPEG's markers",
+        "decode (old name: quick): + a decode by PIL",
+        "DALI's CPU decoder itself",
+    ):
         assert needle in text, needle
 
 
@@ -534,8 +596,14 @@ def test_all_bad_input_writes_nothing_and_fails(tmp_path):
     assert proc.returncode == 4 and "2 of 2 rows (100%) skipped" in proc.stderr
     assert "empty_image: 1" in proc.stdout and "not_an_image: 1" in proc.stdout
     assert not find_shards(tmp_path / "o")
-    accepted = run_cli(str(tmp_path / "bad.parquet"), "--output", str(tmp_path / "o"), "--no-progress",
-                       "--max-skip-fraction", "1")
+    accepted = run_cli(
+        str(tmp_path / "bad.parquet"),
+        "--output",
+        str(tmp_path / "o"),
+        "--no-progress",
+        "--max-skip-fraction",
+        "1",
+    )
     assert accepted.returncode == 1 and "no record was written" in accepted.stderr
 
 
@@ -559,8 +627,14 @@ def test_mass_skips_exit_4_after_writing_every_valid_row(tmp_path):
     assert len(read_records([tmp_path / "o.rec"])) == 4
     assert json.loads((tmp_path / "o.report.json").read_text())["skipped"] == 6
     # Accepting the skips needs no new conversion: the finished run is judged again.
-    ok = run_cli(str(tmp_path / "a.parquet"), "--output", str(tmp_path / "o"), "--no-progress",
-                 "--max-skip-fraction", "0.60")
+    ok = run_cli(
+        str(tmp_path / "a.parquet"),
+        "--output",
+        str(tmp_path / "o"),
+        "--no-progress",
+        "--max-skip-fraction",
+        "0.60",
+    )
     assert ok.returncode == 0 and "already complete" in ok.stdout, ok.stderr
 
 
@@ -568,25 +642,36 @@ def test_a_parquet_shard_cut_in_half_fails_the_run_instead_of_counting_as_one_ro
     # 5 shards of 60 rows, one cut in half (its footer, and so its row count, gone): not "1 skipped of 241".
     (tmp_path / "in").mkdir()
     for i in range(5):
-        write_hub_parquet(tmp_path / "in" / f"train-{i:05d}.parquet",
-                          [(jpeg(8, 8, seed=60 * i + r), tokens_for(1, 60 * i + r)) for r in range(60)],
-                          row_group_size=20)
+        write_hub_parquet(
+            tmp_path / "in" / f"train-{i:05d}.parquet",
+            [(jpeg(8, 8, seed=60 * i + r), tokens_for(1, 60 * i + r)) for r in range(60)],
+            row_group_size=20,
+        )
     cut = tmp_path / "in" / "train-00002.parquet"
     cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
     for _attempt in range(2):  # a rerun must not report the run complete either
-        proc = run_cli(str(tmp_path / "in"), "--output", str(tmp_path / "o"), "--no-progress", "--workers", "1")
+        proc = run_cli(
+            str(tmp_path / "in"), "--output", str(tmp_path / "o"), "--no-progress", "--workers", "1"
+        )
         assert proc.returncode == 4, proc.stderr
         error = proc.stderr.strip().splitlines()
         assert len(error) == 1 and "Traceback" not in proc.stderr
-        assert error[0].startswith("data2rec: error: 1 input file(s) could not be read at all") and str(cut) in error[0]
+        assert (
+            error[0].startswith("data2rec: error: 1 input file(s) could not be read at all")
+            and str(cut) in error[0]
+        )
         assert "240 written (0 re-encoded), 0 skipped of 240" in proc.stdout
     report = json.loads((tmp_path / "o.report.json").read_text())
     assert [u["input"] for u in report["unreadable_inputs"]] == [str(cut)]
     assert "cannot open parquet" in report["unreadable_inputs"][0]["detail"]
-    assert sorted(i for i, *_ in read_records([tmp_path / "o.rec"])) == list(range(240))  # the cut one has none
+    assert sorted(i for i, *_ in read_records([tmp_path / "o.rec"])) == list(
+        range(240)
+    )  # the cut one has none
     checked = run_cli("--verify", str(tmp_path / "o"))
-    assert checked.returncode == 1 and f"could not be read at all and none of their rows is converted: {cut}" in \
-        checked.stderr, checked.stderr
+    assert (
+        checked.returncode == 1
+        and f"could not be read at all and none of their rows is converted: {cut}" in checked.stderr
+    ), checked.stderr
 
 
 def test_a_readable_parquet_file_without_the_columns_counts_as_all_of_its_rows(tmp_path):
@@ -596,8 +681,11 @@ def test_a_readable_parquet_file_without_the_columns_counts_as_all_of_its_rows(t
     write_hub_parquet(tmp_path / "a.parquet", [(jpeg(8, 8, seed=r), tokens_for(1, r)) for r in range(20)])
     pq.write_table(pa.table({"other": list(range(20))}), tmp_path / "b.parquet")
     with pytest.raises(TooManySkipped, match="20 of 40 rows \\(50%\\) skipped") as info:
-        convert([tmp_path / "a.parquet", tmp_path / "b.parquet"], tmp_path / "o", ConvertOptions(workers=1,
-                                                                                                progress=False))
+        convert(
+            [tmp_path / "a.parquet", tmp_path / "b.parquet"],
+            tmp_path / "o",
+            ConvertOptions(workers=1, progress=False),
+        )
     assert info.value.report["skipped_by_reason"] == {"broken_input": 20}
 
 
@@ -646,8 +734,10 @@ def test_tokens_without_start_tokens_are_refused_at_conversion_with_the_reason(t
     assert report["written"] == 4 and report["skipped_by_reason"] == {"bad_tokens": 2}
     examples = report["examples"]["bad_tokens"]
     assert [e["input"].rsplit(":", 1)[1] for e in examples] == ["row 1", "row 4"]
-    assert all("caption block 1 of 2 begins with" in e["detail"] and "not the start token 49406" in e["detail"]
-               for e in examples), examples
+    assert all(
+        "caption block 1 of 2 begins with" in e["detail"] and "not the start token 49406" in e["detail"]
+        for e in examples
+    ), examples
     # What was written loads: the loaders' reader takes every record.
     assert verify(tmp_path / "m", decode=True)["ok"]
     shardset = load_shards(tmp_path / "m", cache_dir=tmp_path / "cache")
@@ -691,7 +781,9 @@ def test_no_arguments_convert_yfcc15m_inside_it_as_the_guide_says(tmp_path):
     _one_line_error(missing, "no INPUT given", "./YFCC15M", "download_YFCC15M.sh")
     data = tmp_path / "YFCC15M" / "data"
     data.mkdir(parents=True)
-    write_hub_parquet(data / "train-00000-of-00001.parquet", [(jpeg(16, 16, i), tokens_for(2, i)) for i in range(5)])
+    write_hub_parquet(
+        data / "train-00000-of-00001.parquet", [(jpeg(16, 16, i), tokens_for(2, i)) for i in range(5)]
+    )
     partial = tmp_path / "YFCC15M" / ".hfd" / "incomplete" / "data"  # hfd.sh's unfinished download
     partial.mkdir(parents=True)
     (partial / "train-00001-of-00001.parquet").write_bytes(b"PAR1 half a file")
@@ -727,6 +819,7 @@ def _limit_file_size(limit: int):
 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return apply
 
 
@@ -734,9 +827,20 @@ def test_disk_full_is_one_clean_line_and_resumes(tmp_path):
     # The first shard's images are small, the later ones' big: the disk "fills up" in shard 1.
     rows = [(jpeg(16, 16, i) if i < 20 else jpeg(64, 64, i), tokens_for(1, i)) for i in range(60)]
     write_hub_parquet(tmp_path / "a.parquet", rows)
-    args = [*CLI, str(tmp_path / "a.parquet"), "--output", str(tmp_path / "o"), "--no-progress",
-            "--workers", "1", "--shard-size", "20"]
-    full = subprocess.run(args, capture_output=True, text=True, preexec_fn=_limit_file_size(30_000), timeout=300)
+    args = [
+        *CLI,
+        str(tmp_path / "a.parquet"),
+        "--output",
+        str(tmp_path / "o"),
+        "--no-progress",
+        "--workers",
+        "1",
+        "--shard-size",
+        "20",
+    ]
+    full = subprocess.run(
+        args, capture_output=True, text=True, preexec_fn=_limit_file_size(30_000), timeout=300
+    )
     assert full.returncode == 2, full.stderr
     _one_line_error(full, f"writing {tmp_path}", "rerun the same command to resume")
     assert "Exception ignored" not in full.stderr
@@ -756,16 +860,24 @@ def test_disk_full_is_one_clean_line_and_resumes(tmp_path):
 def test_a_float_flag_that_is_not_finite_is_refused_when_parsed(tmp_path, value):
     proc = run_cli(str(tmp_path), "--output", str(tmp_path / "o"), f"--max-skip-fraction={value}")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == \
-        f"data2rec.py: error: argument --max-skip-fraction: expected a finite number, got '{value}'"
+    assert (
+        proc.stderr.strip().splitlines()[-1]
+        == f"data2rec.py: error: argument --max-skip-fraction: expected a finite number, got '{value}'"
+    )
 
 
 def test_a_rerun_removes_the_temporary_files_a_killed_runs_report_left(tmp_path):
     write_hub_parquet(tmp_path / "a.parquet", [(jpeg(8, 8, seed=r), tokens_for(1, r)) for r in range(4)])
     opts = quiet()
     convert([tmp_path / "a.parquet"], tmp_path / "o", opts)
-    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True, check=True).stdout)
+    dead = int(
+        subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     stale = [tmp_path / f".o.report.json.{dead}.tmp", tmp_path / f".o.state.json.{dead}.tmp"]
     for p in stale:
         p.write_text("{")  # a kill while the report or the state was written

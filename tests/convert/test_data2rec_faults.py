@@ -49,7 +49,9 @@ def test_linked_subfolders_are_read_once_and_link_cycles_end(tmp_path):
 def test_parquet_in_a_linked_folder_is_found(tmp_path):
     shards = tmp_path / "big_disk" / "data"
     shards.mkdir(parents=True)
-    write_hub_parquet(shards / "train-00000.parquet", [(jpeg(16, 16, seed=i), tokens_for(1, i)) for i in range(3)])
+    write_hub_parquet(
+        shards / "train-00000.parquet", [(jpeg(16, 16, seed=i), tokens_for(1, i)) for i in range(3)]
+    )
     (tmp_path / "hub").mkdir()
     (tmp_path / "hub" / "data").symlink_to(shards)
     (tmp_path / "hub" / "README.md").write_text("a hub download whose data/ was moved to another disk")
@@ -73,8 +75,10 @@ def test_verify_fails_a_missing_shard(sharded):
         sharded.with_name("o-00002" + ext).unlink()
     result = verify(sharded)
     assert not result["ok"]  # before: "3 shards, 14 records: OK"
-    assert any("o-00002.rec: listed as finished in o.state.json (6 records) but missing" in e
-               for e in result["errors"])
+    assert any(
+        "o-00002.rec: listed as finished in o.state.json (6 records) but missing" in e
+        for e in result["errors"]
+    )
     sharded.with_name("o.state.json").unlink()  # the report lists the shards too
     assert any("listed as finished in o.report.json" in e for e in verify(sharded)["errors"])
 
@@ -126,8 +130,10 @@ def test_captions_that_are_not_utf8_are_counted_skips_naming_the_file(tmp_path):
     example = report["examples"]["undecodable_caption"][0]
     assert f"{data / 'latin.txt'}: not UTF-8 text (byte 0xe9 at offset 6)" == example["detail"]
 
-    write_tar(tmp_path / "t.tar", [("a.jpg", jpeg(seed=1)), ("a.txt", b"ok"),
-                                   ("b.jpg", jpeg(seed=2)), ("b.txt", b"\xff\xfe bad")])
+    write_tar(
+        tmp_path / "t.tar",
+        [("a.jpg", jpeg(seed=1)), ("a.txt", b"ok"), ("b.jpg", jpeg(seed=2)), ("b.txt", b"\xff\xfe bad")],
+    )
     report = convert([tmp_path / "t.tar"], tmp_path / "w", quiet())
     assert report["written"] == 1 and report["skipped_by_reason"] == {"undecodable_caption": 1}
     assert "t.tar:b.txt: not UTF-8" in report["examples"]["undecodable_caption"][0]["detail"]
@@ -151,9 +157,13 @@ def test_flags_the_input_would_ignore_are_refused(tmp_path):
 
     assert "--caption-dir /nonexistent: no such folder" in refused([data], caption_dir="/nonexistent")
     assert "--image-column path does not apply to folder input" in refused([data], image_column="path")
-    assert "--caption-columns a,b does not apply to folder input" in refused([data], caption_columns=("a", "b"))
+    assert "--caption-columns a,b does not apply to folder input" in refused(
+        [data], caption_columns=("a", "b")
+    )
     assert "--caption-dir" in refused([tmp_path / "m.csv"], caption_dir=str(data))
-    assert "--image-root /nonexistent: no such folder" in refused([tmp_path / "m.csv"], image_root="/nonexistent")
+    assert "--image-root /nonexistent: no such folder" in refused(
+        [tmp_path / "m.csv"], image_root="/nonexistent"
+    )
     proc = run_cli(str(data), "--output", str(tmp_path / "x"), "--image-column", "path")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "does not apply" in proc.stderr
 
@@ -167,9 +177,24 @@ def _limited_memory() -> None:
 
 
 def _convert_cli(inputs: list[Path], out: Path, *flags: str) -> dict:
-    proc = subprocess.run([*CLI, *map(str, inputs), "--output", str(out), "--no-progress", "--workers", "1",
-                           "--max-skip-fraction", "1", *flags],
-                          capture_output=True, text=True, timeout=60, preexec_fn=_limited_memory)
+    proc = subprocess.run(
+        [
+            *CLI,
+            *map(str, inputs),
+            "--output",
+            str(out),
+            "--no-progress",
+            "--workers",
+            "1",
+            "--max-skip-fraction",
+            "1",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_limited_memory,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.with_name(out.name + ".report.json").read_text())
 
@@ -245,7 +270,6 @@ def test_an_output_name_taken_by_a_folder_is_refused_before_anything_is_written(
     assert sorted(p.name for p in out.iterdir()) == [taken]  # before: an orphan .idx beside it
 
 
-
 def test_fifos_and_broken_links_among_input_files_are_named_in_the_notes(tmp_path):
     data = tmp_path / "hub"
     data.mkdir()
@@ -254,5 +278,7 @@ def test_fifos_and_broken_links_among_input_files_are_named_in_the_notes(tmp_pat
     (data / "c.parquet").symlink_to(tmp_path / "gone.parquet")
     report = convert([data], tmp_path / "o", quiet())
     assert report["written"] == 1
-    assert report["notes"] == [f"{data / 'b.parquet'}: not a regular file (a FIFO, socket or device); not read",
-                               f"{data / 'c.parquet'}: a broken link; not read"]
+    assert report["notes"] == [
+        f"{data / 'b.parquet'}: not a regular file (a FIFO, socket or device); not read",
+        f"{data / 'c.parquet'}: a broken link; not read",
+    ]

@@ -52,8 +52,22 @@ def two_step(hub_dir: Path, tmp_path_factory) -> list:
     """The records of the two-step path. hfd.sh leaves byte-identical, sha256-checked copies of the
     hub's files (tests/download), so converting the hub's folder is converting the download."""
     out = tmp_path_factory.mktemp("two_step") / "rec"
-    r = subprocess.run([sys.executable, "data2rec.py", str(hub_dir), "--output", str(out), "--workers", "1",
-                        "--no-progress"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "data2rec.py",
+            str(hub_dir),
+            "--output",
+            str(out),
+            "--workers",
+            "1",
+            "--no-progress",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     return comparable([out.with_suffix(".rec")])
 
@@ -63,8 +77,18 @@ def comparable(recs: list[Path]) -> list[tuple]:
 
 
 def onepass_cmd(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "data2rec.py", "--from-hub", REPO, "--output", str(out), "--workers", "1",
-            "--no-progress", *extra]
+    return [
+        sys.executable,
+        "data2rec.py",
+        "--from-hub",
+        REPO,
+        "--output",
+        str(out),
+        "--workers",
+        "1",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def make_env(tmp_path: Path, endpoint: str) -> dict[str, str]:
@@ -109,8 +133,14 @@ def test_one_pass_equals_two_step_with_bounded_disk(hub_dir: Path, two_step: lis
     with serve_in_background(hub_dir, REPO) as server:
         sampler.start()
         try:
-            r = subprocess.run(onepass_cmd(out, "--max-inflight", "2"), cwd=REPO_ROOT, capture_output=True,
-                               text=True, env=make_env(tmp_path, server.endpoint), timeout=300)
+            r = subprocess.run(
+                onepass_cmd(out, "--max-inflight", "2"),
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                env=make_env(tmp_path, server.endpoint),
+                timeout=300,
+            )
         finally:
             done.set()
             sampler.join()
@@ -126,13 +156,17 @@ def test_one_pass_equals_two_step_with_bounded_disk(hub_dir: Path, two_step: lis
     largest = max(p.stat().st_size for p in (hub_dir / "data").iterdir())
     parquet = sum(p.stat().st_size for p in (hub_dir / "data").iterdir())
     small_files = 64 * 1024  # state, report, logs, hfd.sh's listing
-    print(f"peak {peak[0]} B; records {records} B; bound {records + 2 * largest + small_files} B; "
-          f"two-step {records + parquet} B")
+    print(
+        f"peak {peak[0]} B; records {records} B; bound {records + 2 * largest + small_files} B; "
+        f"two-step {records + parquet} B"
+    )
     assert peak[0] > records  # the sampler saw the run
     assert peak[0] <= records + 2 * largest + small_files < records + parquet
 
 
-def test_kill_9_mid_run_then_rerun_loses_and_duplicates_nothing(hub_dir: Path, two_step: list, tmp_path: Path):
+def test_kill_9_mid_run_then_rerun_loses_and_duplicates_nothing(
+    hub_dir: Path, two_step: list, tmp_path: Path
+):
     out = tmp_path / "out" / "rec"
     state = out.with_name("rec.onepass.json")
 
@@ -145,8 +179,9 @@ def test_kill_9_mid_run_then_rerun_loses_and_duplicates_nothing(hub_dir: Path, t
     faults = Faults(throttle_bps=30_000)  # a shard takes a few tenths of a second: the kill lands mid-run
     with serve_with_faults(hub_dir, REPO, faults) as server:
         env = make_env(tmp_path, server.endpoint)
-        proc = subprocess.Popen(onepass_cmd(out), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            onepass_cmd(out), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         try:
             # killed with a shard converted and the next one downloading
             children: dict[int, int] = {}
@@ -163,12 +198,16 @@ def test_kill_9_mid_run_then_rerun_loses_and_duplicates_nothing(hub_dir: Path, t
         assert proc.returncode == -signal.SIGKILL
         # hfd.sh and its aria2c stop with the killed run (a rerun must not race them for the same file)
         assert wait_for(lambda: not alive(children), limit=60), subprocess.run(
-            ["ps", "-o", "pid,ppid,stat,args", "-p", ",".join(map(str, alive(children)))], capture_output=True,
-            text=True).stdout
+            ["ps", "-o", "pid,ppid,stat,args", "-p", ",".join(map(str, alive(children)))],
+            capture_output=True,
+            text=True,
+        ).stdout
         assert 1 <= converted() < SHARDS, "the kill came too late to test a resume"
         assert (out.parent / ".rec.onepass").is_dir()  # the run was cut with shards in flight
         faults.throttle_bps = None
-        r = subprocess.run(onepass_cmd(out), cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
+        r = subprocess.run(
+            onepass_cmd(out), cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300
+        )
     assert r.returncode == 0, r.stderr
     assert "already converted" in r.stdout
     records = comparable(outputs(out))
@@ -177,20 +216,29 @@ def test_kill_9_mid_run_then_rerun_loses_and_duplicates_nothing(hub_dir: Path, t
     assert_clean(out)
 
 
-def test_a_shard_that_cannot_be_downloaded_stops_the_run_naming_it(hub_dir: Path, two_step: list,
-                                                                     tmp_path: Path):
+def test_a_shard_that_cannot_be_downloaded_stops_the_run_naming_it(
+    hub_dir: Path, two_step: list, tmp_path: Path
+):
     out = tmp_path / "out" / "rec"
     faults = Faults(corrupt={shard_name(2)})  # every copy fails the sha256 check
     with serve_with_faults(hub_dir, REPO, faults) as server:
         env = {**make_env(tmp_path, server.endpoint), "HFD_MAX_ROUNDS": "1"}
-        r = subprocess.run(onepass_cmd(out, "--download-tries", "2"), cwd=REPO_ROOT, capture_output=True,
-                           text=True, env=env, timeout=300)
+        r = subprocess.run(
+            onepass_cmd(out, "--download-tries", "2"),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
         assert r.returncode == 3, r.stdout + r.stderr
         assert f"{shard_name(2)}: download failed 2 times" in r.stderr
         assert "rerun the same command" in r.stderr
         assert [p.name for p in outputs(out)] == ["rec-00000.rec", "rec-00001.rec"]
         faults.corrupt.clear()
-        r = subprocess.run(onepass_cmd(out), cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
+        r = subprocess.run(
+            onepass_cmd(out), cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300
+        )
     assert r.returncode == 0, r.stderr
     assert comparable(outputs(out)) == two_step
     assert_clean(out)
@@ -200,8 +248,14 @@ def test_a_rerun_after_a_kill_at_the_very_end_leaves_nothing_behind(hub_dir: Pat
     # Killed after the run was recorded complete, while its report was written: the rerun once left an
     # empty .OUT.onepass/ folder and the report's temporary file.
     out = tmp_path / "out" / "rec"
-    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True, check=True).stdout)
+    dead = int(
+        subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     with serve_in_background(hub_dir, REPO) as server:
         env = make_env(tmp_path, server.endpoint)
         cmd = onepass_cmd(out, "--hub-include", shard_name(0))
@@ -212,8 +266,12 @@ def test_a_rerun_after_a_kill_at_the_very_end_leaves_nothing_behind(hub_dir: Pat
         r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and "already complete" in r.stdout, r.stderr
     assert_clean(out)
-    assert sorted(p.name for p in out.parent.iterdir()) == ["rec-00000.idx", "rec-00000.rec", "rec.onepass.json",
-                                                            "rec.report.json"]
+    assert sorted(p.name for p in out.parent.iterdir()) == [
+        "rec-00000.idx",
+        "rec-00000.rec",
+        "rec.onepass.json",
+        "rec.report.json",
+    ]
 
 
 def test_a_hub_shard_that_cannot_be_read_stops_the_run_and_is_kept(tmp_path: Path):
@@ -221,18 +279,24 @@ def test_a_hub_shard_that_cannot_be_read_stops_the_run_and_is_kept(tmp_path: Pat
     hub = tmp_path / "hub"
     (hub / "data").mkdir(parents=True)
     for i in range(3):
-        write_hub_parquet(hub / shard_name(i), [(jpeg(32, 24, seed=10 * i + r), tokens_for(1, 10 * i + r))
-                                                for r in range(ROWS)])
+        write_hub_parquet(
+            hub / shard_name(i),
+            [(jpeg(32, 24, seed=10 * i + r), tokens_for(1, 10 * i + r)) for r in range(ROWS)],
+        )
     cut = hub / shard_name(1)
     cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
     out = tmp_path / "out" / "rec"
     with serve_in_background(hub, REPO) as server:
         env = make_env(tmp_path, server.endpoint)
         for _attempt in range(2):  # the rerun neither reports the run complete nor loses the shard
-            r = subprocess.run(onepass_cmd(out), cwd=REPO_ROOT, capture_output=True, text=True, env=env,
-                               timeout=300)
+            r = subprocess.run(
+                onepass_cmd(out), cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300
+            )
             assert r.returncode == 3, r.stdout + r.stderr
-            assert f"{shard_name(1)} cannot be read (cannot open parquet" in r.stderr and "Traceback" not in r.stderr
+            assert (
+                f"{shard_name(1)} cannot be read (cannot open parquet" in r.stderr
+                and "Traceback" not in r.stderr
+            )
             assert "the 1 shard(s) before it are converted" in r.stderr
             assert [p.name for p in outputs(out)] == ["rec-00000.rec"]
             kept = out.parent / ".rec.onepass" / "00001" / shard_name(1)
@@ -247,10 +311,19 @@ def test_credentials_in_hf_endpoint_are_never_stored_or_shown(hub_dir: Path, tmp
     with serve_in_background(hub_dir, REPO) as server:
         endpoint = server.endpoint.replace("http://", f"http://someone:{secret}@")
         env = make_env(tmp_path, endpoint)
-        r = subprocess.run(onepass_cmd(out, "--hub-include", shard_name(0)), cwd=REPO_ROOT, capture_output=True,
-                           text=True, env=env, timeout=300)
+        r = subprocess.run(
+            onepass_cmd(out, "--hub-include", shard_name(0)),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr
-        assert json.loads(out.with_name("rec.report.json").read_text())["from_hub"]["endpoint"] == server.endpoint
+        assert (
+            json.loads(out.with_name("rec.report.json").read_text())["from_hub"]["endpoint"]
+            == server.endpoint
+        )
         missing = [a.replace(REPO, "testorg/missing") for a in onepass_cmd(tmp_path / "other" / "rec")]
         failed = subprocess.run(missing, cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert failed.returncode == 3 and server.endpoint in failed.stderr, failed.stderr
@@ -259,14 +332,23 @@ def test_credentials_in_hf_endpoint_are_never_stored_or_shown(hub_dir: Path, tmp
     assert secret not in shown and stored == [], (shown, stored)
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["some/folder"], "--from-hub downloads its own input"),
-    (["--shard-size", "10"], "leave out --shard-size"),
-    (["--max-inflight", "0"], "--max-inflight 0 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["some/folder"], "--from-hub downloads its own input"),
+        (["--shard-size", "10"], "leave out --shard-size"),
+        (["--max-inflight", "0"], "--max-inflight 0 must be >= 1"),
+    ],
+)
 def test_options_that_do_not_apply_are_refused_in_one_line(tmp_path: Path, extra: list[str], message: str):
     env = make_env(tmp_path, "http://127.0.0.1:9")  # never reached
-    r = subprocess.run(onepass_cmd(tmp_path / "rec", *extra), cwd=REPO_ROOT, capture_output=True, text=True,
-                       env=env, timeout=60)
+    r = subprocess.run(
+        onepass_cmd(tmp_path / "rec", *extra),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

@@ -1,6 +1,5 @@
 """data2rec building blocks: image gate, caption tokens, and each input reader on its own."""
 
-
 import io
 import json
 import os
@@ -49,10 +48,12 @@ def test_validate_levels_are_one_enum_that_says_what_each_does(capsys):
     assert ImageOptions(validate="quick").validate is Validate.DECODE
     assert ImageOptions().validate is Validate.STRUCTURE and f"{Validate.FULL}" == "full" == Validate.FULL
     does = {v: (v.walks_structure, v.decodes, v.decodes_full_size, v.decodes_in_dali) for v in Validate}
-    assert does == {Validate.OFF: (False, False, False, False),
-                    Validate.STRUCTURE: (True, False, False, False),
-                    Validate.DECODE: (True, True, False, False),
-                    Validate.FULL: (True, True, True, True)}
+    assert does == {
+        Validate.OFF: (False, False, False, False),
+        Validate.STRUCTURE: (True, False, False, False),
+        Validate.DECODE: (True, True, False, False),
+        Validate.FULL: (True, True, True, True),
+    }
     assert build_parser().parse_args(["--validate", "quick", "x"]).validate is Validate.DECODE
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--validate", "fast", "x"])
@@ -149,7 +150,9 @@ def test_full_validation_runs_dalis_own_decoder():
     bad = check.failures([good[0], good[1], b"\xff\xd8\xff\xe0 no image here \xff\xd9", good[2]])
     assert list(bad) == [2] and bad[2]
     init_worker(WorkerConfig(ImageOptions(validate="full")))
-    results = process_chunk([Item(i, f"row {i}", image=g, tokens=tokens_for(1, i)) for i, g in enumerate(good)])
+    results = process_chunk(
+        [Item(i, f"row {i}", image=g, tokens=tokens_for(1, i)) for i, g in enumerate(good)]
+    )
     assert [r.reason for r in results] == [None, None, None]
     init_worker(WorkerConfig())
 
@@ -198,7 +201,11 @@ def test_captions_are_clip_tokens_and_only_empty_rows_are_rejected():
     # An empty caption, or one that cleans to nothing, costs that caption, not the row.
     kept = tokenize_captions(["", "ok", "  ", "\x00\x01\x02"])
     np.testing.assert_array_equal(kept, tokenize_np(["ok"]).astype(np.float32).reshape(-1))
-    for bad, reason in [([], "empty_caption"), (["", "  "], "empty_caption"), (["\x00\x01\x02"], "caption_tokenizes_to_nothing")]:
+    for bad, reason in [
+        ([], "empty_caption"),
+        (["", "  "], "empty_caption"),
+        (["\x00\x01\x02"], "caption_tokenizes_to_nothing"),
+    ]:
         with pytest.raises(CaptionRejected) as info:
             tokenize_captions(bad)
         assert info.value.reason == reason
@@ -212,8 +219,15 @@ def test_dataset_tokens_pass_the_loaders_rule_or_are_rejected_with_its_reason():
     no_start = good.copy()
     no_start[77] = 0  # the second caption lost its start token
     # tests/test_caption_record.py holds the rule's cases; here: the converter applies it, reason and all.
-    for bad in (good[:100], np.zeros(0), good + 0.5, np.full(77, 60000.0), np.full(77, np.nan), np.zeros(154),
-                no_start):
+    for bad in (
+        good[:100],
+        np.zeros(0),
+        good + 0.5,
+        np.full(77, 60000.0),
+        np.full(77, np.nan),
+        np.zeros(154),
+        no_start,
+    ):
         with pytest.raises(CaptionRejected) as info:
             check_tokens(bad)
         with pytest.raises(InvalidCaptions) as rule:
@@ -383,12 +397,18 @@ def test_manifests_csv_tsv_jsonl(tmp_path):
 
 
 def test_webdataset_groups_members_by_key(tmp_path):
-    write_tar(tmp_path / "00000.tar", [
-        ("000.jpg", jpeg()), ("000.txt", b"first"), ("000.json", b"{}"),
-        ("001.jpg", jpeg(seed=1)), ("001.json", json.dumps({"caption": "from json"}).encode()),
-        ("002.txt", b"no image"),
-        ("003.png", png_alpha()),
-    ])
+    write_tar(
+        tmp_path / "00000.tar",
+        [
+            ("000.jpg", jpeg()),
+            ("000.txt", b"first"),
+            ("000.json", b"{}"),
+            ("001.jpg", jpeg(seed=1)),
+            ("001.json", json.dumps({"caption": "from json"}).encode()),
+            ("002.txt", b"no image"),
+            ("003.png", png_alpha()),
+        ],
+    )
     source = make_source([tmp_path / "00000.tar"])
     assert source.count(source.units()[0]) == 4
     items = _items(source)
@@ -456,8 +476,12 @@ def test_a_runs_own_output_files_are_never_inputs(tmp_path):
     for name in ("out.report.json", "out.state.json", "out-m001.state.json"):
         (tmp_path / name).write_text("{}\n")
     (tmp_path / "other.json").write_text(lines[0] + "\n")  # a manifest, whatever its name
-    assert is_output_file(tmp_path / "out.report.json", out) and is_output_file(tmp_path / "out-00003.rec", out)
-    assert not is_output_file(tmp_path / "other.json", out) and not is_output_file(tmp_path / "outer.json", out)
+    assert is_output_file(tmp_path / "out.report.json", out) and is_output_file(
+        tmp_path / "out-00003.rec", out
+    )
+    assert not is_output_file(tmp_path / "other.json", out) and not is_output_file(
+        tmp_path / "outer.json", out
+    )
     source = make_source([tmp_path], "manifest", exclude=lambda p: is_output_file(p, out))
     assert [os.path.basename(u.path) for u in source.units()] == ["m.jsonl", "other.json"]
     with pytest.raises(InputError, match="output file of this run"):
@@ -471,8 +495,10 @@ def test_manifest_saved_by_excel_with_a_byte_order_mark(tmp_path):
     items = _items(make_source([tmp_path / "excel.csv"], options=opts))
     assert [i.image_path for i in items] == [str(tmp_path / "a.jpg"), str(tmp_path / "b.jpg")]
     assert items[0].captions == ["first", ""]  # the worker keeps the non-empty ones
-    lines = [json.dumps({"image": "a.jpg", "caption": None, "alt": "second only"}),
-             json.dumps({"image": "a.jpg"})]
+    lines = [
+        json.dumps({"image": "a.jpg", "caption": None, "alt": "second only"}),
+        json.dumps({"image": "a.jpg"}),
+    ]
     (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
     items = _items(make_source([tmp_path / "m.jsonl"], options=opts))
     assert items[0].captions == ["second only"] and items[1].error == "missing_caption"
@@ -551,8 +577,10 @@ def test_a_shard_handed_to_the_disk_while_written_is_the_same_shard(tmp_path, mo
         return real_advise(fd, offset, length, advice)
 
     rng = np.random.default_rng(0)
-    records = [(i, bytes(24), rng.integers(0, 256, int(rng.integers(100, 9000)), dtype=np.uint8).tobytes())
-               for i in range(300)]
+    records = [
+        (i, bytes(24), rng.integers(0, 256, int(rng.integers(100, 9000)), dtype=np.uint8).tobytes())
+        for i in range(300)
+    ]
     shards = {}
     for every in (0, 64 << 10):
         monkeypatch.setattr(writer_module, "WRITEBACK_BYTES", every)

@@ -105,14 +105,24 @@ def damaged(data: bytes) -> dict[str, list[bytes]]:
     return {
         "truncated": [data[: n * k // 20] for k in range(1, 20)] + [data[:-1], data[:-2]],
         "marker_broken": marker_broken,
-        "marker_in_scan": [data[:p] + m + data[p:] for p in inside
-                           for m in (b"\xff\x99", b"\xff\xc0", b"\xff\xd8", b"\xff\xdb")],
+        "marker_in_scan": [
+            data[:p] + m + data[p:]
+            for p in inside
+            for m in (b"\xff\x99", b"\xff\xc0", b"\xff\xd8", b"\xff\xdb")
+        ],
         "scan_bits": flipped,
     }
 
 
-NON_JPEG = [b"", b"hello world " * 10, b"<html><body>404</body></html>", bytes(2000),
-            b"\xff\xd8\xff\xd9", b"\xff\xd8\xff" + bytes(500) + b"\xff\xd9", b"\x89PNG\r\n\x1a\n" + bytes(40)]
+NON_JPEG = [
+    b"",
+    b"hello world " * 10,
+    b"<html><body>404</body></html>",
+    bytes(2000),
+    b"\xff\xd8\xff\xd9",
+    b"\xff\xd8\xff" + bytes(500) + b"\xff\xd9",
+    b"\x89PNG\r\n\x1a\n" + bytes(40),
+]
 
 
 def _old_default(data: bytes) -> bool:
@@ -194,8 +204,13 @@ def test_random_damage_to_progressive_headers_is_refused_like_the_decode():
 def test_faults_name_what_is_wrong():
     base = sound_jpegs()["baseline"]
     sos = base.find(b"\xff\xda")
-    assert jpeg_structure_fault(base[:-300]) == (TRUNCATED, f"the scan at byte {sos} is cut off (no marker after it)")
-    assert jpeg_structure_fault(base + b"x" * 5000).text.startswith("5000 bytes follow the end-of-image marker")
+    assert jpeg_structure_fault(base[:-300]) == (
+        TRUNCATED,
+        f"the scan at byte {sos} is cut off (no marker after it)",
+    )
+    assert jpeg_structure_fault(base + b"x" * 5000).text.startswith(
+        "5000 bytes follow the end-of-image marker"
+    )
     fault = jpeg_structure_fault(_patched(base, base.find(b"\xff\xc0") + 1, b"\x99"))
     assert fault.kind == BROKEN and "marker FF99" in fault.text
     frame = base.find(b"\xff\xc0")
@@ -267,5 +282,7 @@ def test_the_header_cache_answers_as_the_walk_does(monkeypatch):
         if not warm:
             jpeg_module._header_final_scan.cache_clear()
         for i, data in enumerate(cases):
-            assert jpeg_structure_fault(data, 4096, read_final_scan=False) == _walked_in_full(monkeypatch, data), i
+            assert jpeg_structure_fault(data, 4096, read_final_scan=False) == _walked_in_full(
+                monkeypatch, data
+            ), i
     assert jpeg_module._header_final_scan.cache_info().hits > len(cases) // 2  # the cache was used

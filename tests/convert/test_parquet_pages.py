@@ -41,7 +41,10 @@ def _values(rng: np.random.Generator, n: int) -> list[bytes | None]:
 def _table(values: list[bytes | None], kind: str, struct_nulls: bool) -> pa.Table:
     if kind == "struct":
         image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-        rows = [None if (struct_nulls and i % 11 == 3) else {"bytes": v, "path": None} for i, v in enumerate(values)]
+        rows = [
+            None if (struct_nulls and i % 11 == 3) else {"bytes": v, "path": None}
+            for i, v in enumerate(values)
+        ]
         images = pa.array(rows, image_type)
     else:
         images = pa.array(values, pa.large_binary() if kind == "large_binary" else pa.binary())
@@ -72,9 +75,20 @@ def test_each_layout_is_read_as_arrow_reads_it_or_left_to_arrow(tmp_path, kind):
     read_by_pages = []
     for codec, dictionary, version, pages in itertools.product(*WRITES.values()):
         path = tmp_path / f"{kind}-{codec}-{dictionary}-{version}-{pages}.parquet"
-        small = {"data_page_size": 2000, "dictionary_pagesize_limit": 6000, "write_batch_size": 10} if pages == "small" else {}
-        pq.write_table(_table(values, kind, struct_nulls=True), path, compression=codec, use_dictionary=dictionary,
-                       data_page_version=version, row_group_size=100, **small)
+        small = (
+            {"data_page_size": 2000, "dictionary_pagesize_limit": 6000, "write_batch_size": 10}
+            if pages == "small"
+            else {}
+        )
+        pq.write_table(
+            _table(values, kind, struct_nulls=True),
+            path,
+            compression=codec,
+            use_dictionary=dictionary,
+            data_page_version=version,
+            row_group_size=100,
+            **small,
+        )
         pf = pq.ParquetFile(path)
         leaf = binary_leaf(pf.metadata, pf.schema_arrow, "images")
         assert leaf is not None
@@ -82,17 +96,24 @@ def test_each_layout_is_read_as_arrow_reads_it_or_left_to_arrow(tmp_path, kind):
         try:
             # Every row group read before any is compared: a value that were a view of a buffer
             # used again would have changed by then.
-            got = [read_binary_chunk(fd, pf.metadata.row_group(rg).column(leaf[0]), leaf[1],
-                                     pf.metadata.row_group(rg).num_rows)
-                   for rg in range(pf.metadata.num_row_groups)]
+            got = [
+                read_binary_chunk(
+                    fd, pf.metadata.row_group(rg).column(leaf[0]), leaf[1], pf.metadata.row_group(rg).num_rows
+                )
+                for rg in range(pf.metadata.num_row_groups)
+            ]
         finally:
             os.close(fd)
         for rg, read in enumerate(got):
             if read is not None:
-                assert [None if v is None else bytes(v.data) for v in read] == _arrow_values(pf, rg), (path.name, rg)
+                assert [None if v is None else bytes(v.data) for v in read] == _arrow_values(pf, rg), (
+                    path.name,
+                    rg,
+                )
                 # Each value's magic words, found in its page, are where a record holding it is cut.
                 assert [v.magic for v in read if v is not None] == [
-                    aligned_magic_offsets(bytes(v.data)) for v in read if v is not None], (path.name, rg)
+                    aligned_magic_offsets(bytes(v.data)) for v in read if v is not None
+                ], (path.name, rg)
                 read_by_pages.append((codec, dictionary, version, pages))
     # The hub's layout (pyarrow's defaults, what `datasets` writes) and plain pages are read here.
     assert ("snappy", True, "1.0", "default") in read_by_pages
@@ -103,8 +124,9 @@ def test_each_layout_is_read_as_arrow_reads_it_or_left_to_arrow(tmp_path, kind):
 def test_a_damaged_chunk_is_left_to_arrow_or_read_as_arrow_reads_it(tmp_path):
     rng = np.random.default_rng(2)
     path = tmp_path / "hub.parquet"
-    pq.write_table(_table(_values(rng, 100), "struct", struct_nulls=False), path, row_group_size=100,
-                   compression="none")
+    pq.write_table(
+        _table(_values(rng, 100), "struct", struct_nulls=False), path, row_group_size=100, compression="none"
+    )
     pf = pq.ParquetFile(path)
     leaf = binary_leaf(pf.metadata, pf.schema_arrow, "images")
     chunk = pf.metadata.row_group(0).column(leaf[0])
@@ -119,7 +141,9 @@ def test_a_damaged_chunk_is_left_to_arrow_or_read_as_arrow_reads_it(tmp_path):
         finally:
             os.close(fd)
         if got is not None:  # what the page reader takes, Arrow reads the same
-            assert [None if v is None else bytes(v.data) for v in got] == _arrow_values(pq.ParquetFile(damaged), 0), at
+            assert [None if v is None else bytes(v.data) for v in got] == _arrow_values(
+                pq.ParquetFile(damaged), 0
+            ), at
 
 
 def _varint(n: int) -> bytes:
@@ -149,8 +173,12 @@ def test_a_length_in_a_page_header_is_bounded_by_the_bytes_left(tmp_path, what):
     # Once: minutes at 100% CPU and growing memory, where Arrow refuses the file at once. Now the
     # page reader refuses the header, Arrow refuses the row group, and its rows are skipped with the reason.
     path = tmp_path / "hub.parquet"
-    pq.write_table(_table(_values(np.random.default_rng(3), 20), "struct", struct_nulls=False), path,
-                   row_group_size=20, compression="none")
+    pq.write_table(
+        _table(_values(np.random.default_rng(3), 20), "struct", struct_nulls=False),
+        path,
+        row_group_size=20,
+        compression="none",
+    )
     pf = pq.ParquetFile(path)
     leaf = binary_leaf(pf.metadata, pf.schema_arrow, "images")
     chunk = pf.metadata.row_group(0).column(leaf[0])
@@ -195,7 +223,9 @@ def test_a_value_count_past_the_row_groups_rows_is_refused_before_anything_is_al
 
 def test_other_columns_are_left_to_arrow(tmp_path):
     path = tmp_path / "other.parquet"
-    table = pa.table({"images": pa.array([[b"a"], [b"b"]], pa.list_(pa.binary())), "texts": pa.array(["x", "y"])})
+    table = pa.table(
+        {"images": pa.array([[b"a"], [b"b"]], pa.list_(pa.binary())), "texts": pa.array(["x", "y"])}
+    )
     pq.write_table(table, path)
     pf = pq.ParquetFile(path)
     assert binary_leaf(pf.metadata, pf.schema_arrow, "images") is None  # a list of images
@@ -205,7 +235,9 @@ def test_other_columns_are_left_to_arrow(tmp_path):
 def _with_magic(image: bytes, at: int) -> bytes:
     """`image` with RecordIO's magic word at byte `at` (8 or more), in a comment segment after SOI."""
     filler = b"x" * (at - 6)
-    return image[:2] + b"\xff\xfe" + (2 + len(filler) + 4).to_bytes(2, "big") + filler + MAGIC_BYTES + image[2:]
+    return (
+        image[:2] + b"\xff\xfe" + (2 + len(filler) + 4).to_bytes(2, "big") + filler + MAGIC_BYTES + image[2:]
+    )
 
 
 def test_the_converter_writes_the_same_shards_with_arrow_alone(tmp_path, monkeypatch):
@@ -213,15 +245,20 @@ def test_the_converter_writes_the_same_shards_with_arrow_alone(tmp_path, monkeyp
     # With the magic word where the record is cut (aligned) and where it is not, in small images
     # and in ones large enough for the numpy scan: the page reader finds the words, Arrow's path
     # leaves them to the writer.
-    magic = [_with_magic(jpeg(w, h, seed=50 + w, quality=100), at)
-             for w, h in ((32, 24), (160, 120)) for at in (8, 9, 12)]
+    magic = [
+        _with_magic(jpeg(w, h, seed=50 + w, quality=100), at)
+        for w, h in ((32, 24), (160, 120))
+        for at in (8, 9, 12)
+    ]
     assert max(map(len, magic)) >= 8192 and all(aligned_magic_offsets(m) in ([], [8], [12]) for m in magic)
     images = [jpeg(32, 24, seed=i) for i in range(40)] + magic + [b"not a jpeg", None]
     table = _table(images, "struct", struct_nulls=False)
     for i in range(3):
         pq.write_table(table, tmp_path / f"train-{i}.parquet", row_group_size=int(rng.integers(5, 20)))
     inputs = sorted(tmp_path.glob("*.parquet"))
-    opts = ConvertOptions(image=ImageOptions(), workers=1, shard_size=50, progress=False, max_skip_fraction=None)
+    opts = ConvertOptions(
+        image=ImageOptions(), workers=1, shard_size=50, progress=False, max_skip_fraction=None
+    )
     by_pages = convert(inputs, tmp_path / "pages" / "out", opts)
     monkeypatch.setattr(parquet_pages, "read_binary_chunk", lambda *a: None)
     monkeypatch.setattr("src.convert.sources.parquet.read_binary_chunk", lambda *a: None)

@@ -1,6 +1,5 @@
 """dali.py, the loader smoke test: real shards, real DALI CPU pipelines."""
 
-
 import os
 import shutil
 import subprocess
@@ -37,8 +36,23 @@ def run_main(capsys, *argv: str) -> tuple[int, str, str]:
 def test_checks_pass_and_grid_is_written(data, tmp_path, capsys):
     grid = tmp_path / "grid.png"
     code, out, err = run_main(
-        capsys, "--data", str(data), "--batch-size", "8", "--steps", "5", "--input-size", "32",
-        "--device", "cpu", "--workers", "2", "--save-grid", str(grid), "--cache-dir", str(tmp_path / "c"),
+        capsys,
+        "--data",
+        str(data),
+        "--batch-size",
+        "8",
+        "--steps",
+        "5",
+        "--input-size",
+        "32",
+        "--device",
+        "cpu",
+        "--workers",
+        "2",
+        "--save-grid",
+        str(grid),
+        "--cache-dir",
+        str(tmp_path / "c"),
     )
     assert code == 0, err
     assert "all checks passed" in out and "checked 40 images in 5 batch(es)" in out
@@ -58,8 +72,22 @@ def test_checks_pass_and_grid_is_written(data, tmp_path, capsys):
 def test_eval_reader_processes_and_torch_backend(data, tmp_path, capsys):
     for extra in (["--eval"], ["--reader-workers", "1"], ["--backend", "torch", "--workers", "0"]):
         code, out, err = run_main(
-            capsys, "--data", str(data / "s-0"), "--data", str(data / "s-1.rec"), "--batch-size", "6",
-            "--steps", "3", "--input-size", "32", "--device", "cpu", "--cache-dir", str(tmp_path / "c"), *extra,
+            capsys,
+            "--data",
+            str(data / "s-0"),
+            "--data",
+            str(data / "s-1.rec"),
+            "--batch-size",
+            "6",
+            "--steps",
+            "3",
+            "--input-size",
+            "32",
+            "--device",
+            "cpu",
+            "--cache-dir",
+            str(tmp_path / "c"),
+            *extra,
         )
         assert code == 0, (extra, err)
         assert "all checks passed" in out
@@ -68,14 +96,27 @@ def test_eval_reader_processes_and_torch_backend(data, tmp_path, capsys):
 def test_captions_without_an_end_token_fail_the_checks(tmp_path, capsys):
     prefix = tmp_path / "noend"
     with MXIndexedRecordIO(f"{prefix}.idx", f"{prefix}.rec", "w") as rec:
-        jpg = (tmp_path / "x.jpg")
+        jpg = tmp_path / "x.jpg"
         Image.new("RGB", (40, 30), (10, 200, 30)).save(jpg)
         for i in range(8):
             label = np.zeros(77, np.float32)
             label[:3] = [49406, 320 + i, 320]  # captions that never end
             rec.write_idx(i, pack(IRHeader(0, label, i, 0), jpg.read_bytes()))
-    code, out, err = run_main(capsys, "--data", str(prefix), "--batch-size", "4", "--steps", "2",
-                              "--input-size", "32", "--device", "cpu", "--cache-dir", str(tmp_path / "c"))
+    code, out, err = run_main(
+        capsys,
+        "--data",
+        str(prefix),
+        "--batch-size",
+        "4",
+        "--steps",
+        "2",
+        "--input-size",
+        "32",
+        "--device",
+        "cpu",
+        "--cache-dir",
+        str(tmp_path / "c"),
+    )
     assert code == 1
     assert "no end token 49407" in err
     assert "all checks passed" not in out
@@ -83,8 +124,21 @@ def test_captions_without_an_end_token_fail_the_checks(tmp_path, capsys):
 
 def test_corrupt_record_fails_with_its_name(tmp_path, capsys):
     write_shard(tmp_path / "broken", range(8), corrupt={6})
-    args = ["--data", str(tmp_path / "broken"), "--batch-size", "4", "--steps", "2", "--eval", "--input-size", "32",
-            "--device", "cpu", "--cache-dir", str(tmp_path / "c")]
+    args = [
+        "--data",
+        str(tmp_path / "broken"),
+        "--batch-size",
+        "4",
+        "--steps",
+        "2",
+        "--eval",
+        "--input-size",
+        "32",
+        "--device",
+        "cpu",
+        "--cache-dir",
+        str(tmp_path / "c"),
+    ]
     for backend in ("dali", "torch"):
         code, out, err = run_main(capsys, *args, "--backend", backend, "--workers", "1")
         assert code == 1, err
@@ -96,7 +150,7 @@ def test_corrupt_record_fails_with_its_name(tmp_path, capsys):
 
 
 def _shard_with_labels(prefix: Path, labels: list) -> None:
-    jpg = (prefix.parent / "x.jpg")
+    jpg = prefix.parent / "x.jpg"
     Image.new("RGB", (40, 30), (10, 200, 30)).save(jpg)
     with MXIndexedRecordIO(f"{prefix}.idx", f"{prefix}.rec", "w") as rec:
         for i, label in enumerate(labels):
@@ -129,39 +183,105 @@ def _other_shards_index(d: Path, rec: str) -> Path:
     [
         # An offset that falls inside a record: in the middle it is met while reading, at the end
         # the check before the run finds it.
-        (lambda d: (write_shard(d / "s", range(8)), _move_offset(d / "s", 5, 8), d / "s")[-1], 1,
-         ["s.rec record key 5 at byte", "no record starts at this offset (bad magic"]),
-        (lambda d: (write_shard(d / "s", range(8)), _move_offset(d / "s", 7, 8), d / "s")[-1], 2,
-         ["s.rec record key 7 at byte", "does not belong to this .rec"]),
-        (lambda d: (write_shard(d / "s", range(8)), _move_offset(d / "s", 3, 2), d / "s")[-1], 2,
-         ["s.idx: offset", "is not the start of a record"]),
-        (lambda d: _other_shards_index(d, "big"), 2, ["big.rec record key 0 at byte 0", "runs past byte", "does not belong to this .rec"]),
+        (
+            lambda d: (write_shard(d / "s", range(8)), _move_offset(d / "s", 5, 8), d / "s")[-1],
+            1,
+            ["s.rec record key 5 at byte", "no record starts at this offset (bad magic"],
+        ),
+        (
+            lambda d: (write_shard(d / "s", range(8)), _move_offset(d / "s", 7, 8), d / "s")[-1],
+            2,
+            ["s.rec record key 7 at byte", "does not belong to this .rec"],
+        ),
+        (
+            lambda d: (write_shard(d / "s", range(8)), _move_offset(d / "s", 3, 2), d / "s")[-1],
+            2,
+            ["s.idx: offset", "is not the start of a record"],
+        ),
+        (
+            lambda d: _other_shards_index(d, "big"),
+            2,
+            ["big.rec record key 0 at byte 0", "runs past byte", "does not belong to this .rec"],
+        ),
         (lambda d: _other_shards_index(d, "small"), 2, ["small.idx: offset", "past the end of small.rec"]),
         # An index of the first 100 of 256 records: the rest of the .rec was once never read, unseen.
-        (lambda d: (write_shard(d / "s", range(256)), _keep_index_rows(d / "s", slice(0, 100)))[-1], 2,
-         ["s.rec record key 99 at byte", "but the file ends at byte", "the index does not list the", "bytes after it"]),
+        (
+            lambda d: (write_shard(d / "s", range(256)), _keep_index_rows(d / "s", slice(0, 100)))[-1],
+            2,
+            [
+                "s.rec record key 99 at byte",
+                "but the file ends at byte",
+                "the index does not list the",
+                "bytes after it",
+            ],
+        ),
         # An index that skips records in the middle (the probe reads the first and last record of a
         # shard: the last before the gap is met when the smoke test reads it).
-        (lambda d: (write_shard(d / "s", range(6)), _keep_index_rows(d / "s", slice(0, 6, 2)))[-1], 2,
-         ["s.rec record key 4 at byte", "but the file ends at byte"]),
+        (
+            lambda d: (write_shard(d / "s", range(6)), _keep_index_rows(d / "s", slice(0, 6, 2)))[-1],
+            2,
+            ["s.rec record key 4 at byte", "but the file ends at byte"],
+        ),
         # im2rec's classification records: one number as the label.
-        (lambda d: (_shard_with_labels(d / "im2rec", [float(i % 3) for i in range(8)]), d / "im2rec")[-1], 2,
-         ["im2rec.rec record key 0", "single number (flag 0)", "data2rec.py"]),
+        (
+            lambda d: (_shard_with_labels(d / "im2rec", [float(i % 3) for i in range(8)]), d / "im2rec")[-1],
+            2,
+            ["im2rec.rec record key 0", "single number (flag 0)", "data2rec.py"],
+        ),
         # Captions of another tool's context length: 32 token values per record.
-        (lambda d: (_shard_with_labels(d / "ctx32", [caption_tokens(i, 1)[0, :32] for i in range(8)]),
-                    d / "ctx32")[-1], 2,
-         ["ctx32.rec record key 0", "32 caption token values, not a positive multiple of 77", "convert the data with it"]),
-        (lambda d: (_shard_with_labels(d / "vocab", [np.where(np.arange(77) == 0, 49406, 60000).astype(np.float32)]
-                                       * 8), d / "vocab")[-1], 2, ["vocab.rec record key 0", "outside 0..49407"]),
+        (
+            lambda d: (
+                _shard_with_labels(d / "ctx32", [caption_tokens(i, 1)[0, :32] for i in range(8)]),
+                d / "ctx32",
+            )[-1],
+            2,
+            [
+                "ctx32.rec record key 0",
+                "32 caption token values, not a positive multiple of 77",
+                "convert the data with it",
+            ],
+        ),
+        (
+            lambda d: (
+                _shard_with_labels(
+                    d / "vocab", [np.where(np.arange(77) == 0, 49406, 60000).astype(np.float32)] * 8
+                ),
+                d / "vocab",
+            )[-1],
+            2,
+            ["vocab.rec record key 0", "outside 0..49407"],
+        ),
     ],
-    ids=["offset-inside-a-record", "last-offset-inside", "misaligned-offset", "rec-with-a-smaller-shards-idx",
-         "rec-with-a-larger-shards-idx", "index-of-part-of-the-rec", "index-with-gaps",
-         "scalar-label", "context-length-32", "tokens-outside-vocabulary"],
+    ids=[
+        "offset-inside-a-record",
+        "last-offset-inside",
+        "misaligned-offset",
+        "rec-with-a-smaller-shards-idx",
+        "rec-with-a-larger-shards-idx",
+        "index-of-part-of-the-rec",
+        "index-with-gaps",
+        "scalar-label",
+        "context-length-32",
+        "tokens-outside-vocabulary",
+    ],
 )
 def test_unusable_data_gets_one_line_naming_the_file(tmp_path, capsys, make_data, code, fragments):
     data = make_data(tmp_path)
-    got, out, err = run_main(capsys, "--data", str(data), "--batch-size", "4", "--steps", "2", "--input-size", "32",
-                             "--device", "cpu", "--cache-dir", str(tmp_path / "c"))
+    got, out, err = run_main(
+        capsys,
+        "--data",
+        str(data),
+        "--batch-size",
+        "4",
+        "--steps",
+        "2",
+        "--input-size",
+        "32",
+        "--device",
+        "cpu",
+        "--cache-dir",
+        str(tmp_path / "c"),
+    )
     lines = [ln for ln in err.splitlines() if "error:" in ln or "FAILED" in ln]
     assert got == code and len(lines) == 1, err
     assert all(f in lines[0] for f in fragments), lines[0]
@@ -172,11 +292,25 @@ def test_the_guides_data_dir_and_rec_file(tmp_path, capsys, monkeypatch):
     guide = tmp_path / "YFCC15M"
     write_shard(guide / "datarec", range(12), k={i: 1 + i % 3 for i in range(12)})
     write_shard(guide / "extra", range(30, 36))
-    common = ["--batch-size", "4", "--steps", "2", "--input-size", "32", "--device", "cpu",
-              "--cache-dir", str(tmp_path / "c")]
+    common = [
+        "--batch-size",
+        "4",
+        "--steps",
+        "2",
+        "--input-size",
+        "32",
+        "--device",
+        "cpu",
+        "--cache-dir",
+        str(tmp_path / "c"),
+    ]
     # Verbatim, in a real process, as the guide writes it (with the folder and tiny sizes filled in).
-    ran = subprocess.run([sys.executable, "dali.py", "--data-dir", str(guide), "--rec-file", "datarec.rec", *common],
-                         cwd=REPO, capture_output=True, text=True)
+    ran = subprocess.run(
+        [sys.executable, "dali.py", "--data-dir", str(guide), "--rec-file", "datarec.rec", *common],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert "12 records in 1 shard(s)" in ran.stdout and "all checks passed" in ran.stdout
     # --data-dir alone: every shard in the folder.
@@ -209,13 +343,16 @@ def test_cli_help_and_bad_input_in_a_real_process(tmp_path, capsys):
     assert helped.returncode == 0 and "--save-grid" in helped.stdout and "--data" in helped.stdout
     missing = subprocess.run(
         [sys.executable, "dali.py", "--data", str(tmp_path / "none"), "--cache-dir", str(tmp_path / "c")],
-        cwd=REPO, capture_output=True, text=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert missing.returncode == 2
     lines = missing.stderr.strip().splitlines()
     assert len(lines) == 1 and "none" in lines[0] and "Traceback" not in missing.stderr
-    bad_arg = subprocess.run([sys.executable, "dali.py", "--data", "x", "--steps", "0"], cwd=REPO,
-                             capture_output=True, text=True)
+    bad_arg = subprocess.run(
+        [sys.executable, "dali.py", "--data", "x", "--steps", "0"], cwd=REPO, capture_output=True, text=True
+    )
     assert bad_arg.returncode == 2 and "--steps must be at least 1" in bad_arg.stderr
     for argv, fragment in [
         (["--data", "x", "--workers", "100000"], "--workers 100000: use 0 to"),

@@ -1,6 +1,5 @@
 """The DALI loader (real CPU pipelines) and the PyTorch fallback, on small shards written here."""
 
-
 import gc
 import logging
 import os
@@ -84,10 +83,18 @@ def test_inputs_prefix_folder_glob_list_agree(shards):
         (lambda d: (write_shard(d / "a", range(3)), (d / "a.rec").unlink(), d)[-1], "(a.idx: no a.rec"),
         (lambda d: str(d / "zz*"), "matches no .rec files"),
         (lambda d: (write_shard(d / "a", range(3)), (d / "a.idx").write_text(""), d)[-1], "lists no records"),
-        (lambda d: (write_shard(d / "a", range(3)), (d / "a.rec").write_bytes(b"junk" * 9), d)[-1],
-         "not a RecordIO file"),
-        (lambda d: (write_shard(d / "a", range(3)), (d / "a.idx").write_text("0\t0\n1\t1234\n2\t2468\n"), d)[-1],
-         "offset 1234 (key 1) is not the start of a record"),
+        (
+            lambda d: (write_shard(d / "a", range(3)), (d / "a.rec").write_bytes(b"junk" * 9), d)[-1],
+            "not a RecordIO file",
+        ),
+        (
+            lambda d: (
+                write_shard(d / "a", range(3)),
+                (d / "a.idx").write_text("0\t0\n1\t1234\n2\t2468\n"),
+                d,
+            )[-1],
+            "offset 1234 (key 1) is not the start of a record",
+        ),
     ],
 )
 def test_bad_inputs_give_one_line_errors(tmp_path, make_bad, fragment):
@@ -116,7 +123,10 @@ def test_record_index_is_cached_and_follows_the_files(tmp_path):
     assert first.span(5) == (1, 0, int(first.offsets[6]))
     again = load_shards(tmp_path / "d", cache_dir=tmp_path / "c")
     assert sorted(p.name.split(".", 1)[1] for p in (tmp_path / "c").iterdir()) == [
-        "counts.npy", "keys.npy", "offsets.npy"]
+        "counts.npy",
+        "keys.npy",
+        "offsets.npy",
+    ]
     assert isinstance(again.keys, np.memmap) and list(again.keys) == [0, 1, 2, 3, 4, 10, 11, 12]
     write_shard(tmp_path / "d" / "b", range(10, 14))  # rewritten shard: a new cache entry
     os.utime(tmp_path / "d" / "b.rec", ns=(1, 1))
@@ -239,7 +249,9 @@ def test_mixed_caption_counts_in_one_shard_on_both_backends(tmp_path, cache):
                         assert 0 <= caption_index(t) < counts[record_id(t)], (backend, train)
                         seen += 1
             assert seen == 60, (backend, train)
-            full = make(tmp_path / "mixed", cache, train=False, batch_size=6, backend=backend, all_captions=True)
+            full = make(
+                tmp_path / "mixed", cache, train=False, batch_size=6, backend=backend, all_captions=True
+            )
             _, tokens = next(iter(full))
             assert tokens.shape == (6, 3, 77)
             assert [int((block[:, 0] != 0).sum()) for block in tokens] == [1, 2, 3, 1, 2, 3]
@@ -247,8 +259,10 @@ def test_mixed_caption_counts_in_one_shard_on_both_backends(tmp_path, cache):
 
 def test_backends_deliver_the_same_records_crops_and_captions(tmp_path, cache):
     write_shard(tmp_path / "wide", range(24), size=(96, 40))  # elongated: some crops are the fallback
-    runs = {b: list(make(tmp_path / "wide", cache, train=True, batch_size=8, backend=b, seed=1))
-            for b in ("dali", "torch")}
+    runs = {
+        b: list(make(tmp_path / "wide", cache, train=True, batch_size=8, backend=b, seed=1))
+        for b in ("dali", "torch")
+    }
     for (a, ta), (b, tb) in zip(runs["dali"], runs["torch"]):
         assert torch.equal(ta, tb)
         # Same crop box and flip per sample; only the decoders' and resamplers' rounding differs.
@@ -267,7 +281,9 @@ def _noise_shard(prefix: Path, sizes: list[tuple[int, int]], cut: dict[int, floa
     return Path(f"{prefix}.rec")
 
 
-def test_every_path_resizes_the_crop_box_alone_the_cpu_one_within_a_grey_level_of_the_fallback(tmp_path, cache):
+def test_every_path_resizes_the_crop_box_alone_the_cpu_one_within_a_grey_level_of_the_fallback(
+    tmp_path, cache
+):
     # Noise crops scaled up (a 20-pixel side to 32) and down (up to 9x): a box one pixel off, or a
     # resize that reads pixels around the box, would change every border pixel.
     sizes = [(20 + 37 * i % 290, 16 + 53 * i % 250) for i in range(24)]
@@ -310,8 +326,10 @@ def test_batch_crops_are_each_samples_own_draws_with_the_crop_semantics():
     seeds = rng.integers(0, 2**63 - 1, n)
     boxes, mirror = crops_and_flips(widths, heights, seeds)
     # The PyTorch fallback draws one sample at a time (crop_and_flip): the same bits.
-    assert all((*boxes[i].tolist(), bool(mirror[i])) == crop_and_flip(int(widths[i]), int(heights[i]), int(seeds[i]))
-               for i in range(n))
+    assert all(
+        (*boxes[i].tolist(), bool(mirror[i])) == crop_and_flip(int(widths[i]), int(heights[i]), int(seeds[i]))
+        for i in range(n)
+    )
     # A sample's draws do not depend on its batch: reordered and cut, the same boxes.
     order = rng.permutation(n)[:500]
     again, flips = crops_and_flips(widths[order], heights[order], seeds[order])
@@ -347,10 +365,18 @@ def _skips(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
 
 
-@pytest.mark.parametrize("backend, kind, workers", [
-    ("dali", "truncated", 0), ("dali", "truncated", 1),  # read in a thread / in a reader process
-    ("torch", "truncated", None), ("torch", "bogus_marker", None)])
-def test_a_bad_record_is_skipped_once_and_a_resume_never_meets_it(tmp_path, cache, caplog, backend, kind, workers):
+@pytest.mark.parametrize(
+    "backend, kind, workers",
+    [
+        ("dali", "truncated", 0),
+        ("dali", "truncated", 1),  # read in a thread / in a reader process
+        ("torch", "truncated", None),
+        ("torch", "bogus_marker", None),
+    ],
+)
+def test_a_bad_record_is_skipped_once_and_a_resume_never_meets_it(
+    tmp_path, cache, caplog, backend, kind, workers
+):
     data = _bad_shards(tmp_path, kind)
     caplog.set_level(logging.WARNING, logger="dataloaders")
     kw = dict(train=True, backend=backend, seed=11, num_threads=1)
@@ -397,14 +423,17 @@ def test_a_nan_token_is_a_bad_record_skipped_and_counted(tmp_path, cache, caplog
     write_shard(tmp_path / "good", range(12))
     write_shard(tmp_path / "bad", range(50, 62), labels={55: label})
     caplog.set_level(logging.WARNING, logger="dataloaders")
-    loader = make([tmp_path / "good", tmp_path / "bad"], cache, train=True, backend=backend, seed=11,
-                  num_threads=1)
+    loader = make(
+        [tmp_path / "good", tmp_path / "bad"], cache, train=True, backend=backend, seed=11, num_threads=1
+    )
     batches = list(loader)
     assert len(batches) == 6 and 55 not in ids_of(batches) and len(set(ids_of(batches))) == 23
     assert loader.bad_records == 1 and loader.skipped_records == [loader.shardset.keys.tolist().index(55, 12)]
     skips = _skips(caplog)
     word = "NaN" if np.isnan(bad) else "infinite"
-    assert len(skips) == 1 and "bad.rec record key 55 at byte" in skips[0] and f"hold {word} values" in skips[0]
+    assert (
+        len(skips) == 1 and "bad.rec record key 55 at byte" in skips[0] and f"hold {word} values" in skips[0]
+    )
 
 
 def test_dali_cpu_decodes_what_pil_refuses_and_skips_nothing(tmp_path, cache, caplog):
@@ -429,7 +458,9 @@ def test_all_ranks_bad_records_are_left_out_on_resume(shards, cache):
     def rank0():
         return make(shards, cache, train=True, rank=0, world_size=2, batch_size=3)
 
-    states = [make(shards, cache, train=True, rank=r, world_size=2, batch_size=3).state_dict() for r in range(2)]
+    states = [
+        make(shards, cache, train=True, rank=r, world_size=2, batch_size=3).state_dict() for r in range(2)
+    ]
     states[1]["skipped_records"] = [25]  # rank 1 met record 25 in epoch 0; rank 0 reads it in epoch 1
     resumed = rank0()
     resumed.load_state_dict(states)
@@ -535,11 +566,15 @@ def test_construction_is_cheap_and_lazy(shards, cache):
 
 def test_gpu_settings_follow_the_resolved_device(shards, cache):
     # No GPU here: this checks what a GPU loader would hand DALI, without starting a pipeline.
-    loader = DaliLoader(load_shards(shards, cache_dir=cache), 4, S, True, torch.device("cuda", 3), 2, 0, 1, 0,
-                        False, True)
+    loader = DaliLoader(
+        load_shards(shards, cache_dir=cache), 4, S, True, torch.device("cuda", 3), 2, 0, 1, 0, False, True
+    )
     args = loader._decoder_args()
     assert loader._device_id() == 3 and args["device"] == "mixed" and args["adjust_orientation"] is False
-    assert (args["device_memory_padding"], args["host_memory_padding"]) == (DEVICE_MEMORY_PADDING, HOST_MEMORY_PADDING)
+    assert (args["device_memory_padding"], args["host_memory_padding"]) == (
+        DEVICE_MEMORY_PADDING,
+        HOST_MEMORY_PADDING,
+    )
     assert args["hw_decoder_load"] == HW_DECODER_LOAD > 0 and PREFETCH_DEPTH == 3
     assert make(shards, cache)._decoder_args()["device"] == "cpu"
     # The hardware decoder takes whole images: only the CPU pipeline decodes crop windows.
@@ -561,14 +596,15 @@ def test_gpu_pipeline_gives_the_cpu_layout_on_the_gpu(tmp_path, shards, cache, c
     cpu_train = make(shards, cache, train=True, device="cpu", seed=4)
     for gpu_batches, cpu_batches in zip(gpu_epochs, [list(cpu_train) for _ in range(2)]):
         for (ig, tg), (ic, tc) in zip(gpu_batches, cpu_batches):
-            assert ig.device == torch.device("cuda", torch.cuda.current_device()) and torch.equal(tg.cpu(), tc)
+            assert ig.device == torch.device("cuda", torch.cuda.current_device()) and torch.equal(
+                tg.cpu(), tc
+            )
             assert float((ig.cpu() - ic).abs().mean()) < 0.1  # same crops, other decoder
     assert train.pipelines_built == 1
     # An undecodable image on the GPU is found and skipped as on the CPU.
     caplog.set_level(logging.WARNING, logger="dataloaders")
     bad = make(_bad_shards(tmp_path, "truncated"), cache, train=True, device="cuda", seed=11)
     assert 55 not in ids_of(list(bad)) and bad.bad_records == 1 and len(_skips(caplog)) == 1
-
 
 
 # -- the reader processes of the DALI backend -----------------------------------------------
@@ -626,7 +662,9 @@ def test_a_full_shared_memory_buffer_stops_the_loader_with_the_fix(shards, cache
         "    print(e)\n"
         "    sys.exit(3)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 3, proc.stderr[-2000:]
     line = proc.stdout.strip()
     assert "\n" not in line and "could not be written to its buffer (File too large)" in line
@@ -648,8 +686,14 @@ def test_ctrl_c_stops_the_run_with_one_interrupt_and_no_reader_left(shards, cach
         "    for batch in loader:\n"
         "        pass\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 2, proc.stderr.read()[-2000:]

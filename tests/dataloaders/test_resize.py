@@ -27,7 +27,14 @@ def test_torch_resize_is_pils_within_one_grey_level_up_and_down(size):
     # Noise shows every pixel each filter reads: shrunk up to 9x, enlarged from 16 pixels, odd
     # aspect ratios, half of them flipped.
     rng = np.random.default_rng(0)
-    sides = [(16, 20), (size, size), (size + 1, size - 1), (3 * size, 2 * size), (9 * size, 5 * size), (7, 9 * size)]
+    sides = [
+        (16, 20),
+        (size, size),
+        (size + 1, size - 1),
+        (3 * size, 2 * size),
+        (9 * size, 5 * size),
+        (7, 9 * size),
+    ]
     crops = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sides]
     mirror = np.array([0, 1, 0, 1, 1, 0], np.int32)
     ours = resize_flip_normalize(crops, mirror, size)
@@ -40,8 +47,10 @@ def test_torch_resize_is_pils_within_one_grey_level_up_and_down(size):
 
 def test_a_pool_of_resizing_threads_gives_the_calling_threads_pixels_and_leaves_its_thread_count():
     rng = np.random.default_rng(1)
-    crops = [rng.integers(0, 256, (int(rng.integers(20, 90)), int(rng.integers(20, 90)), 3), dtype=np.uint8)
-             for _ in range(11)]
+    crops = [
+        rng.integers(0, 256, (int(rng.integers(20, 90)), int(rng.integers(20, 90)), 3), dtype=np.uint8)
+        for _ in range(11)
+    ]
     mirror = rng.integers(0, 2, 11).astype(np.int32)
     before = torch.get_num_threads()
     alone = resize_flip_normalize(crops, mirror, 32)

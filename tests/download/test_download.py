@@ -2,7 +2,6 @@
 aria2c, wget and curl: complete and verified downloads, retries, resume after a kill,
 re-fetch of corrupt files, hostile names, token hygiene and argument errors."""
 
-
 import hashlib
 import os
 import random
@@ -47,8 +46,11 @@ def shard_repo_dir(tmp_path_factory) -> Path:
 
 
 def repo_files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".hfd" not in p.parts}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".hfd" not in p.parts
+    }
 
 
 def make_env(tmp_path: Path, endpoint: str, path: str | None = None, **extra: str) -> dict[str, str]:
@@ -97,7 +99,9 @@ def test_complete_verified_download_with_transient_failures(shard_repo_dir: Path
         assert not served(server, n, "/resolve/") and not served(server, n, "/cdn/")
 
     # verification needs no network: the server is gone
-    r = run_hfd([REPO, "--local-dir", str(out_dir), "--verify-only"], make_env(tmp_path, "http://127.0.0.1:9"))
+    r = run_hfd(
+        [REPO, "--local-dir", str(out_dir), "--verify-only"], make_env(tmp_path, "http://127.0.0.1:9")
+    )
     assert r.returncode == 0, r.stderr
     assert "5 files checked: 5 ok, 0 missing, 0 corrupt" in r.stdout
     assert not any((tmp_path / "tmpdir").iterdir())
@@ -111,13 +115,30 @@ def wait_until(pred, timeout: float = 60.0) -> None:
 
 
 def partial_args(tool: str, out_dir: Path) -> list[str]:
-    return [REPO, "--dataset", "--tool", tool, "-x", "1", "--local-dir", str(out_dir), "--include", "data/train-00000*"]
+    return [
+        REPO,
+        "--dataset",
+        "--tool",
+        tool,
+        "-x",
+        "1",
+        "--local-dir",
+        str(out_dir),
+        "--include",
+        "data/train-00000*",
+    ]
 
 
 def kill_mid_file(server, args: list[str], env: dict[str, str]) -> tuple[int, str]:
     """Start hfd.sh, SIGTERM its process group once 150 kB of a body went out; (rc, stderr)."""
-    proc = subprocess.Popen(["bash", str(HFD), *args], env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(HFD), *args],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_until(lambda: any(r.sent >= 150_000 for r in served(server, 0, "/cdn/")))
     os.killpg(proc.pid, signal.SIGTERM)  # like Ctrl-C or a job scheduler's kill
     _, err = proc.communicate(timeout=60)
@@ -147,7 +168,9 @@ def test_resume_after_kill_mid_file(shard_repo_dir: Path, tmp_path: Path, tool: 
         # continued from where it stopped (aria2c also probes with a plain GET it abandons)
         assert any(x.status == 206 and re.match(r"bytes=[1-9]", x.range or "") for x in resumed)
         assert not any((x.range or "").startswith("bytes=0-") for x in resumed)
-    assert sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if p.is_file() and ".hfd" not in p.parts) == [SHARD0]
+    assert sorted(
+        p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if p.is_file() and ".hfd" not in p.parts
+    ) == [SHARD0]
     assert not any((tmp_path / "tmpdir").iterdir())
 
 
@@ -167,12 +190,19 @@ def test_kill_9_leaves_no_downloader_and_no_token_behind(shard_repo_dir: Path, t
         stale.mkdir(mode=0o700)
         (stale / "owner").write_text(f"{gone.pid}\n")
         (stale / "curl_auth").write_text(f"Authorization: Bearer {token}\n")
-        proc = subprocess.Popen(["bash", str(HFD), *args], env=env, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            ["bash", str(HFD), *args],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             wait_until(lambda: any(r.sent >= 150_000 for r in served(server, 0, "/cdn/")))
             assert not stale.exists()
-            downloader = {pid: start for pid, start in descendants(proc.pid).items() if command_name(pid) == tool}
+            downloader = {
+                pid: start for pid, start in descendants(proc.pid).items() if command_name(pid) == tool
+            }
             assert downloader, descendants(proc.pid)
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -189,7 +219,9 @@ def test_kill_9_leaves_no_downloader_and_no_token_behind(shard_repo_dir: Path, t
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_resume_against_a_server_without_ranges_starts_the_file_over(shard_repo_dir: Path, tmp_path: Path, tool: str):
+def test_resume_against_a_server_without_ranges_starts_the_file_over(
+    shard_repo_dir: Path, tmp_path: Path, tool: str
+):
     # docs/formats.md §4: a client resuming with Range that gets 200 must start the file over
     faults = Faults(throttle_bps=150_000)
     out_dir = tmp_path / "out"
@@ -256,8 +288,10 @@ def test_hub_without_tree_api_is_listed_from_repo_info(shard_repo_dir: Path, tmp
     expected = {k: v for k, v in repo_files(shard_repo_dir).items() if k.startswith("data/")}
     assert repo_files(out_dir) == expected
     # the sha256 of every LFS shard came from the siblings and was checked
-    r = run_hfd([REPO, "--include", "data/*", "--local-dir", str(out_dir), "--verify-only"],
-                make_env(tmp_path, "http://127.0.0.1:9"))
+    r = run_hfd(
+        [REPO, "--include", "data/*", "--local-dir", str(out_dir), "--verify-only"],
+        make_env(tmp_path, "http://127.0.0.1:9"),
+    )
     assert r.returncode == 0, r.stderr
     assert "3 files checked: 3 ok, 0 missing, 0 corrupt" in r.stdout
 
@@ -268,7 +302,14 @@ def test_server_sending_wrong_bytes_ends_in_failure(shard_repo_dir: Path, tmp_pa
     with serve_with_faults(shard_repo_dir, REPO, faults) as server:
         env = make_env(tmp_path, server.endpoint, HFD_MAX_ROUNDS="2")
         r = run_hfd([REPO, "--dataset", "--local-dir", str(out_dir)], env)
-        assert len(served(server, 0, "/cdn/" + hashlib.sha256((shard_repo_dir / SHARD0).read_bytes()).hexdigest())) == 2
+        assert (
+            len(
+                served(
+                    server, 0, "/cdn/" + hashlib.sha256((shard_repo_dir / SHARD0).read_bytes()).hexdigest()
+                )
+            )
+            == 2
+        )
     assert r.returncode == 1
     assert "4 fetched, 1 failed" in r.stdout
     assert f"failed: {SHARD0}" in r.stderr
@@ -310,8 +351,10 @@ def test_symlinked_subfolder_is_not_written_through(shard_repo_dir: Path, tmp_pa
     elsewhere.mkdir()
     (out_dir / "meta").symlink_to(elsewhere)
     with serve_in_background(shard_repo_dir, REPO) as server:
-        r = run_hfd([REPO, "--dataset", "--local-dir", str(out_dir), "--include", "meta/*"],
-                    make_env(tmp_path, server.endpoint, HFD_MAX_ROUNDS="1"))
+        r = run_hfd(
+            [REPO, "--dataset", "--local-dir", str(out_dir), "--include", "meta/*"],
+            make_env(tmp_path, server.endpoint, HFD_MAX_ROUNDS="1"),
+        )
     assert r.returncode == 1
     assert "refusing to write meta/info.json: its folder leads outside" in r.stderr
     assert not any(elsewhere.iterdir())
@@ -345,8 +388,12 @@ def test_gated_repo_and_token_hygiene(shard_repo_dir: Path, tmp_path: Path, tool
         assert r.returncode == 1 and "refused the token (403)" in r.stderr
 
         out_dir = tmp_path / "out"
-        proc = subprocess.Popen(["bash", str(HFD), *base, "--local-dir", str(out_dir)], env={**env, "HF_TOKEN": token},
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            ["bash", str(HFD), *base, "--local-dir", str(out_dir)],
+            env={**env, "HF_TOKEN": token},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         in_ps: list[str] = []
         while proc.poll() is None:
             in_ps += processes_mentioning(token.encode())
@@ -367,8 +414,16 @@ def test_gated_repo_and_token_hygiene(shard_repo_dir: Path, tmp_path: Path, tool
         assert "visible to other users" in r3.stderr
 
         records = server.requests
-    for text in (out, err, r.stdout.encode(), r.stderr.encode(), r2.stdout.encode(), r2.stderr.encode(),
-                 r3.stdout.encode(), r3.stderr.encode()):
+    for text in (
+        out,
+        err,
+        r.stdout.encode(),
+        r.stderr.encode(),
+        r2.stdout.encode(),
+        r2.stderr.encode(),
+        r3.stdout.encode(),
+        r3.stderr.encode(),
+    ):
         assert token.encode() not in text
     for d in (out_dir, tmp_path / "out2", tmp_path / "out3"):
         for p in d.rglob("*"):
@@ -381,7 +436,9 @@ def test_gated_repo_and_token_hygiene(shard_repo_dir: Path, tmp_path: Path, tool
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_credentials_in_hf_endpoint_are_never_shown_or_stored(shard_repo_dir: Path, tmp_path: Path, tool: str):
+def test_credentials_in_hf_endpoint_are_never_shown_or_stored(
+    shard_repo_dir: Path, tmp_path: Path, tool: str
+):
     # A mirror behind basic auth: HF_ENDPOINT=http://user:password@host. The user info reaches the server,
     # never a message, a log or a file of the download (as HF_TOKEN never does).
     secret = "pw-" + secrets.token_hex(6)
@@ -389,9 +446,11 @@ def test_credentials_in_hf_endpoint_are_never_shown_or_stored(shard_repo_dir: Pa
     with serve_in_background(shard_repo_dir, REPO) as server:
         endpoint = server.endpoint.replace("http://", f"http://someone:{secret}@")
         env = make_env(tmp_path, endpoint)
-        runs = [run_hfd([REPO, "--dataset", "--tool", tool, "--local-dir", str(out_dir)], env),
-                run_hfd(["testorg/nope", "--dataset", "--tool", tool, "--local-dir", str(tmp_path / "x")], env),
-                run_hfd([REPO, "--dataset", "--list-only"], env)]
+        runs = [
+            run_hfd([REPO, "--dataset", "--tool", tool, "--local-dir", str(out_dir)], env),
+            run_hfd(["testorg/nope", "--dataset", "--tool", tool, "--local-dir", str(tmp_path / "x")], env),
+            run_hfd([REPO, "--dataset", "--list-only"], env),
+        ]
     assert runs[0].returncode == 0 and runs[1].returncode == 1 and runs[2].returncode == 0, runs[1].stderr
     assert repo_files(out_dir) == repo_files(shard_repo_dir)
     assert f"not found at {server.endpoint}" in runs[1].stderr
@@ -424,24 +483,33 @@ def test_bad_arguments_give_usage_and_exit_1(tmp_path: Path, args: list[str], me
 
 @pytest.mark.parametrize("wait", ["0", "soon", "601"])
 def test_a_bad_retry_wait_is_refused_before_any_request(tmp_path: Path, wait: str):
-    r = run_hfd([REPO, "--local-dir", str(tmp_path / "out")], make_env(tmp_path, "http://127.0.0.1:9", HFD_RETRY_WAIT=wait))
+    r = run_hfd(
+        [REPO, "--local-dir", str(tmp_path / "out")],
+        make_env(tmp_path, "http://127.0.0.1:9", HFD_RETRY_WAIT=wait),
+    )
     assert r.returncode == 1 and not (tmp_path / "out").exists()
     assert r.stderr.splitlines() == [
         f"hfd.sh: error: HFD_RETRY_WAIT '{wait}' is not a number of seconds from 1 to 600; unset it for the default 2"
     ]
 
 
-def test_list_only_prints_the_selection_at_a_pinned_commit_and_writes_nothing(shard_repo_dir: Path, tmp_path: Path):
+def test_list_only_prints_the_selection_at_a_pinned_commit_and_writes_nothing(
+    shard_repo_dir: Path, tmp_path: Path
+):
     # data2rec.py --from-hub lists through this, then downloads file by file at the commit
     with serve_in_background(shard_repo_dir, REPO) as server:
         env = make_env(tmp_path, server.endpoint)
-        r = run_hfd([REPO, "--dataset", "--include", "data/*", "--local-dir", str(tmp_path / "out"), "--list-only"],
-                    env)
+        r = run_hfd(
+            [REPO, "--dataset", "--include", "data/*", "--local-dir", str(tmp_path / "out"), "--list-only"],
+            env,
+        )
     assert r.returncode == 0, r.stderr
     head, *lines = r.stdout.splitlines()
     assert re.fullmatch(r"commit\t[0-9a-f]{40}", head)
     data = {k: v for k, v in repo_files(shard_repo_dir).items() if k.startswith("data/")}
-    assert lines == [f"{len(v)}\tsha256\t{hashlib.sha256(v).hexdigest()}\t{k}" for k, v in sorted(data.items())]
+    assert lines == [
+        f"{len(v)}\tsha256\t{hashlib.sha256(v).hexdigest()}\t{k}" for k, v in sorted(data.items())
+    ]
     assert not (tmp_path / "out").exists() and not served(server, 0, "/resolve/")
 
 
@@ -449,7 +517,10 @@ def test_help_and_missing_manifest(tmp_path: Path):
     r = run_hfd(["--help"], make_env(tmp_path, "http://127.0.0.1:9"))
     assert r.returncode == 0 and "--include PAT" in r.stdout and "HF_TOKEN" in r.stdout
     (tmp_path / "empty").mkdir()
-    r = run_hfd([REPO, "--verify-only", "--local-dir", str(tmp_path / "empty")], make_env(tmp_path, "http://127.0.0.1:9"))
+    r = run_hfd(
+        [REPO, "--verify-only", "--local-dir", str(tmp_path / "empty")],
+        make_env(tmp_path, "http://127.0.0.1:9"),
+    )
     assert r.returncode == 1 and "no saved listing" in r.stderr
 
 
@@ -491,7 +562,11 @@ def test_missing_tools(shard_repo_dir: Path, tmp_path: Path):
 
         env = make_env(tmp_path, server.endpoint, path=path_without(tmp_path, "aria2c", "wget"))
         r = run_hfd([REPO, "--dataset"], env)
-        assert r.returncode == 1 and "neither aria2c nor wget" in r.stderr and "apt-get install aria2" in r.stderr
+        assert (
+            r.returncode == 1
+            and "neither aria2c nor wget" in r.stderr
+            and "apt-get install aria2" in r.stderr
+        )
 
 
 def test_yfcc_wrapper_passes_arguments_through(shard_repo_dir: Path, tmp_path: Path):

@@ -1,7 +1,6 @@
 """The demo: scene generator, hub-format corpus, figures, step failures, and `demo.py --quick`
 end to end (every real stage: local hub + hfd.sh, data2rec, DALI, torchrun train.py, eval CLIs)."""
 
-
 import io
 import json
 import random
@@ -29,7 +28,9 @@ def test_scenes_are_deterministic_and_captions_say_what_is_drawn():
     assert np.array_equal(np.asarray(draw_scene(a)), np.asarray(draw_scene(b)))
     scene = Scene("blue", "square", 2, "at the top", seed=1)
     assert scene.caption(0) == "two blue squares at the top"
-    assert Scene("red", "circle", 1, "in the middle", 2).caption(1) == "a picture of a red circle in the middle"
+    assert (
+        Scene("red", "circle", 1, "in the middle", 2).caption(1) == "a picture of a red circle in the middle"
+    )
     img = np.asarray(draw_scene(Scene("red", "square", 1, "at the top", 3), size=64)).astype(int)
     red = (img[..., 0] > 150) & (img[..., 1] < 90) & (img[..., 2] < 90)
     rows = np.nonzero(red.any(axis=1))[0]
@@ -41,7 +42,9 @@ def test_scenes_are_deterministic_and_captions_say_what_is_drawn():
 def test_hub_corpus_follows_the_parquet_format(tmp_path):
     from src.open_alip.tokenizer import decode
 
-    shards = write_hub_corpus(tmp_path / "repo", num_samples=10, seed=1, image_size=48, num_shards=2, progress=False)
+    shards = write_hub_corpus(
+        tmp_path / "repo", num_samples=10, seed=1, image_size=48, num_shards=2, progress=False
+    )
     assert [p.name for p in shards] == ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet"]
     table = pq.read_table(shards[0])
     assert str(table.schema.field("images").type) == "struct<bytes: binary, path: string>"
@@ -72,14 +75,18 @@ def test_eval_sets_are_readable_by_the_eval_readers(tmp_path):
 
 def test_figures(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text('{"kind": "train", "step": 2, "loss": 3.0}\n{"kind": "eval", "step": 2, "x": 1}\n'
-                       '{"kind": "train", "step": 1, "loss": 4.0}\n{"kind": "tra')
+    metrics.write_text(
+        '{"kind": "train", "step": 2, "loss": 3.0}\n{"kind": "eval", "step": 2, "x": 1}\n'
+        '{"kind": "train", "step": 1, "loss": 4.0}\n{"kind": "tra'
+    )
     points = figures.read_loss_points(metrics)
     assert points == [(1, 4.0), (2, 3.0)]
     curve = figures.plot_loss_curve(points, tmp_path / "loss.png", reference=4.1, reference_label="chance")
     assert Image.open(curve).size == (720, 420)
     tiles = [draw_scene(Scene("red", "circle", 1, "at the top", i)) for i in range(5)]
-    grid = figures.caption_grid(tiles, [[("a", figures.GOOD), ("b", figures.BAD)]] * 5, tmp_path / "g.png", columns=3)
+    grid = figures.caption_grid(
+        tiles, [[("a", figures.GOOD), ("b", figures.BAD)]] * 5, tmp_path / "g.png", columns=3
+    )
     with Image.open(grid) as g:
         assert g.width == 3 * (128 + 80) and g.height == 2 * (128 + 8 + 2 * 15 + 10)
     with pytest.raises(ValueError):
@@ -89,7 +96,9 @@ def test_figures(tmp_path):
 def test_failures_name_the_step(tmp_path):
     log = tmp_path / "logs" / "x.log"
     with pytest.raises(DemoError, match=r"step 'convert' failed \(python\S* exited with 3\): boom error"):
-        run_command("convert", [sys.executable, "-c", "import sys; print('boom error'); sys.exit(3)"], log, {})
+        run_command(
+            "convert", [sys.executable, "-c", "import sys; print('boom error'); sys.exit(3)"], log, {}
+        )
     assert "boom error" in log.read_text()
     demo = Demo(DemoSettings(output=tmp_path))
 
@@ -101,15 +110,22 @@ def test_failures_name_the_step(tmp_path):
 
 
 def test_demo_cli_rejects_bad_sizes():
-    proc = subprocess.run([sys.executable, "demo.py", "--epochs", "0"], cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "demo.py", "--epochs", "0"], cwd=REPO, capture_output=True, text=True
+    )
     assert proc.returncode == 2 and proc.stderr.strip() == "demo.py: error: --epochs must be at least 1"
 
 
 @pytest.mark.slow
 def test_demo_quick_end_to_end(tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "demo.py", "--quick", "--output", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "demo.py", "--quick", "--output", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for i, name in enumerate(["corpus", "download", "convert", "loader", "train", "evaluate", "report"], 1):
         assert f"[demo {i}/7] {name}: done" in proc.stdout
@@ -129,4 +145,6 @@ def test_demo_quick_end_to_end(tmp_path):
     fetched = sorted((out / "download" / "data").glob("*.parquet"))
     assert [p.read_bytes() for p in served] == [p.read_bytes() for p in fetched]
     assert sorted(p.name for p in (out / "eval_results").glob("*.json")) == [
-        "classification_scenes.json", "retrieval_scenes.json"]
+        "classification_scenes.json",
+        "retrieval_scenes.json",
+    ]

@@ -25,15 +25,35 @@ from src.demo.corpus import write_hub_corpus
 from src.open_alip.hub_server import serve_in_background
 from tests._repo import fresh_copy
 
-TINY_RUN = ["--config", "RWKV_CLIP_tiny", "--global-batch-size", "16", "--batch-size", "16", "--epochs", "1",
-            "--max-steps", "2", "--device", "cpu", "--workers", "1", "--log-every-n-steps", "1",
-            # Compiling is tested in test_train_e2e; here it would only add half a minute of C++ builds.
-            "--no-compile"]
+TINY_RUN = [
+    "--config",
+    "RWKV_CLIP_tiny",
+    "--global-batch-size",
+    "16",
+    "--batch-size",
+    "16",
+    "--epochs",
+    "1",
+    "--max-steps",
+    "2",
+    "--device",
+    "cpu",
+    "--workers",
+    "1",
+    "--log-every-n-steps",
+    "1",
+    # Compiling is tested in test_train_e2e; here it would only add half a minute of C++ builds.
+    "--no-compile",
+]
 
 
 def _run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{command!r} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    proc = subprocess.run(
+        ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, (
+        f"{command!r} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc
 
 
@@ -47,14 +67,18 @@ def test_the_guides_four_commands_work_verbatim(tmp_path):
         **os.environ,
         # `python` in the guide is the project's environment; put it first on PATH, as activating it would.
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1", "RWKV_CLIP_CACHE": str(tmp_path / "cache"),
+        "HOME": str(tmp_path / "home"),
+        "OMP_NUM_THREADS": "1",
+        "RWKV_CLIP_CACHE": str(tmp_path / "cache"),
     }
     with serve_in_background(hub, "Kaichengalex/YFCC15M") as server:
         env["HF_ENDPOINT"] = server.endpoint
         _run("bash data/download_YFCC15M.sh", clone, env)
     dataset = clone / "YFCC15M"
     assert sorted(p.name for p in (dataset / "data").glob("*.parquet")) == [
-        "train-00000-of-00002.parquet", "train-00001-of-00002.parquet"]
+        "train-00000-of-00002.parquet",
+        "train-00001-of-00002.parquet",
+    ]
 
     converted = _run("python data2rec.py", clone, env)
     assert "no input given: converting ./YFCC15M" in converted.stdout + converted.stderr
@@ -64,8 +88,11 @@ def test_the_guides_four_commands_work_verbatim(tmp_path):
     smoke = _run(f"python dali.py --data-dir {dataset} --rec-file datarec.rec", clone, env)
     assert "all checks passed" in smoke.stdout
 
-    trained = _run(f"export DATA_ROOT={dataset}; bash shell/train_RWKV_CLIP_B32_YFCC15M.sh " + " ".join(TINY_RUN),
-                   clone, env)
+    trained = _run(
+        f"export DATA_ROOT={dataset}; bash shell/train_RWKV_CLIP_B32_YFCC15M.sh " + " ".join(TINY_RUN),
+        clone,
+        env,
+    )
     log = trained.stdout + trained.stderr
     assert "datarec.rec" in log and "96" in log  # the launcher names the shard it found and its records
     run_dir = clone / "output" / "RWKV_CLIP_B32_YFCC15M"

@@ -62,7 +62,9 @@ def _env() -> dict[str, str]:
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     proc = subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"{args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc
 
 
@@ -74,8 +76,11 @@ def scratch(tmp_path):
     venv = root / "venv"
     _run([base_python(), "-m", "venv", "--without-pip", str(venv)], root)
     python = venv / "bin" / "python"
-    purelib = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], root)
-                   .stdout.strip())
+    purelib = Path(
+        _run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], root
+        ).stdout.strip()
+    )
     (purelib / "project_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     repo = fresh_copy(root / "RWKV-CLIP")
     user = root / "user"
@@ -131,20 +136,46 @@ def _check_console_scripts(venv_bin: Path, user: Path) -> None:
     python = str(venv_bin / "python")
     _run([python, "-c", SAVE, "tiny.pt", "features.pt"], user)
     _run([str(venv_bin / "rwkv-clip-export"), "tiny.pt", "--output", "tiny-hub"], user)
-    assert sorted(p.name for p in (user / "tiny-hub").iterdir()) == ["README.md", "model.safetensors",
-                                                                      "open_clip_config.json"]
+    assert sorted(p.name for p in (user / "tiny-hub").iterdir()) == [
+        "README.md",
+        "model.safetensors",
+        "open_clip_config.json",
+    ]
     port_file = user / "endpoint.txt"
-    server = subprocess.Popen([str(venv_bin / "rwkv-clip-hub-server"), "--root", "tiny-hub", "--repo-id",
-                               "me/tiny-rwkv-clip", "--repo-type", "model", "--port-file", str(port_file)],
-                              cwd=user, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [
+            str(venv_bin / "rwkv-clip-hub-server"),
+            "--root",
+            "tiny-hub",
+            "--repo-id",
+            "me/tiny-rwkv-clip",
+            "--repo-type",
+            "model",
+            "--port-file",
+            str(port_file),
+        ],
+        cwd=user,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not port_file.exists() and server.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert port_file.exists(), server.stderr.read() if server.poll() is not None else "no endpoint in 60 s"
+        assert port_file.exists(), (
+            server.stderr.read() if server.poll() is not None else "no endpoint in 60 s"
+        )
         env = {**_env(), "HF_ENDPOINT": port_file.read_text().strip(), "HF_HOME": str(user / "hf_home")}
-        proc = subprocess.run([python, "-c", LOAD, "features.pt"], cwd=user, env=env, capture_output=True,
-                              text=True, timeout=300)
+        proc = subprocess.run(
+            [python, "-c", LOAD, "features.pt"],
+            cwd=user,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0 and "loaded through the hub" in proc.stdout, proc.stderr[-3000:]
     finally:
         server.terminate()
@@ -185,9 +216,13 @@ def test_pip_install_then_editable_install_import_from_any_folder(scratch):
         "import warnings; from src.open_alip import tokenize; print(tokenize(['a cat'])[0, :3].tolist()); "
         "warnings.simplefilter('error'); import open_alip"
     )
-    proc = subprocess.run([str(python), "-c", code], cwd=repo, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(python), "-c", code], cwd=repo, env=_env(), capture_output=True, text=True, timeout=300
+    )
     assert proc.stdout.strip() == "[49406, 320, 2368]", proc.stderr
-    assert proc.returncode != 0 and "imported as both 'src.open_alip' and 'open_alip'" in proc.stderr, proc.stderr
+    assert proc.returncode != 0 and "imported as both 'src.open_alip' and 'open_alip'" in proc.stderr, (
+        proc.stderr
+    )
 
 
 def test_the_declared_torch_is_the_tested_one():

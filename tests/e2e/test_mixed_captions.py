@@ -65,13 +65,24 @@ def test_every_caption_count_reaches_both_loaders(tmp_path, make):
     source.mkdir()
     path, captions = make(source)
     columns = {"caption_columns": ("caption_a", "caption_b", "caption_c")} if make is _manifest else {}
-    report = convert([path], tmp_path / "rec" / "mixed",
-                     ConvertOptions(progress=False, workers=1, source=SourceOptions(**columns)))
+    report = convert(
+        [path],
+        tmp_path / "rec" / "mixed",
+        ConvertOptions(progress=False, workers=1, source=SourceOptions(**columns)),
+    )
     assert report["records_by_caption_count"] == {"1": 4, "2": 4, "3": 4}
     owner = {row: i for i, rows in enumerate(captions) for row in rows}
     for backend in ("dali", "torch"):
-        loader = build_loader(tmp_path / "rec" / "mixed", 4, input_size=16, backend=backend, device="cpu",
-                              num_threads=1, cache_dir=tmp_path / "cache", seed=3)
+        loader = build_loader(
+            tmp_path / "rec" / "mixed",
+            4,
+            input_size=16,
+            backend=backend,
+            device="cpu",
+            num_threads=1,
+            cache_dir=tmp_path / "cache",
+            seed=3,
+        )
         seen = []
         for epoch in range(2):  # two epochs draw other captions of the same records
             loader.set_epoch(epoch)

@@ -38,9 +38,17 @@ def _run(cwd: Path, script: str, *args: str, timeout: int = 300) -> subprocess.C
     """`python /abs/path/SCRIPT args` in the user's folder, as a user starts it (no PYTHONPATH)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([sys.executable, str(REPO / script), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{script} {args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / script), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, (
+        f"{script} {args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc
 
 
@@ -68,12 +76,32 @@ def test_own_images_convert_train_resume_evaluate_and_embed(user):
     assert json.loads((user / "rec" / "own.report.json").read_text())["written"] == 3 * PER_COLOUR
 
     # 2. train one epoch of the docs' tiny CPU model; --resume latest finds nothing and says so
-    tiny = ["--train-data", "rec/", "--output", "runs/tiny", "--config", "RWKV_CLIP_tiny", "--batch-size", "16",
-            "--precision", "fp32", "--device", "cpu", "--workers", "1", "--resume", "latest"]
+    tiny = [
+        "--train-data",
+        "rec/",
+        "--output",
+        "runs/tiny",
+        "--config",
+        "RWKV_CLIP_tiny",
+        "--batch-size",
+        "16",
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+        "--workers",
+        "1",
+        "--resume",
+        "latest",
+    ]
     first = _run(user, "train.py", *tiny, "--epochs", "1")
     log = (user / "runs" / "tiny" / "train.log").read_text()
-    assert "--resume latest: no checkpoint in runs/tiny/checkpoints yet, so this run starts from step 0" in log
-    metrics = [json.loads(line) for line in (user / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    assert (
+        "--resume latest: no checkpoint in runs/tiny/checkpoints yet, so this run starts from step 0" in log
+    )
+    metrics = [
+        json.loads(line) for line in (user / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [m["step"] for m in metrics] == [1, 3]  # the first step at once, then the epoch's end
     assert "finished at step 3: 3 steps, 48 samples in " in first.stdout
     assert (user / "runs" / "tiny" / "loss_curve.png").is_file()
@@ -83,11 +111,25 @@ def test_own_images_convert_train_resume_evaluate_and_embed(user):
     assert "resumed from runs/tiny/checkpoints/epoch_001.pt at step 3" in second.stdout
     last = "runs/tiny/checkpoints/epoch_002.pt"
     assert f"evaluate the last one: python {REPO / 'zero_shot.py'} --model-weight {last} " in second.stdout
-    assert "finished at step 6: 3 steps, 48 samples in " in second.stdout and "resumed at step 3" in second.stdout
+    assert (
+        "finished at step 6: 3 steps, 48 samples in " in second.stdout
+        and "resumed at step 3" in second.stdout
+    )
 
     # 4. zero-shot on own class folders, no --model-name: the checkpoint's own config
-    run = _run(user, "zero_shot.py", "--model-weight", last, "--datasets", "colours=eval", "--workers", "0",
-               "--no-progress", "--output-dir", "results")
+    run = _run(
+        user,
+        "zero_shot.py",
+        "--model-weight",
+        last,
+        "--datasets",
+        "colours=eval",
+        "--workers",
+        "0",
+        "--no-progress",
+        "--output-dir",
+        "results",
+    )
     assert "[zero_shot] model: RWKV_CLIP_tiny, recorded in the weights" in run.stdout
     result = json.loads((user / "results" / "classification_colours.json").read_text())
     assert result["model"] == "RWKV_CLIP_tiny" and result["num_images"] == 9 and result["num_classes"] == 3
@@ -96,15 +138,40 @@ def test_own_images_convert_train_resume_evaluate_and_embed(user):
     for suffix in (".predictions.tsv", ".confusion.csv", ".confusion.png"):
         assert (user / "results" / f"classification_colours{suffix}").is_file()
 
-    labels = _run(user, "zero_shot.py", "--model-weight", last, "--images", "eval", "--labels", "red,green,blue",
-                  "--workers", "0", "--output-dir", "labelled")
+    labels = _run(
+        user,
+        "zero_shot.py",
+        "--model-weight",
+        last,
+        "--images",
+        "eval",
+        "--labels",
+        "red,green,blue",
+        "--workers",
+        "0",
+        "--output-dir",
+        "labelled",
+    )
     assert len(labels.stdout.strip().splitlines()) == 9
     assert json.loads((user / "labelled" / "labels.json").read_text())["images"] == 9
 
     # 5. embed the photos through their manifest, again with the checkpoint's config
-    embedded = _run(user, "embed.py", "--model-weight", last, "--images", "photos/metadata.csv", "--workers", "0",
-                    "--no-progress", "--output", "photos.npy")
+    embedded = _run(
+        user,
+        "embed.py",
+        "--model-weight",
+        last,
+        "--images",
+        "photos/metadata.csv",
+        "--workers",
+        "0",
+        "--no-progress",
+        "--output",
+        "photos.npy",
+    )
     assert "[embed] model: RWKV_CLIP_tiny, recorded in the weights" in embedded.stderr
     vectors = np.load(user / "photos.npy")
-    assert vectors.shape == (3 * PER_COLOUR, 64) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    assert vectors.shape == (3 * PER_COLOUR, 64) and np.allclose(
+        np.linalg.norm(vectors, axis=1), 1, atol=1e-5
+    )
     assert json.loads((user / "photos.index.json").read_text())["model"] == "RWKV_CLIP_tiny"

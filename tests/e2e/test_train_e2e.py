@@ -3,7 +3,6 @@ a real kill and `--resume latest` reproduce the uninterrupted losses, a resume t
 --lr and passes over an unreadable newest checkpoint, 2 gloo processes under torchrun
 (compiled, with accumulation), and the guards (NaN loss, wrong --train-num-samples, bad input)."""
 
-
 import json
 import math
 import os
@@ -25,9 +24,30 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 BATCH, RECORDS, EPOCHS = 8, 96, 3  # 12 steps per epoch, 36 in all
 # The smallest RWKV-CLIP that still has every part (1 block per tower, 4 patches).
 TINY = [
-    "--config", "RWKV_CLIP_tiny", "--n-layer", "1", "--image-depth", "1", "--n-embd", "32",
-    "--image-embed-dims", "32", "--head-size", "16", "--image-num-heads", "2", "--input-size", "16",
-    "--dim-att", "32", "--dim-ffn", "64", "--image-hidden-rate", "2", "--precision", "fp32",
+    "--config",
+    "RWKV_CLIP_tiny",
+    "--n-layer",
+    "1",
+    "--image-depth",
+    "1",
+    "--n-embd",
+    "32",
+    "--image-embed-dims",
+    "32",
+    "--head-size",
+    "16",
+    "--image-num-heads",
+    "2",
+    "--input-size",
+    "16",
+    "--dim-att",
+    "32",
+    "--dim-ffn",
+    "64",
+    "--image-hidden-rate",
+    "2",
+    "--precision",
+    "fp32",
 ]
 
 
@@ -39,22 +59,53 @@ def _env() -> dict[str, str]:
 
 def _args(data: Path, output: Path, *extra: str) -> list[str]:
     return [
-        "--train-data", str(data), "--output", str(output), *TINY, "--batch-size", str(BATCH),
-        "--epochs", str(EPOCHS), "--lr", "1e-2", "--warmup", "3", "--workers", "1", "--device", "cpu",
-        "--log-every-n-steps", "1", "--save-every-n-steps", "5", "--keep-checkpoints", "3", *extra,
+        "--train-data",
+        str(data),
+        "--output",
+        str(output),
+        *TINY,
+        "--batch-size",
+        str(BATCH),
+        "--epochs",
+        str(EPOCHS),
+        "--lr",
+        "1e-2",
+        "--warmup",
+        "3",
+        "--workers",
+        "1",
+        "--device",
+        "cpu",
+        "--log-every-n-steps",
+        "1",
+        "--save-every-n-steps",
+        "5",
+        "--keep-checkpoints",
+        "3",
+        *extra,
     ]
 
 
 def _dead_pid() -> int:
     """The pid of a process that has exited (what a killed save's temp file is named after)."""
-    return int(subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                              check=True).stdout)
+    return int(
+        subprocess.run(
+            [PY, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+        ).stdout
+    )
 
 
 def _run(cmd: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
     """Run in a new session so a timeout can kill torchrun's workers too, not just torchrun."""
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -139,15 +190,27 @@ def test_checkpoint_loads_into_create_model(full_run):
         assert torch.equal(tensor, saved[name]), name
     # Only the newest --keep-checkpoints step files stay; every epoch file stays.
     names = sorted(p.name for p in (full_run / "checkpoints").iterdir())
-    assert names == ["epoch_001.pt", "epoch_002.pt", "epoch_003.pt",
-                     "step_000000025.pt", "step_000000030.pt", "step_000000035.pt"]
+    assert names == [
+        "epoch_001.pt",
+        "epoch_002.pt",
+        "epoch_003.pt",
+        "step_000000025.pt",
+        "step_000000030.pt",
+        "step_000000035.pt",
+    ]
 
 
 def test_kill_and_resume_gives_the_uninterrupted_losses(data, full_run, tmp_path):
     output = tmp_path / "run"
     marker = output / "checkpoints" / "step_000000010.pt"
-    proc = subprocess.Popen([PY, "train.py", *_args(data, output)], cwd=REPO, env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PY, "train.py", *_args(data, output)],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 200
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -161,8 +224,11 @@ def test_kill_and_resume_gives_the_uninterrupted_losses(data, full_run, tmp_path
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in (output / "train.log").read_text()
     # metrics.jsonl was cut back to the resumed step: each step is logged once.
-    logged = [json.loads(line)["step"] for line in (output / "metrics.jsonl").read_text().splitlines()
-              if json.loads(line)["kind"] == "train"]
+    logged = [
+        json.loads(line)["step"]
+        for line in (output / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["kind"] == "train"
+    ]
     assert logged == sorted(set(logged))
     want, got = _losses(full_run), _losses(output)
     assert sorted(got) == sorted(want)
@@ -177,16 +243,43 @@ def test_two_gloo_processes_under_torchrun_compiled_with_accumulation(data, tmp_
     # The global batch of 8 on 2 processes with micro-batches of at most 2: accumulation 2. The
     # text decays stored in bf16 as the original does: DDP and the compiler meet mixed dtypes.
     output = tmp_path / "ddp"
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "train.py",
-           *_args(data, output, "--max-steps", "3", "--save-every-n-steps", "3", "--batch-size", "2",
-                  "--global-batch-size", "8", "--compile", "--compile-backend", "aot_eager",
-                  "--text-decay-dtype", "bf16",
-                  # lines by time alone, after every step: the ranks must agree on each one
-                  "--log-every-n-steps", "1000", "--log-every-s", "0.001")]
+    cmd = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "train.py",
+        *_args(
+            data,
+            output,
+            "--max-steps",
+            "3",
+            "--save-every-n-steps",
+            "3",
+            "--batch-size",
+            "2",
+            "--global-batch-size",
+            "8",
+            "--compile",
+            "--compile-backend",
+            "aot_eager",
+            "--text-decay-dtype",
+            "bf16",
+            # lines by time alone, after every step: the ranks must agree on each one
+            "--log-every-n-steps",
+            "1000",
+            "--log-every-s",
+            "0.001",
+        ),
+    ]
     proc = _run(cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     params = json.loads((output / "params.json").read_text())
-    assert params["world_size"] == 2 and params["batch"] == {"micro_batch": 2, "accum_freq": 2, "global_batch": 8}
+    assert params["world_size"] == 2 and params["batch"] == {
+        "micro_batch": 2,
+        "accum_freq": 2,
+        "global_batch": 8,
+    }
     assert params["steps_per_epoch"] == RECORDS // 8
     state = torch.load(output / "checkpoints" / "step_000000003.pt", weights_only=True)
     assert state["world_size"] == 2 and len(state["data"]) == 2 and len(state["rng"]) == 2
@@ -219,15 +312,19 @@ def test_resume_takes_a_new_lr_and_passes_over_an_unreadable_checkpoint(data, fu
     assert "--lr 0.001 (was 0.01)" in log
     # The schedule is the same function of the step, at a tenth of the peak.
     lrs = {r["step"]: r["lr"] for r in map(json.loads, (output / "metrics.jsonl").read_text().splitlines())}
-    before = {r["step"]: r["lr"] for r in map(json.loads, (full_run / "metrics.jsonl").read_text().splitlines())
-              if r["kind"] == "train"}
+    before = {
+        r["step"]: r["lr"]
+        for r in map(json.loads, (full_run / "metrics.jsonl").read_text().splitlines())
+        if r["kind"] == "train"
+    }
     assert sorted(lrs) == [31, 32, 33]
     for step, lr in lrs.items():
         assert lr == pytest.approx(before[step] / 10, rel=1e-9)
 
 
-def test_a_failed_save_after_resuming_past_an_unreadable_checkpoint_keeps_the_one_resumed_from(data, full_run,
-                                                                                               tmp_path):
+def test_a_failed_save_after_resuming_past_an_unreadable_checkpoint_keeps_the_one_resumed_from(
+    data, full_run, tmp_path
+):
     # The newest step checkpoint is unreadable, an older one good, no epoch file, --keep-checkpoints 2;
     # the save the run makes fails (a file-size limit: the kernel refuses the write as a full disk does).
     output = tmp_path / "resumed"
@@ -243,8 +340,15 @@ def test_a_failed_save_after_resuming_past_an_unreadable_checkpoint_keeps_the_on
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     args = _args(data, output, "--resume", "latest", "--max-steps", "31", "--keep-checkpoints", "2")
-    proc = subprocess.run([PY, "train.py", *args], cwd=REPO, env=_env(), capture_output=True, text=True,
-                          timeout=240, preexec_fn=small_files)
+    proc = subprocess.run(
+        [PY, "train.py", *args],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        preexec_fn=small_files,
+    )
     assert proc.returncode == 2 and "no space left on device" in proc.stderr, proc.stderr[-3000:]
     names = sorted(p.name for p in (output / "checkpoints").iterdir())
     assert names == ["step_000000030.pt"], names  # the unreadable one went first; the good one stayed
@@ -258,8 +362,22 @@ def test_nan_loss_stops_with_the_last_good_checkpoint_intact(data, tmp_path, cap
 
     output = tmp_path / "nan"
     # An absurd lr overflows the weights after the first update; the next loss is NaN.
-    code = train.main(_args(data, output, "--lr", "1e30", "--warmup", "0", "--lr-scheduler", "const",
-                            "--grad-clip-norm", "0", "--save-every-n-steps", "1"))
+    code = train.main(
+        _args(
+            data,
+            output,
+            "--lr",
+            "1e30",
+            "--warmup",
+            "0",
+            "--lr-scheduler",
+            "const",
+            "--grad-clip-norm",
+            "0",
+            "--save-every-n-steps",
+            "1",
+        )
+    )
     assert code == 3
     err = capsys.readouterr().err
     assert err.startswith("train.py: error: loss is nan at step 2") and err.count("\n") == 1, err
@@ -296,8 +414,10 @@ def test_an_output_file_and_an_unknown_device_are_one_line_each(data, tmp_path, 
     (tmp_path / "a_file").write_text("")
     assert train.main(_args(data, tmp_path / "a_file")) == 2
     err = capsys.readouterr().err
-    assert err == f"train.py: error: --output {tmp_path / 'a_file'} is a file; pass a folder for the run's " \
-                  "checkpoints and logs\n"
+    assert (
+        err == f"train.py: error: --output {tmp_path / 'a_file'} is a file; pass a folder for the run's "
+        "checkpoints and logs\n"
+    )
     assert train.main(_args(data, tmp_path / "run", "--device", "tpu")) == 2
     err = capsys.readouterr().err
     assert err == "train.py: error: --device tpu: unknown device; use auto, cpu, cuda or cuda:N\n"
@@ -320,8 +440,25 @@ def test_zero_shot_evaluation_runs_at_epoch_ends(data, tmp_path, one_thread):
     tree = write_classification_set(tmp_path / "cls", per_class=1, seed=1, image_size=24)
     output = tmp_path / "zs"
     # --train-num-samples below the record count makes short epochs (3 steps of 8).
-    assert train.main(_args(data, output, "--epochs", "2", "--save-every-n-steps", "0", "--train-num-samples", "24",
-                            "--zeroshot-data", f"scenes={tree}", "--zeroshot-frequency", "2")) == 0
+    assert (
+        train.main(
+            _args(
+                data,
+                output,
+                "--epochs",
+                "2",
+                "--save-every-n-steps",
+                "0",
+                "--train-num-samples",
+                "24",
+                "--zeroshot-data",
+                f"scenes={tree}",
+                "--zeroshot-frequency",
+                "2",
+            )
+        )
+        == 0
+    )
     records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 7))
     evals = [r for r in records if r["kind"] == "eval"]
@@ -338,9 +475,21 @@ def test_help_explains_the_flags(capsys):
         train.main(["--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    for flag in ("--train-data", "--accum-freq", "--resume", "--gather-with-grad", "--config", "--image-patch-size",
-                 "--global-batch-size", "--wkv-impl", "--compile-backend", "--text-decay-dtype", "--max-bad-records",
-                 "--dist-timeout", "warmup-cosine"):
+    for flag in (
+        "--train-data",
+        "--accum-freq",
+        "--resume",
+        "--gather-with-grad",
+        "--config",
+        "--image-patch-size",
+        "--global-batch-size",
+        "--wkv-impl",
+        "--compile-backend",
+        "--text-decay-dtype",
+        "--max-bad-records",
+        "--dist-timeout",
+        "warmup-cosine",
+    ):
         assert flag in out
 
 
@@ -350,7 +499,10 @@ def test_a_bad_record_is_skipped_counted_and_limited(tmp_path, capsys, one_threa
 
     data = write_shard(tmp_path / "data" / "damaged", range(48), k=1, corrupt={5}).with_suffix("")
     output = tmp_path / "run"
-    assert train.main(_args(data, output, "--epochs", "1", "--max-bad-records", "3", "--log-every-n-steps", "3")) == 0
+    assert (
+        train.main(_args(data, output, "--epochs", "1", "--max-bad-records", "3", "--log-every-n-steps", "3"))
+        == 0
+    )
     counts = [json.loads(line)["bad_records"] for line in (output / "metrics.jsonl").read_text().splitlines()]
     assert counts[-1] == 1 and counts == sorted(counts)  # steps 3 and 6: once met, counted for good
     log = (output / "train.log").read_text()

@@ -93,7 +93,11 @@ def test_released_accuracy_fails_under_numpy2_and_the_replacement_matches_ours(c
     assert fp32["acc1"] * 100 == pytest.approx(ours["top1"])
     assert fp32["acc5"] * 100 == pytest.approx(ours["top5"])
     assert fp32["mean_per_class_recall"] * 100 == pytest.approx(ours["mean_per_class_recall"])
-    assert set(out["amp"]) == {"acc1", "acc5", "mean_per_class_recall"}  # its autocast (bfloat16 on CPU) runs too
+    assert set(out["amp"]) == {
+        "acc1",
+        "acc5",
+        "mean_per_class_recall",
+    }  # its autocast (bfloat16 on CPU) runs too
 
 
 def test_retrieval_recall_matches_ours(clip_benchmark_run):
@@ -129,7 +133,10 @@ def test_our_definitions_use_clip_benchmarks_bundled_names_and_templates(tmp_pat
     names, templates = bundled["classnames"], bundled["zeroshot_classification_templates"]
     for ours, theirs in CLIP_BENCHMARK_NAMES.items():  # the same templates, {c} written {}
         assert load_metadata(ours)[1] == [t.replace("{c}", "{}") for t in templates[theirs]], ours
-    assert load_metadata("flowers")[0] == names["flowers"] and load_metadata("imagenet")[0] == names["imagenet1k"]
+    assert (
+        load_metadata("flowers")[0] == names["flowers"]
+        and load_metadata("imagenet")[0] == names["imagenet1k"]
+    )
     layouts.write_caltech101(tmp_path, total=101)
     layouts.write_pets(tmp_path, every_breed=True)
     for ours, theirs in (("caltech101", "caltech101"), ("pets", "pets")):
@@ -141,5 +148,7 @@ def test_wrapper_names_the_missing_part_in_one_line(clip_benchmark_run):
     out, stderr = clip_benchmark_run
     assert out["wrapper_rc"] == 2
     lines = [line for line in stderr.splitlines() if line.startswith("clip_benchmark_eval.py:")]
-    assert lines == ["clip_benchmark_eval.py: error: cannot import CLIP_benchmark (No module named 'torchvision'); "
-                     "install it with `pip install clip-benchmark` (it is not a dependency of this toolkit)"]
+    assert lines == [
+        "clip_benchmark_eval.py: error: cannot import CLIP_benchmark (No module named 'torchvision'); "
+        "install it with `pip install clip-benchmark` (it is not a dependency of this toolkit)"
+    ]

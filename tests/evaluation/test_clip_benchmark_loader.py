@@ -34,8 +34,15 @@ def weights(tiny_weights):
 
 def test_loader_contract(weights):
     state, path = weights
-    assert list(inspect.signature(load_rwkv_clip).parameters) == ["model_name", "pretrained", "cache_dir", "device"]
-    model, transform, tokenizer = load_rwkv_clip(model_name=TINY, pretrained=str(path), cache_dir=None, device="cpu")
+    assert list(inspect.signature(load_rwkv_clip).parameters) == [
+        "model_name",
+        "pretrained",
+        "cache_dir",
+        "device",
+    ]
+    model, transform, tokenizer = load_rwkv_clip(
+        model_name=TINY, pretrained=str(path), cache_dir=None, device="cpu"
+    )
     model.eval()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
 
@@ -66,12 +73,16 @@ def test_loader_contract(weights):
 def test_register_adds_the_model_type(weights, tmp_path):
     _, path = weights
     # The two names of clip_benchmark.models (1.6.2) that dispatch `--model_type`.
-    models = SimpleNamespace(TYPE2FUNC={"open_clip": None, "ja_clip": None}, MODEL_TYPES=["open_clip", "ja_clip"])
+    models = SimpleNamespace(
+        TYPE2FUNC={"open_clip": None, "ja_clip": None}, MODEL_TYPES=["open_clip", "ja_clip"]
+    )
     register(models)
     register(models)  # idempotent
     assert models.MODEL_TYPES == ["open_clip", "ja_clip", "rwkv_clip"]
     load = models.TYPE2FUNC["rwkv_clip"]
-    model, transform, tokenizer = load(model_name=TINY, pretrained=str(path), cache_dir=str(tmp_path), device="cpu")
+    model, transform, tokenizer = load(
+        model_name=TINY, pretrained=str(path), cache_dir=str(tmp_path), device="cpu"
+    )
     assert model.encode_text(tokenizer(["x"])).shape == (1, 64)
     # the model library's errors become the CLI's one-line UserErrors
     with pytest.raises(ClipBenchmarkError) as e:
@@ -81,10 +92,20 @@ def test_register_adds_the_model_type(weights, tmp_path):
 
 def test_wrapper_arguments_and_missing_clip_benchmark(monkeypatch, capsys):
     assert prepare_argv(["eval", "--dataset", "cifar10", "--pretrained", "w.pt"]) == [
-        "eval", "--model_type", "rwkv_clip", "--model", "RWKV_CLIP_B32", "--dataset", "cifar10", "--pretrained", "w.pt",
-        "--no_amp"]
-    assert prepare_argv(["eval", "--model=RWKV_CLIP_B16", "--pretrained=w.pt", "--model_type", "open_clip"]) == [
-        "eval", "--model=RWKV_CLIP_B16", "--pretrained=w.pt", "--model_type", "open_clip", "--no_amp"]
+        "eval",
+        "--model_type",
+        "rwkv_clip",
+        "--model",
+        "RWKV_CLIP_B32",
+        "--dataset",
+        "cifar10",
+        "--pretrained",
+        "w.pt",
+        "--no_amp",
+    ]
+    assert prepare_argv(
+        ["eval", "--model=RWKV_CLIP_B16", "--pretrained=w.pt", "--model_type", "open_clip"]
+    ) == ["eval", "--model=RWKV_CLIP_B16", "--pretrained=w.pt", "--model_type", "open_clip", "--no_amp"]
     # precision: fp32 unless --amp (CLIP_benchmark's own default, autocast), never both
     amp = prepare_argv(["eval", "--pretrained", "w.pt", "--amp"])
     assert "--amp" not in amp and "--no_amp" not in amp and precision_of(amp) == "amp"

@@ -72,7 +72,10 @@ def test_class_names_as_the_dataset_files_spell_them(tmp_path):
     layouts.write_cifar(tmp_path, "cifar100", [5, 99], names=names)
     data, _ = _read("cifar100", tmp_path)
     assert data.classnames == names and data.labels == [5, 99]  # underscores kept, as torchvision's classes
-    assert read_paper_dataset(find_paper_dataset("cifar100"), tmp_path)[0].classnames == load_metadata("cifar100")[0]
+    assert (
+        read_paper_dataset(find_paper_dataset("cifar100"), tmp_path)[0].classnames
+        == load_metadata("cifar100")[0]
+    )
 
     paths, labels = layouts.write_food101(tmp_path)
     data, _ = _read("food101", tmp_path)
@@ -92,7 +95,9 @@ def test_class_names_as_the_dataset_files_spell_them(tmp_path):
 
 def test_every_paper_dataset_has_a_clip_benchmark_name():
     assert set(CLIP_BENCHMARK_NAMES) == set(PAPER_DATASETS)
-    assert CLIP_BENCHMARK_NAMES["stanford_car"] == "cars" and CLIP_BENCHMARK_NAMES["aircraft"] == "fgvc_aircraft"
+    assert (
+        CLIP_BENCHMARK_NAMES["stanford_car"] == "cars" and CLIP_BENCHMARK_NAMES["aircraft"] == "fgvc_aircraft"
+    )
 
 
 def test_evaluation_reports_top1_and_clip_benchmarks_form(tmp_path):
@@ -100,7 +105,9 @@ def test_evaluation_reports_top1_and_clip_benchmarks_form(tmp_path):
     model = layouts.micro_model()
     spec = f"pets={tmp_path}"
     result = evaluate_classification(model, spec, 32, "cpu", batch_size=16, protocol="clip_benchmark")
-    assert result["protocol"] == "clip_benchmark" and result["num_classes"] == 37 and result["num_images"] == 37
+    assert (
+        result["protocol"] == "clip_benchmark" and result["num_classes"] == 37 and result["num_images"] == 37
+    )
     assert result["metric"] == "top1" and result["score"] == result["metrics"]["top1"]
     form = result["clip_benchmark_metrics"]
     assert form["acc1"] == pytest.approx(result["metrics"]["top1"] / 100)
@@ -115,9 +122,26 @@ def test_zero_shot_cli_takes_the_protocol(tmp_path, capsys):
     layouts.write_sun397(tmp_path / "data", per_class=2, all_classes=True)
     config = tmp_path / "micro.json"
     config.write_text(json.dumps(get_model_config("RWKV_CLIP_tiny", **layouts.MICRO)))
-    rc = zero_shot_cli.main(["--model-name", str(config), "--random-init", "--device", "cpu", "--workers", "0",
-                             "--no-progress", "--wkv-impl", "reference", "--protocol", "clip_benchmark",
-                             "--datasets", f"sun397={tmp_path / 'data'}", "--output-dir", str(tmp_path / "out")])
+    rc = zero_shot_cli.main(
+        [
+            "--model-name",
+            str(config),
+            "--random-init",
+            "--device",
+            "cpu",
+            "--workers",
+            "0",
+            "--no-progress",
+            "--wkv-impl",
+            "reference",
+            "--protocol",
+            "clip_benchmark",
+            "--datasets",
+            f"sun397={tmp_path / 'data'}",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     saved = json.loads((tmp_path / "out" / "classification_sun397.json").read_text())
     assert saved["protocol"] == "clip_benchmark" and saved["num_images"] == 8 and saved["metric"] == "top1"
@@ -152,17 +176,24 @@ def _clip_benchmark_annotations(root: Path) -> dict:
     for i, colour in enumerate([(250, 0, 0), (0, 250, 0), (0, 0, 250)]):
         Image.new("RGB", (20, 12), colour).save(root / "val2014" / f"COCO_val2014_{i:012d}.jpg")
         Image.new("RGB", (12, 20), colour).save(root / f"{1000 + i}.jpg")
-    coco = {"images": [{"id": 7, "file_name": "COCO_val2014_000000000002.jpg"},
-                       {"id": 3, "file_name": "COCO_val2014_000000000000.jpg"},
-                       {"id": 5, "file_name": "COCO_val2014_000000000001.jpg"}],
-            "annotations": [{"image_id": 5, "id": 1, "caption": "green one"},
-                            {"image_id": 3, "id": 2, "caption": "red one"},
-                            {"image_id": 7, "id": 3, "caption": "blue one"},
-                            {"image_id": 3, "id": 4, "caption": "red two"},
-                            *({"image_id": 5, "id": 10 + k, "caption": f"green {k}"} for k in range(6))]}
+    coco = {
+        "images": [
+            {"id": 7, "file_name": "COCO_val2014_000000000002.jpg"},
+            {"id": 3, "file_name": "COCO_val2014_000000000000.jpg"},
+            {"id": 5, "file_name": "COCO_val2014_000000000001.jpg"},
+        ],
+        "annotations": [
+            {"image_id": 5, "id": 1, "caption": "green one"},
+            {"image_id": 3, "id": 2, "caption": "red one"},
+            {"image_id": 7, "id": 3, "caption": "blue one"},
+            {"image_id": 3, "id": 4, "caption": "red two"},
+            *({"image_id": 5, "id": 10 + k, "caption": f"green {k}"} for k in range(6)),
+        ],
+    }
     (root / "coco_test_karpathy.json").write_text(json.dumps(coco))
     (root / "flickr30k_test_karpathy.txt").write_text(
-        "image,caption\n1001.jpg,a green, bright picture\n1000.jpg,red\n1001.jpg,green again\n\n1002.jpg,blue\n")
+        "image,caption\n1001.jpg,a green, bright picture\n1000.jpg,red\n1001.jpg,green again\n\n1002.jpg,blue\n"
+    )
     return coco
 
 
@@ -183,12 +214,17 @@ def test_retrieval_reads_clip_benchmarks_own_annotation_files(tmp_path):
     assert flickr.caption_image == [0, 0, 1, 2]
     # Its --dataset_root: the annotation file in it is read under the clip_benchmark protocol.
     (tmp_path / "coco").mkdir()
-    (tmp_path / "coco" / "coco_test_karpathy.json").write_text((tmp_path / "coco_test_karpathy.json").read_text())
+    (tmp_path / "coco" / "coco_test_karpathy.json").write_text(
+        (tmp_path / "coco_test_karpathy.json").read_text()
+    )
     shutil.copytree(tmp_path / "val2014", tmp_path / "coco" / "val2014")
     folder = load_retrieval_data(f"coco={tmp_path / 'coco'}", protocol="clip_benchmark")
-    assert folder.captions == coco.captions and [p.name for p in folder.images] == [p.name for p in coco.images]
-    result = evaluate_retrieval(layouts.micro_model(), f"coco={tmp_path / 'coco'}", 32, "cpu",
-                                protocol="clip_benchmark")
+    assert folder.captions == coco.captions and [p.name for p in folder.images] == [
+        p.name for p in coco.images
+    ]
+    result = evaluate_retrieval(
+        layouts.micro_model(), f"coco={tmp_path / 'coco'}", 32, "cpu", protocol="clip_benchmark"
+    )
     assert (result["num_images"], result["num_captions"]) == (3, 10) and "clip_benchmark_metrics" in result
     bad = tmp_path / "bad.txt"
     bad.write_text("image,caption\n1000.png,red\n")
@@ -203,8 +239,10 @@ def test_flowers_says_when_clip_benchmark_would_shift_its_labels(tmp_path):
     model = layouts.micro_model()
     plain = evaluate_classification(model, f"flowers={tmp_path}", 32, "cpu", protocol="clip_benchmark")
     assert "notices" not in plain
-    savemat(tmp_path / "flowers-102" / "imagelabels.mat",
-            {"labels": np.array([[5, 102, 1, 2, 1, 40]], dtype=np.uint8)})  # image 4 now of class 2: label 1
+    savemat(
+        tmp_path / "flowers-102" / "imagelabels.mat",
+        {"labels": np.array([[5, 102, 1, 2, 1, 40]], dtype=np.uint8)},
+    )  # image 4 now of class 2: label 1
     shifted = evaluate_classification(model, f"flowers={tmp_path}", 32, "cpu", protocol="clip_benchmark")
     assert shifted["notices"] and "subtracts one from every label" in shifted["notices"][0]
     data, _ = load_classification_data(f"flowers={tmp_path}", "clip_benchmark")
@@ -239,14 +277,21 @@ def test_clip_benchmark_eval_skips_an_unreadable_image_inside_its_loader(tmp_pat
             image = Image.open(path).convert("RGB")
             return torch.from_numpy(np.asarray(image).copy()).float().mean(), label
 
-    cli = type("cli", (), {"build_dataset": staticmethod(lambda **kw: Folder([(p, i % 2) for i, p in enumerate(paths)])),
-                           "get_dataset_collate_fn": staticmethod(lambda name: torch.utils.data.default_collate)})
+    cli = type(
+        "cli",
+        (),
+        {
+            "build_dataset": staticmethod(lambda **kw: Folder([(p, i % 2) for i, p in enumerate(paths)])),
+            "get_dataset_collate_fn": staticmethod(lambda name: torch.utils.data.default_collate),
+        },
+    )
     original = cli.build_dataset
     with skipping_unreadable(cli) as notes:
         dataset = cli.build_dataset(dataset_name="x")
         assert dataset.classes == ["dark", "light"] and len(dataset) == 5  # its attributes pass through
-        loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2,
-                                             collate_fn=cli.get_dataset_collate_fn("x"))
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=2, num_workers=2, collate_fn=cli.get_dataset_collate_fn("x")
+        )
         labels = [int(t) for _, target in loader for t in target]
         assert labels == [0, 1, 1, 0]  # item 2 left out
         assert skipped_items(notes) == [{"image": str(paths[2]), "error": skipped_items(notes)[0]["error"]}]

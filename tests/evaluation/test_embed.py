@@ -31,7 +31,9 @@ def photos(tmp_path_factory) -> Path:
     rng = np.random.default_rng(0)
     Image.fromarray((rng.random((40, 60, 3)) * 255).astype(np.uint8)).save(root / "b.png")
     Image.fromarray((rng.random((50, 30)) * 255).astype(np.uint8), "L").save(root / "trip" / "a.jpg")
-    Image.fromarray((rng.random((33, 33, 4)) * 255).astype(np.uint8), "RGBA").save(root / "trip" / "day2" / "c.webp")
+    Image.fromarray((rng.random((33, 33, 4)) * 255).astype(np.uint8), "RGBA").save(
+        root / "trip" / "day2" / "c.webp"
+    )
     (root / "trip" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 this is not a whole JPEG")
     (root / ".hidden.jpg").write_bytes(b"editor junk")  # hidden files are not inputs
     (root / "notes.txt").write_text("not an image")
@@ -53,9 +55,26 @@ def _image_embeddings(model, preprocess_val, paths: list[Path]) -> np.ndarray:
 def test_image_folder(tiny, photos, tmp_path, capsys):
     model, preprocess_val, weights = tiny
     out = tmp_path / "out" / "photos.npy"
-    rc, stdout, _ = _run(["--model-name", TINY, "--model-weight", str(weights), "--images", str(photos),
-                          "--output", str(out), "--device", "cpu", "--workers", "1", "--batch-size", "2",
-                          "--no-progress"], capsys)
+    rc, stdout, _ = _run(
+        [
+            "--model-name",
+            TINY,
+            "--model-weight",
+            str(weights),
+            "--images",
+            str(photos),
+            "--output",
+            str(out),
+            "--device",
+            "cpu",
+            "--workers",
+            "1",
+            "--batch-size",
+            "2",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert rc == 0
     assert "3 images x 64" in stdout and "skipped 1 unreadable image(s), e.g. trip/broken.jpg" in stdout
     emb = np.load(out)
@@ -63,12 +82,17 @@ def test_image_folder(tiny, photos, tmp_path, capsys):
     assert index["items"] == ["b.png", "trip/a.jpg", "trip/day2/c.webp"]
     assert index["count"] == 3 and index["dim"] == 64 and index["kind"] == "images"
     assert index["root"] == str(photos.resolve()) and index["weights"] == str(weights)
-    assert [s["item"] for s in index["skipped"]] == ["trip/broken.jpg"] and "cannot" in index["skipped"][0]["error"]
+    assert [s["item"] for s in index["skipped"]] == ["trip/broken.jpg"] and "cannot" in index["skipped"][0][
+        "error"
+    ]
     assert emb.shape == (3, 64) and emb.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
     expected = _image_embeddings(model, preprocess_val, [photos / i for i in index["items"]])
     np.testing.assert_allclose(emb, expected, atol=1e-5)
-    assert sorted(p.name for p in out.parent.iterdir()) == ["photos.index.json", "photos.npy"]  # no temporaries
+    assert sorted(p.name for p in out.parent.iterdir()) == [
+        "photos.index.json",
+        "photos.npy",
+    ]  # no temporaries
 
 
 def test_image_manifest_and_texts(tiny, photos, tmp_path, capsys):
@@ -76,21 +100,54 @@ def test_image_manifest_and_texts(tiny, photos, tmp_path, capsys):
     manifest = photos / "list.csv"
     manifest.write_text(f"filepath,caption\ntrip/a.jpg,x\nmissing.png,y\n{photos / 'b.png'},z\n")
     out = tmp_path / "m.npy"
-    rc, stdout, _ = _run(["--model-name", TINY, "--model-weight", str(weights), "--images", str(manifest),
-                          "--output", str(out), "--device", "cpu", "--workers", "0", "--no-progress"], capsys)
+    rc, stdout, _ = _run(
+        [
+            "--model-name",
+            TINY,
+            "--model-weight",
+            str(weights),
+            "--images",
+            str(manifest),
+            "--output",
+            str(out),
+            "--device",
+            "cpu",
+            "--workers",
+            "0",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert rc == 0 and "skipped 1 unreadable image(s), e.g. missing.png: does not exist" in stdout
     index = json.loads(out.with_name("m.index.json").read_text())
     assert index["items"] == ["trip/a.jpg", str(photos / "b.png")]
     np.testing.assert_allclose(
-        np.load(out), _image_embeddings(model, preprocess_val, [photos / "trip/a.jpg", photos / "b.png"]), atol=1e-5
+        np.load(out),
+        _image_embeddings(model, preprocess_val, [photos / "trip/a.jpg", photos / "b.png"]),
+        atol=1e-5,
     )
 
     texts = tmp_path / "captions.txt"
     texts.write_text("a photo of a cat\n\n  a red car  \nüñí©ødé text\n", encoding="utf-8")
     out = tmp_path / "texts.npy"
     out.write_bytes(b"old")  # an earlier result is replaced whole
-    rc, stdout, _ = _run(["--model-name", TINY, "--model-weight", str(weights), "--texts", str(texts),
-                          "--output", str(out), "--device", "cpu", "--batch-size", "2"], capsys)
+    rc, stdout, _ = _run(
+        [
+            "--model-name",
+            TINY,
+            "--model-weight",
+            str(weights),
+            "--texts",
+            str(texts),
+            "--output",
+            str(out),
+            "--device",
+            "cpu",
+            "--batch-size",
+            "2",
+        ],
+        capsys,
+    )
     assert rc == 0 and "3 texts x 64" in stdout and "skipped 1 blank line(s)" in stdout
     index = json.loads(out.with_name("texts.index.json").read_text(encoding="utf-8"))
     assert index["items"] == ["a photo of a cat", "a red car", "üñí©ødé text"] and index["kind"] == "texts"
@@ -117,7 +174,9 @@ def test_errors_are_one_line_and_leave_no_output(extra, message, photos, tmp_pat
     # later occurrences win in argparse, so the parametrised options replace the defaults above
     rc, stdout, stderr = _run(args, capsys)
     assert rc == 2
-    assert stderr.startswith("embed.py: error: ") and message in stderr and len(stderr.strip().splitlines()) == 1
+    assert (
+        stderr.startswith("embed.py: error: ") and message in stderr and len(stderr.strip().splitlines()) == 1
+    )
     assert not [p for p in tmp_path.iterdir() if p.suffix in (".npy", ".json", ".tmp")]
 
 
@@ -126,8 +185,21 @@ def test_nothing_readable_writes_nothing(tmp_path, capsys):
     (tmp_path / "imgs" / "x.jpg").write_bytes(b"nope")
     (tmp_path / "imgs" / "y.png").write_bytes(b"")
     out = tmp_path / "o.npy"
-    rc, _, stderr = _run(["--model-name", TINY, "--random-init", "--images", str(tmp_path / "imgs"),
-                          "--output", str(out), "--workers", "0", "--no-progress"], capsys)
+    rc, _, stderr = _run(
+        [
+            "--model-name",
+            TINY,
+            "--random-init",
+            "--images",
+            str(tmp_path / "imgs"),
+            "--output",
+            str(out),
+            "--workers",
+            "0",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert rc == 2 and "none of the 2 images could be read (e.g. " in stderr and "nothing written" in stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs"]
 
@@ -144,8 +216,21 @@ def test_odd_file_names_and_a_fifo(tmp_path, capsys):
     Image.new("RGB", (20, 20), (9, 2, 3)).save(os.fsdecode(bytes(imgs) + b"/b\xff.jpg"))
     os.mkfifo(imgs / "pipe.jpg")
     out = tmp_path / "o.npy"
-    rc, _, stderr = _run(["--model-name", TINY, "--random-init", "--images", str(imgs), "--output", str(out),
-                          "--workers", "0", "--no-progress"], capsys)
+    rc, _, stderr = _run(
+        [
+            "--model-name",
+            TINY,
+            "--random-init",
+            "--images",
+            str(imgs),
+            "--output",
+            str(out),
+            "--workers",
+            "0",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert rc == 0, stderr
     index = json.loads((tmp_path / "o.index.json").read_text(encoding="utf-8"))
     assert index["items"] == ["a.jpg", "b\\xff.jpg"] and index["count"] == 2
@@ -166,8 +251,21 @@ def test_every_special_input_is_embedded_or_listed_as_skipped(tmp_path, capsys):
     (imgs / "zero.jpg").symlink_to("/dev/zero")
     (imgs / "broken.png").symlink_to(imgs / "gone.png")
     out = tmp_path / "o.npy"
-    rc, stdout, stderr = _run(["--model-name", TINY, "--random-init", "--images", str(imgs), "--output", str(out),
-                               "--workers", "0", "--no-progress"], capsys)
+    rc, stdout, stderr = _run(
+        [
+            "--model-name",
+            TINY,
+            "--random-init",
+            "--images",
+            str(imgs),
+            "--output",
+            str(out),
+            "--workers",
+            "0",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert rc == 0, stderr
     index = json.loads((tmp_path / "o.index.json").read_text(encoding="utf-8"))
     assert index["items"] == ["a.jpg", "x.jpg/inside.png"]
@@ -180,16 +278,47 @@ def test_every_special_input_is_embedded_or_listed_as_skipped(tmp_path, capsys):
     assert "skipped 4" in stdout
     # The same paths named in a list: each listed with what it is.
     # (A link leaving the list's folder, as zero.jpg does, is refused there: paths must stay inside.)
-    (tmp_path / "list.txt").write_text("imgs/a.jpg\nimgs/pipe.jpg\nimgs/x.jpg\nimgs/broken.png\nimgs/no.jpg\n")
-    rc, _, stderr = _run(["--model-name", TINY, "--random-init", "--images", str(tmp_path / "list.txt"), "--output",
-                          str(out), "--workers", "0", "--no-progress"], capsys)
+    (tmp_path / "list.txt").write_text(
+        "imgs/a.jpg\nimgs/pipe.jpg\nimgs/x.jpg\nimgs/broken.png\nimgs/no.jpg\n"
+    )
+    rc, _, stderr = _run(
+        [
+            "--model-name",
+            TINY,
+            "--random-init",
+            "--images",
+            str(tmp_path / "list.txt"),
+            "--output",
+            str(out),
+            "--workers",
+            "0",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert rc == 0, stderr
     index = json.loads((tmp_path / "o.index.json").read_text(encoding="utf-8"))
     assert index["items"] == ["imgs/a.jpg"]
     assert [(s["item"], s["error"].split(" (")[0]) for s in index["skipped"]] == [
-        ("imgs/pipe.jpg", "is not a regular file"), ("imgs/x.jpg", "is a folder, not an image file"), ("imgs/broken.png", "is a broken link"),
-        ("imgs/no.jpg", "does not exist")]
+        ("imgs/pipe.jpg", "is not a regular file"),
+        ("imgs/x.jpg", "is a folder, not an image file"),
+        ("imgs/broken.png", "is a broken link"),
+        ("imgs/no.jpg", "does not exist"),
+    ]
     # Given as --images itself, a FIFO is said to be one, not to be missing.
-    rc, _, stderr = _run(["--model-name", TINY, "--random-init", "--images", str(imgs / "pipe.jpg"), "--output",
-                          str(out), "--workers", "0", "--no-progress"], capsys)
+    rc, _, stderr = _run(
+        [
+            "--model-name",
+            TINY,
+            "--random-init",
+            "--images",
+            str(imgs / "pipe.jpg"),
+            "--output",
+            str(out),
+            "--workers",
+            "0",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert rc == 2 and f"--images {imgs / 'pipe.jpg'} is not a regular file (a FIFO)" in stderr

@@ -2,7 +2,6 @@
 retrieval.py CLIs end to end (their JSON must match the library's numbers), their one-line
 errors, dataset-spec resolution and the train.py epoch hook."""
 
-
 import csv
 import json
 import pickle
@@ -75,12 +74,20 @@ def _train_and_write(root: Path) -> dict:
     torch.save({"state_dict": model.state_dict(), "step": 6}, checkpoint)
     tree = write_classification_set(root / "cls", per_class=2, seed=1, image_size=48)
     karpathy = write_retrieval_set(root / "ret", num_images=8, seed=1, image_size=48)
-    return {"root": root, "checkpoint": checkpoint, "tree": tree, "templates": root / "cls" / "templates.json",
-            "karpathy": karpathy, "losses": losses}
+    return {
+        "root": root,
+        "checkpoint": checkpoint,
+        "tree": tree,
+        "templates": root / "cls" / "templates.json",
+        "karpathy": karpathy,
+        "losses": losses,
+    }
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
 
 
 def _main(script: str, args: list[str], capsys) -> tuple[int, str, str]:
@@ -105,7 +112,9 @@ def test_class_embeddings_are_normalised_template_means(trained):
     torch.testing.assert_close(weights.norm(dim=0), torch.ones(3))
     with torch.no_grad():
         for c, name in enumerate(names):
-            per_template = F.normalize(model.encode_text(tokenize([t.format(name) for t in templates])), dim=-1)
+            per_template = F.normalize(
+                model.encode_text(tokenize([t.format(name) for t in templates])), dim=-1
+            )
             expected = F.normalize(per_template.mean(dim=0), dim=0)
             torch.testing.assert_close(weights[:, c], expected, atol=1e-5, rtol=1e-5)
     # one template: the class embedding is that prompt's normalised embedding
@@ -117,10 +126,29 @@ def test_class_embeddings_are_normalised_template_means(trained):
 
 def test_zero_shot_cli_matches_library(trained, tmp_path, capsys):
     out = tmp_path / "results"
-    rc, stdout, stderr = _main("zero_shot.py", ["--model-name", str(CONFIG), "--model-weight", str(trained["checkpoint"]),
-                "--datasets", f"scenes={trained['tree']}", "--templates", f"scenes={trained['templates']}",
-                "--output-dir", str(out), "--device", "cpu", "--workers", "0", "--batch-size", "7",
-                                         "--no-progress"], capsys)
+    rc, stdout, stderr = _main(
+        "zero_shot.py",
+        [
+            "--model-name",
+            str(CONFIG),
+            "--model-weight",
+            str(trained["checkpoint"]),
+            "--datasets",
+            f"scenes={trained['tree']}",
+            "--templates",
+            f"scenes={trained['templates']}",
+            "--output-dir",
+            str(out),
+            "--device",
+            "cpu",
+            "--workers",
+            "0",
+            "--batch-size",
+            "7",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert rc == 0, stderr
     saved = json.loads((out / "classification_scenes.json").read_text())
     assert saved["dataset"] == "scenes" and saved["task"] == "classification"
@@ -134,7 +162,11 @@ def test_zero_shot_cli_matches_library(trained, tmp_path, capsys):
     from src.evaluation.specs import DatasetSpec
 
     mine = evaluate_classification(
-        model, DatasetSpec("scenes", trained["tree"], templates=trained["templates"]), SIZE, "cpu", batch_size=5
+        model,
+        DatasetSpec("scenes", trained["tree"], templates=trained["templates"]),
+        SIZE,
+        "cpu",
+        batch_size=5,
     )
     for key, value in mine["metrics"].items():
         assert saved["metrics"][key] == pytest.approx(value, abs=1e-4)
@@ -169,13 +201,31 @@ def test_zero_shot_cli_matches_library(trained, tmp_path, capsys):
 
 def test_retrieval_cli_matches_library(trained, tmp_path, capsys):
     out = tmp_path / "results"
-    rc, stdout, stderr = _main("retrieval.py", ["--config", str(CONFIG), "--pretrained", str(trained["checkpoint"]),
-                "--datasets", f"scenes={trained['karpathy']}", "--output-dir", str(out), "--device", "cpu",
-                                        "--workers", "0", "--no-progress"], capsys)
+    rc, stdout, stderr = _main(
+        "retrieval.py",
+        [
+            "--config",
+            str(CONFIG),
+            "--pretrained",
+            str(trained["checkpoint"]),
+            "--datasets",
+            f"scenes={trained['karpathy']}",
+            "--output-dir",
+            str(out),
+            "--device",
+            "cpu",
+            "--workers",
+            "0",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert rc == 0, stderr
     saved = json.loads((out / "retrieval_scenes.json").read_text())
     assert saved["task"] == "retrieval" and saved["num_images"] == 8 and saved["num_captions"] == 40
-    expected_keys = {f"{d}_R@{k}" for d in ("image_to_text", "text_to_image") for k in (1, 5, 10)} | {"mean_recall"}
+    expected_keys = {f"{d}_R@{k}" for d in ("image_to_text", "text_to_image") for k in (1, 5, 10)} | {
+        "mean_recall"
+    }
     assert set(saved["metrics"]) == expected_keys
     # 8 images: every caption finds its image within the top 10
     assert saved["metrics"]["text_to_image_R@10"] == 100.0
@@ -189,7 +239,11 @@ def test_retrieval_cli_matches_library(trained, tmp_path, capsys):
     "script,args,needle",
     [
         ("zero_shot.py", ["--datasets", "x=/no/such/folder"], "/no/such/folder does not exist"),
-        ("zero_shot.py", ["--datasets", "{tree}", "--model-weight", "/no/ckpt.pt"], "weights /no/ckpt.pt does not exist"),
+        (
+            "zero_shot.py",
+            ["--datasets", "{tree}", "--model-weight", "/no/ckpt.pt"],
+            "weights /no/ckpt.pt does not exist",
+        ),
         ("zero_shot.py", ["--datasets", "{tree}", "--templates", "scenes"], "expected NAME=FILE"),
         ("retrieval.py", ["--datasets", "x={tree}", "--random-init"], "dataset_*.json"),
         ("retrieval.py", ["--datasets", "{tree}", "--batch-size", "0"], "--batch-size"),
@@ -206,7 +260,10 @@ def test_cli_errors_are_one_line(trained, script, args, needle, capsys):
 def test_cli_error_in_a_real_process():
     proc = _run("zero_shot.py", "--config", str(CONFIG), "--datasets", "x=/no/such/folder")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == "zero_shot.py: error: dataset x: /no/such/folder does not exist; give NAME=PATH"
+    assert (
+        proc.stderr.strip()
+        == "zero_shot.py: error: dataset x: /no/such/folder does not exist; give NAME=PATH"
+    )
 
 
 def test_cli_help_explains_dataset_forms():
@@ -219,8 +276,10 @@ def test_cli_help_explains_dataset_forms():
 def test_cifar_spec_uses_bundled_names_and_templates(tmp_path):
     root = tmp_path / "cifar-10-batches-py"
     root.mkdir()
-    names = [n.encode() for n in ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
-                                  "ship", "truck"]]
+    names = [
+        n.encode()
+        for n in ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    ]
     with open(root / "batches.meta", "wb") as f:
         pickle.dump({b"label_names": names}, f)
     with open(root / "test_batch", "wb") as f:

@@ -39,7 +39,9 @@ def test_restricted_load_reads_numpy_arrays_of_every_protocol():
         assert np.array_equal(loaded[b"data"], data[b"data"]) and loaded[b"labels"] == [1, 0]
     # the CIFAR files themselves were written with numpy 1.x, which names numpy.core
     old = pickle.dumps(data, protocol=2).replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
-    assert b"numpy.core.multiarray" in old and np.array_equal(restricted_load(io.BytesIO(old))[b"data"], data[b"data"])
+    assert b"numpy.core.multiarray" in old and np.array_equal(
+        restricted_load(io.BytesIO(old))[b"data"], data[b"data"]
+    )
 
 
 def test_a_crafted_batches_meta_is_refused_and_runs_nothing(tmp_path):
@@ -62,7 +64,10 @@ def test_a_crafted_batches_meta_is_refused_and_runs_nothing(tmp_path):
         (lambda b: b[: len(b) // 2], "is truncated or not a CIFAR pickle"),
         (lambda b: b"not a pickle at all", "is truncated or not a CIFAR pickle"),
         (lambda b: pickle.dumps([1, 2, 3]), "is not a CIFAR pickle (no data, labels)"),
-        (lambda b: pickle.dumps({b"data": np.zeros(7, np.uint8), b"labels": [0]}), "malformed data or labels"),
+        (
+            lambda b: pickle.dumps({b"data": np.zeros(7, np.uint8), b"labels": [0]}),
+            "malformed data or labels",
+        ),
     ],
 )
 def test_a_broken_cifar_batch_is_one_line_naming_it(tmp_path, damage, needle):
@@ -77,8 +82,11 @@ def test_a_broken_cifar_batch_is_one_line_naming_it(tmp_path, damage, needle):
 
 @pytest.mark.parametrize(
     "content,needle",
-    [(b'{"apple_pie": ["apple_pie/1"', "is not valid JSON"), (b'["apple_pie/1"]', "is not a {class: [image id"),
-     (b"\xff\xfe\x00", "is not valid JSON")],
+    [
+        (b'{"apple_pie": ["apple_pie/1"', "is not valid JSON"),
+        (b'["apple_pie/1"]', "is not a {class: [image id"),
+        (b"\xff\xfe\x00", "is not valid JSON"),
+    ],
 )
 def test_a_broken_food101_split_file_is_one_line_naming_it(tmp_path, content, needle):
     layouts.write_food101(tmp_path)
@@ -94,8 +102,20 @@ def test_zero_shot_cli_reports_a_truncated_cifar_file_in_one_line(tmp_path, caps
     layouts.write_cifar(tmp_path, "cifar100", [1, 2])
     meta = tmp_path / "cifar-100-python" / "meta"
     meta.write_bytes(meta.read_bytes()[:10])
-    rc = zero_shot.main(["--random-init", "--model-name", "RWKV_CLIP_tiny", "--datasets", f"cifar100={tmp_path}",
-                         "--output-dir", str(tmp_path / "out"), "--device", "cpu", "--no-progress"])
+    rc = zero_shot.main(
+        [
+            "--random-init",
+            "--model-name",
+            "RWKV_CLIP_tiny",
+            "--datasets",
+            f"cifar100={tmp_path}",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--device",
+            "cpu",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
     assert err[0].startswith(f"zero_shot.py: error: CIFAR file {meta} is truncated or not a CIFAR pickle")

@@ -1,7 +1,6 @@
 """Evaluation dataset readers on small generated fixtures in each on-disk format, and the eval
 preprocessing (shorter-side bicubic resize, centre crop, CLIP normalisation)."""
 
-
 import csv
 import json
 import pickle
@@ -47,7 +46,14 @@ def test_image_folder_uses_sorted_folders_and_pretty_names(tmp_path):
     data = read_image_folder(tmp_path)
     assert data.classnames == ["a cat", "b dog", "c red fox"]
     assert data.labels == [0, 0, 1, 1, 2, 2]
-    assert [p.parent.name for p in data.images] == ["a_cat", "a_cat", "b_dog", "b_dog", "c_red_fox", "c_red_fox"]
+    assert [p.parent.name for p in data.images] == [
+        "a_cat",
+        "a_cat",
+        "b_dog",
+        "b_dog",
+        "c_red_fox",
+        "c_red_fox",
+    ]
 
 
 def test_image_folder_class_name_files(tmp_path):
@@ -91,7 +97,10 @@ def test_imagenet_val_synset_folders(tmp_path):
 
 def test_imagenet_val_flat_with_solution_csv(tmp_path):
     val = tmp_path / "val"
-    rows = [("ILSVRC2012_val_00000002", "n09 1 2 3 4"), ("ILSVRC2012_val_00000001", "n01 5 6 7 8 n01 1 1 1 1")]
+    rows = [
+        ("ILSVRC2012_val_00000002", "n09 1 2 3 4"),
+        ("ILSVRC2012_val_00000001", "n01 5 6 7 8 n01 1 1 1 1"),
+    ]
     for image_id, _ in rows:
         _save(val / f"{image_id}.JPEG", (1, 2, 3))
     with open(tmp_path / "LOC_val_solution.csv", "w", newline="") as f:
@@ -204,7 +213,10 @@ def test_manifest_retrieval_jsonl_and_csv(tmp_path):
         _save(tmp_path / f"{i}.jpg", (i, 0, 0))
     jsonl = tmp_path / "pairs.jsonl"
     jsonl.write_text(
-        json.dumps({"image": "0.jpg", "captions": ["a", "b"]}) + "\n" + json.dumps({"image": "1.jpg", "captions": ["c"]}) + "\n"
+        json.dumps({"image": "0.jpg", "captions": ["a", "b"]})
+        + "\n"
+        + json.dumps({"image": "1.jpg", "captions": ["c"]})
+        + "\n"
     )
     data = read_manifest_retrieval(jsonl)
     assert data.captions == ["a", "b", "c"] and data.caption_image == [0, 0, 1]

@@ -3,7 +3,6 @@ its share of the prompts and images, rank 0 returns the metrics of the whole dat
 one process evaluating alone) and rank 1 returns nothing. In one process: it evaluates at the
 run's planned micro-batch, also the one `--batch-size auto` chose."""
 
-
 import dataclasses
 import json
 from pathlib import Path
@@ -27,8 +26,11 @@ from tests._train_helpers import free_port, run_guarded, set_torchrun_env
 
 def _dataset(root: Path) -> DatasetSpec:
     """7 images in 3 classes and 3 templates: neither the images nor the 9 prompts split evenly."""
-    colours = {"red": [(250, 10, 10), (200, 0, 30), (255, 60, 60)], "green": [(10, 240, 10), (40, 200, 40)],
-               "blue": [(10, 10, 250), (0, 60, 200)]}
+    colours = {
+        "red": [(250, 10, 10), (200, 0, 30), (255, 60, 60)],
+        "green": [(10, 240, 10), (40, 200, 40)],
+        "blue": [(10, 10, 250), (0, 60, 200)],
+    }
     for name, shades in colours.items():
         for i, colour in enumerate(shades):
             (root / "tree" / name).mkdir(parents=True, exist_ok=True)
@@ -47,10 +49,12 @@ def _body(rank: int, out: Path, port: int, root: Path) -> None:
     # process (train.py's --workers asks for at least 1 loader thread).
     config, plan = TrainConfig(train_data=("d",), output=root, workers=0), BatchPlan(2, 1, 2, None)
     metrics = hook(model, 1, config, plan, env)
-    result = evaluate_classification(model, spec, 32, env.device, 2, 0, return_predictions=True,
-                                     shard=Shard(env.rank, env.world_size))
-    (out / f"rank{rank}.json").write_text(json.dumps({"hook": metrics, "predictions": result["predictions"],
-                                                      "metrics": result["metrics"]}))
+    result = evaluate_classification(
+        model, spec, 32, env.device, 2, 0, return_predictions=True, shard=Shard(env.rank, env.world_size)
+    )
+    (out / f"rank{rank}.json").write_text(
+        json.dumps({"hook": metrics, "predictions": result["predictions"], "metrics": result["metrics"]})
+    )
     cleanup(env)
 
 
@@ -81,13 +85,34 @@ def test_hook_spreads_the_evaluation_and_rank0_reports(tmp_path):
 def test_the_hook_evaluates_at_the_planned_micro_batch(tmp_path):
     # --batch-size auto, as the recipes have it: the batch plan decides the micro-batch (here 3: a
     # global batch of 6 in 2 accumulated micro-batches), and the hook evaluates at that batch.
-    config = parse_config(["--train-data", "d", "--output", str(tmp_path / "run"), "--config", "RWKV_CLIP_tiny",
-                           "--batch-size", "auto", "--global-batch-size", "6", "--accum-freq", "2"])
+    config = parse_config(
+        [
+            "--train-data",
+            "d",
+            "--output",
+            str(tmp_path / "run"),
+            "--config",
+            "RWKV_CLIP_tiny",
+            "--batch-size",
+            "auto",
+            "--global-batch-size",
+            "6",
+            "--accum-freq",
+            "2",
+        ]
+    )
     env = DistEnv(0, 0, 1, torch.device("cpu"), None)
-    plan, _, _ = plan_for_device(model_config=config.model, wkv_impl="reference", precision=config.precision,
-                                 device=env.device, world_size=1, global_batch=config.global_batch_size,
-                                 accum_freq=config.accum_freq, batch_size=config.batch_size,
-                                 force_checkpointing=False)
+    plan, _, _ = plan_for_device(
+        model_config=config.model,
+        wkv_impl="reference",
+        precision=config.precision,
+        device=env.device,
+        world_size=1,
+        global_batch=config.global_batch_size,
+        accum_freq=config.accum_freq,
+        batch_size=config.batch_size,
+        force_checkpointing=False,
+    )
     assert config.batch_size is None and plan.micro_batch == 3
     model = micro_model()
     batches: list[int] = []
@@ -95,5 +120,8 @@ def test_the_hook_evaluates_at_the_planned_micro_batch(tmp_path):
     hook = zero_shot_epoch_hook(_dataset(tmp_path / "data"), frequency=1)
     # workers=0 reads in this process (train.py's --workers asks for at least 1 loader thread).
     metrics = hook(model, 1, dataclasses.replace(config, workers=0), plan, env)
-    assert batches == [3, 3, 1] and set(metrics) == {"zeroshot_top1", "zeroshot_top5",
-                                                     "zeroshot_mean_per_class_recall"}
+    assert batches == [3, 3, 1] and set(metrics) == {
+        "zeroshot_top1",
+        "zeroshot_top5",
+        "zeroshot_mean_per_class_recall",
+    }

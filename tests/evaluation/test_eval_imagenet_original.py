@@ -2,7 +2,6 @@
 pipeline (DALI's mxnet reader on val.rec, the same resize/crop/normalise), the count of zero rows
 the original's launch leaves (against DALI's iterator), and a whole evaluation that adds them."""
 
-
 import math
 
 import numpy as np
@@ -28,14 +27,28 @@ def _original_pipeline(rec, batch: int, shard_id: int = 0, num_shards: int = 1) 
     """The original's validation pipeline (its dataloaders/imagenet.py, is_training=False), on CPU."""
     pipe = Pipeline(batch_size=batch, num_threads=1, device_id=None)
     with pipe:
-        jpegs, labels = fn.readers.mxnet(path=str(rec), index_path=str(rec.with_suffix(".idx")), shard_id=shard_id,
-                                         num_shards=num_shards, random_shuffle=False, pad_last_batch=False,
-                                         name="loader_test")
+        jpegs, labels = fn.readers.mxnet(
+            path=str(rec),
+            index_path=str(rec.with_suffix(".idx")),
+            shard_id=shard_id,
+            num_shards=num_shards,
+            random_shuffle=False,
+            pad_last_batch=False,
+            name="loader_test",
+        )
         images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
-        images = fn.resize(images, size=int(256 / 224 * SIZE), mode="not_smaller", interp_type=types.INTERP_TRIANGULAR)
-        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", crop=(SIZE, SIZE),
-                                          mean=[m * 255 for m in CLIP_MEAN], std=[s * 255 for s in CLIP_STD],
-                                          mirror=False)
+        images = fn.resize(
+            images, size=int(256 / 224 * SIZE), mode="not_smaller", interp_type=types.INTERP_TRIANGULAR
+        )
+        images = fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            crop=(SIZE, SIZE),
+            mean=[m * 255 for m in CLIP_MEAN],
+            std=[s * 255 for s in CLIP_STD],
+            mirror=False,
+        )
         pipe.set_outputs(images, labels)
     pipe.build()
     return pipe
@@ -45,10 +58,16 @@ def test_dali_preprocessing_equals_the_originals_pipeline(tmp_path):
     labels = [3, 1, 4, 1, 5, 9, 2]
     rec = write_imagenet_rec(tmp_path, labels)
     data, _ = read_paper_dataset(find_paper_dataset("imagenet"), rec)
-    ours = [(b.images, b.labels) for b in dali_val_batches(data.images, data.labels, SIZE, batch_size=3,
-                                                             device="cpu", workers=2)]
-    reference = DALIClassificationIterator(_original_pipeline(rec, 3), reader_name="loader_test",
-                                           last_batch_policy=LastBatchPolicy.PARTIAL, last_batch_padded=False)
+    ours = [
+        (b.images, b.labels)
+        for b in dali_val_batches(data.images, data.labels, SIZE, batch_size=3, device="cpu", workers=2)
+    ]
+    reference = DALIClassificationIterator(
+        _original_pipeline(rec, 3),
+        reader_name="loader_test",
+        last_batch_policy=LastBatchPolicy.PARTIAL,
+        last_batch_padded=False,
+    )
     expected = [(b[0]["data"], b[0]["label"][:, 0].long()) for b in reference]
     assert [x.shape[0] for x, _ in ours] == [3, 3, 1] == [x.shape[0] for x, _ in expected]
     for (x, y), (ex, ey) in zip(ours, expected):
@@ -65,7 +84,9 @@ def test_dali_preprocessing_equals_the_originals_pipeline(tmp_path):
             (val / f"n{labels[i]:08d}" / f"ILSVRC2012_val_{i:08d}.JPEG").write_bytes(payload)
     folder, _ = read_paper_dataset(find_paper_dataset("imagenet"), val)
     assert sorted(folder.labels) == sorted(labels)
-    from_files = torch.cat([b.images for b in dali_val_batches(folder.images, folder.labels, SIZE, 4, "cpu", 1)])
+    from_files = torch.cat(
+        [b.images for b in dali_val_batches(folder.images, folder.labels, SIZE, 4, "cpu", 1)]
+    )
     by_label = {y: x for (x, y) in zip(torch.cat([x for x, _ in ours]), labels) if labels.count(y) == 1}
     for x, y in zip(from_files, folder.labels):
         if y in by_label:
@@ -77,8 +98,12 @@ def test_padding_rows_are_what_the_originals_iterator_allocates(tmp_path, count,
     rec = write_imagenet_rec(tmp_path, [i % 7 for i in range(count)])
     allocated = 0
     for rank in range(ranks):  # each rank allocates len(loader) * batch rows
-        iterator = DALIClassificationIterator(_original_pipeline(rec, batch, rank, ranks), reader_name="loader_test",
-                                              last_batch_policy=LastBatchPolicy.PARTIAL, last_batch_padded=False)
+        iterator = DALIClassificationIterator(
+            _original_pipeline(rec, batch, rank, ranks),
+            reader_name="loader_test",
+            last_batch_policy=LastBatchPolicy.PARTIAL,
+            last_batch_padded=False,
+        )
         allocated += len(iterator) * batch
         assert sum(b[0]["data"].shape[0] for b in iterator) <= len(iterator) * batch
     assert original_padding_rows(count, (ranks, batch)) == allocated - count
@@ -91,8 +116,9 @@ def test_imagenet_original_protocol_counts_the_zero_rows(tmp_path):
     (tmp_path / "one.txt").write_text("a photo of a {}.\n")  # 1000 prompts, not 80,000
     spec = DatasetSpec("imagenet", rec, templates=tmp_path / "one.txt")
     model = micro_model()
-    original = evaluate_classification(model, spec, SIZE, "cpu", batch_size=2, protocol="original",
-                                       return_predictions=True)
+    original = evaluate_classification(
+        model, spec, SIZE, "cpu", batch_size=2, protocol="original", return_predictions=True
+    )
     padding = 8 * 120 - len(labels)
     assert original["padded_rows"] == padding == original_padding_rows(len(labels), (8, 120))
     assert original["num_images"] == 5 and original["metric"] == "top1"
@@ -128,7 +154,9 @@ def test_unreadable_images_are_skipped_on_the_dali_path(tmp_path):
     assert [b.labels.tolist() for b in batches] == [[0, 1, 3], [5]]
     assert [b.images.shape[0] for b in batches] == [3, 1]
     failed = dict(f for b in batches for f in b.failed)
-    assert sorted(failed) == [2, 4] and "not a whole JPEG" in failed[2] and "DALI could not decode" in failed[4]
+    assert (
+        sorted(failed) == [2, 4] and "not a whole JPEG" in failed[2] and "DALI could not decode" in failed[4]
+    )
     # the good images come out as they do in a batch without the bad ones
     alone = next(iter(dali_val_batches([paths[0], paths[1], paths[3]], [0, 1, 3], SIZE, 4, "cpu", 1)))
     assert torch.equal(alone.images, batches[0].images)

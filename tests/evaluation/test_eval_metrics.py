@@ -1,7 +1,6 @@
 """Zero-shot metrics against hand-computed examples and brute force, the original protocol's
 integer logits, result files and the bundled metadata."""
 
-
 import json
 
 import numpy as np
@@ -72,7 +71,9 @@ def test_retrieval_metrics_chunked_equals_unchunked():
     images = torch.nn.functional.normalize(torch.randn(37, 8, generator=g), dim=1)
     texts = torch.nn.functional.normalize(torch.randn(37 * 5, 8, generator=g), dim=1)
     owner = torch.arange(37).repeat_interleave(5)
-    assert retrieval_metrics(images, texts, owner, chunk=7) == retrieval_metrics(images, texts, owner, chunk=4096)
+    assert retrieval_metrics(images, texts, owner, chunk=7) == retrieval_metrics(
+        images, texts, owner, chunk=4096
+    )
 
 
 def test_bundled_metadata():
@@ -80,7 +81,13 @@ def test_bundled_metadata():
     assert len(names) == 1000 and len(templates) == 80
     assert names[0] == "tench" and names[-1] == "toilet paper"
     assert len(set(templates)) == 80 and all("{}" in t for t in templates)
-    for dataset, count in {"cifar10": 10, "cifar100": 100, "food101": 101, "pets": 37, "flowers": 102}.items():
+    for dataset, count in {
+        "cifar10": 10,
+        "cifar100": 100,
+        "food101": 101,
+        "pets": 37,
+        "flowers": 102,
+    }.items():
         names, templates = load_metadata(dataset)
         assert len(names) == count and templates
     assert load_metadata("no-such-dataset") == (None, None)
@@ -88,8 +95,13 @@ def test_bundled_metadata():
 
 
 def test_write_result_and_table(tmp_path):
-    result = {"dataset": "../evil/name", "task": "classification", "chance_top1": 10.0,
-              "metrics": {"top1": 55.5, "top5": 90.0}, "predictions": [1, 2]}
+    result = {
+        "dataset": "../evil/name",
+        "task": "classification",
+        "chance_top1": 10.0,
+        "metrics": {"top1": 55.5, "top5": 90.0},
+        "predictions": [1, 2],
+    }
     path = write_result(result, tmp_path)
     assert path.parent == tmp_path and path.name == "classification_evil_name.json"
     saved = json.loads(path.read_text())
@@ -113,7 +125,9 @@ def _unit(angle_deg: float) -> torch.Tensor:
 
 def test_integer_logits_truncate_toward_zero():
     image = _unit(0.0)[None]
-    classes = torch.stack([_unit(a) for a in (74.985, 75.5, 90.4, 180.0)], dim=1)  # cos: .2589, .2504, -.007, -1
+    classes = torch.stack(
+        [_unit(a) for a in (74.985, 75.5, 90.4, 180.0)], dim=1
+    )  # cos: .2589, .2504, -.007, -1
     float_logits = class_logits(image, classes)
     int_logits = class_logits(image, classes, integer=True)
     assert int_logits.dtype == torch.int64
@@ -177,7 +191,9 @@ def test_retrieval_ranks_are_positions_with_ties_in_dataset_order():
 
 def test_identical_captions_do_not_all_rank_first():
     # 12 images whose captions are the same text: a query can have only one caption at position 0.
-    images = torch.nn.functional.normalize(torch.randn(12, 4, generator=torch.Generator().manual_seed(0)), dim=1)
+    images = torch.nn.functional.normalize(
+        torch.randn(12, 4, generator=torch.Generator().manual_seed(0)), dim=1
+    )
     texts = torch.nn.functional.normalize(torch.ones(12, 4), dim=1)
     m = retrieval_metrics(images, texts, torch.arange(12), ks=(1, 12))
     assert m["image_to_text_R@1"] == pytest.approx(100 / 12)  # only image 0's caption comes first

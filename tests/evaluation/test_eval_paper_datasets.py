@@ -3,7 +3,6 @@ reader evaluates, its class order and labels, both forms of PATH, and one clear 
 layout. Caltech101 is a full-size tree (8,677 hard links) so that its evaluated subset can be
 checked against torch's own random_split with the original's seed."""
 
-
 import json
 from pathlib import Path
 
@@ -94,10 +93,14 @@ def test_caltech101_evaluates_exactly_the_seeded_split(tmp_path):
     listing = layouts.write_caltech101(tmp_path)
     assert len(listing) == 8677
     data, templates = _read("caltech101", tmp_path)
-    _, test = torch.utils.data.random_split(listing, [3000, 5677], generator=torch.Generator().manual_seed(3072))
+    _, test = torch.utils.data.random_split(
+        listing, [3000, 5677], generator=torch.Generator().manual_seed(3072)
+    )
     assert len(data.images) == 5677 == PAPER_DATASETS["caltech101"].test_size
     assert list(zip(data.images, data.labels)) == list(test)
-    assert len(set(data.labels)) == 101 and "BACKGROUND_Google" not in {Path(p).parent.name for p in data.images}
+    assert len(set(data.labels)) == 101 and "BACKGROUND_Google" not in {
+        Path(p).parent.name for p in data.images
+    }
     assert data.classnames[:2] == ["off-center face", "centered face"] and len(templates) == 34
     # the dataset's own folder works too, and so does 101_ObjectCategories itself
     for path in (tmp_path / "caltech101", tmp_path / "caltech101" / "101_ObjectCategories"):
@@ -123,14 +126,31 @@ def test_imagenet_val_rec_labels_come_from_the_records(tmp_path):
 
 
 def test_registry_matches_the_bundled_names_and_the_paper(tmp_path):
-    assert list(PAPER_DATASETS) == ["cifar10", "cifar100", "food101", "pets", "flowers", "sun397", "stanford_car",
-                                    "dtd", "caltech101", "aircraft", "imagenet"]
+    assert list(PAPER_DATASETS) == [
+        "cifar10",
+        "cifar100",
+        "food101",
+        "pets",
+        "flowers",
+        "sun397",
+        "stanford_car",
+        "dtd",
+        "caltech101",
+        "aircraft",
+        "imagenet",
+    ]
     sizes = {r["name"]: (r["classes"], r["test_images"], r["metric"]) for r in describe()}
     assert sizes == {
-        "cifar10": (10, 10000, "top1"), "cifar100": (100, 10000, "top1"), "food101": (101, 25250, "top1"),
-        "pets": (37, 3669, "mean_per_class"), "flowers": (102, 6149, "mean_per_class"),
-        "sun397": (397, 19850, "top1"), "stanford_car": (196, 8041, "top1"), "dtd": (47, 1880, "top1"),
-        "caltech101": (101, 5677, "mean_per_class"), "aircraft": (100, 3333, "mean_per_class"),
+        "cifar10": (10, 10000, "top1"),
+        "cifar100": (100, 10000, "top1"),
+        "food101": (101, 25250, "top1"),
+        "pets": (37, 3669, "mean_per_class"),
+        "flowers": (102, 6149, "mean_per_class"),
+        "sun397": (397, 19850, "top1"),
+        "stanford_car": (196, 8041, "top1"),
+        "dtd": (47, 1880, "top1"),
+        "caltech101": (101, 5677, "mean_per_class"),
+        "aircraft": (100, 3333, "mean_per_class"),
         "imagenet": (1000, 50000, "top1"),
     }
     for row in describe():
@@ -144,24 +164,60 @@ def test_registry_matches_the_bundled_names_and_the_paper(tmp_path):
 @pytest.mark.parametrize(
     "name,writer,break_it,needle",
     [
-        ("food101", layouts.write_food101, lambda r: (r / "food-101/meta/test.json").unlink(), "food-101/meta/test.json"),
-        ("food101", layouts.write_food101, lambda r: (r / "food-101/images/ramen/2.jpg").unlink(),
-         "food-101/images/ramen/2.jpg listed in"),
-        ("dtd", layouts.write_dtd, lambda r: (r / "dtd/dtd/images/lined/lined_0010.jpg").unlink(),
-         "lined_0010.jpg listed in"),
-        ("pets", layouts.write_pets, lambda r: (r / "oxford-iiit-pet/annotations/test.txt").write_text("x 1\n"),
-         "annotations/test.txt line 'x 1'"),
-        ("flowers", layouts.write_flowers, lambda r: (r / "flowers-102/imagelabels.mat").unlink(),
-         "flowers-102/imagelabels.mat is missing"),
-        ("stanford_car", layouts.write_stanford_cars, lambda r: (r / "stanford_cars/cars_test/00017.jpg").touch(),
-         None),
-        ("stanford_car", layouts.write_stanford_cars,
-         lambda r: (r / "stanford_cars/cars_test_annos_withlabels.mat").write_text("junk"), "as a MATLAB file"),
-        ("aircraft", layouts.write_aircraft,
-         lambda r: (r / "fgvc-aircraft-2013b/data/images_variant_test.txt").write_text("1 Concorde\n"),
-         "variant not in variants.txt"),
-        ("food101", layouts.write_food101,
-         lambda r: (r / "food-101/meta/test.json").write_text(json.dumps({"a": ["../../x"]})), "not a path inside"),
+        (
+            "food101",
+            layouts.write_food101,
+            lambda r: (r / "food-101/meta/test.json").unlink(),
+            "food-101/meta/test.json",
+        ),
+        (
+            "food101",
+            layouts.write_food101,
+            lambda r: (r / "food-101/images/ramen/2.jpg").unlink(),
+            "food-101/images/ramen/2.jpg listed in",
+        ),
+        (
+            "dtd",
+            layouts.write_dtd,
+            lambda r: (r / "dtd/dtd/images/lined/lined_0010.jpg").unlink(),
+            "lined_0010.jpg listed in",
+        ),
+        (
+            "pets",
+            layouts.write_pets,
+            lambda r: (r / "oxford-iiit-pet/annotations/test.txt").write_text("x 1\n"),
+            "annotations/test.txt line 'x 1'",
+        ),
+        (
+            "flowers",
+            layouts.write_flowers,
+            lambda r: (r / "flowers-102/imagelabels.mat").unlink(),
+            "flowers-102/imagelabels.mat is missing",
+        ),
+        (
+            "stanford_car",
+            layouts.write_stanford_cars,
+            lambda r: (r / "stanford_cars/cars_test/00017.jpg").touch(),
+            None,
+        ),
+        (
+            "stanford_car",
+            layouts.write_stanford_cars,
+            lambda r: (r / "stanford_cars/cars_test_annos_withlabels.mat").write_text("junk"),
+            "as a MATLAB file",
+        ),
+        (
+            "aircraft",
+            layouts.write_aircraft,
+            lambda r: (r / "fgvc-aircraft-2013b/data/images_variant_test.txt").write_text("1 Concorde\n"),
+            "variant not in variants.txt",
+        ),
+        (
+            "food101",
+            layouts.write_food101,
+            lambda r: (r / "food-101/meta/test.json").write_text(json.dumps({"a": ["../../x"]})),
+            "not a path inside",
+        ),
     ],
 )
 def test_broken_layouts_name_the_file(tmp_path, name, writer, break_it, needle):

@@ -12,7 +12,6 @@ There is no GPU here, so its process runs with `-O` (no asserts) and `.cuda()` r
 tensor or module it is called on: the one stand-in in this file, for a GPU.
 """
 
-
 import json
 
 import numpy as np
@@ -78,23 +77,50 @@ def test_clip_benchmark_protocol_gives_clip_benchmarks_own_numbers(tmp_path, cap
     # close colours, much noise: a probe that is neither perfect nor chance, so the search matters
     colours = [(120, 100, 100), (100, 120, 100), (100, 100, 120), (110, 110, 110), (125, 125, 95)]
     own = layouts.write_own_splits(tmp_path / "own", colours, {"train": 12, "val": 5, "test": 8}, noise=40)
-    rc = linear_probe_cli.main(["--model-name", str(config), "--model-weight", str(weights), "--device", "cpu",
-                                "--workers", "0", "--no-progress", "--wkv-impl", "reference", "--protocol",
-                                "clip_benchmark", "--cb-epochs", str(EPOCHS), "--output-dir", str(tmp_path / "out"),
-                                "--datasets", f"own={own}"])
+    rc = linear_probe_cli.main(
+        [
+            "--model-name",
+            str(config),
+            "--model-weight",
+            str(weights),
+            "--device",
+            "cpu",
+            "--workers",
+            "0",
+            "--no-progress",
+            "--wkv-impl",
+            "reference",
+            "--protocol",
+            "clip_benchmark",
+            "--cb-epochs",
+            str(EPOCHS),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--datasets",
+            f"own={own}",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     ours = json.loads((tmp_path / "out" / "linear_probe_own.json").read_text())
     folders = {split: entry["folder"] for split, entry in ours["feature_cache"].items()}
-    proc = run_oracle(clip_benchmark_python(), CB_SCRIPT, str(tmp_path), json.dumps(folders), str(EPOCHS),
-                      cwd=REPO_ROOT, options=("-O",))
+    proc = run_oracle(
+        clip_benchmark_python(),
+        CB_SCRIPT,
+        str(tmp_path),
+        json.dumps(folders),
+        str(EPOCHS),
+        cwd=REPO_ROOT,
+        options=("-O",),
+    )
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
     mine = ours["clip_benchmark_metrics"]
     assert theirs["weight_decay"] == mine["weight_decay"]
     for key in ("lp_acc1", "lp_acc5", "lp_mean_per_class_recall"):
         assert theirs[key] == pytest.approx(mine[key], abs=1e-6), key  # ours: float32 percentages
     assert 0.3 < theirs["lp_acc1"] < 1.0  # a probe that the search had to get right
-    assert {k: theirs[k] for k in ("epochs", "seed", "fewshot_k", "normalized")} == \
-        {k: mine[k] for k in ("epochs", "seed", "fewshot_k", "normalized")}
+    assert {k: theirs[k] for k in ("epochs", "seed", "fewshot_k", "normalized")} == {
+        k: mine[k] for k in ("epochs", "seed", "fewshot_k", "normalized")
+    }
 
 
 def test_the_lbfgs_probe_matches_scikit_learns_logistic_regression(tmp_path):
@@ -113,7 +139,10 @@ def test_the_lbfgs_probe_matches_scikit_learns_logistic_regression(tmp_path):
         proba = torch.softmax(fit.logits(test).double(), dim=1)
         torch.testing.assert_close(proba, torch.tensor(ref["proba"], dtype=torch.float64), atol=2e-4, rtol=0)
         # the objective at its solution, in our scaling: mean cross-entropy + lam / (2n) ||W||^2
-        w, b = torch.tensor(ref["coef"], dtype=torch.float64), torch.tensor(ref["intercept"], dtype=torch.float64)
+        w, b = (
+            torch.tensor(ref["coef"], dtype=torch.float64),
+            torch.tensor(ref["intercept"], dtype=torch.float64),
+        )
         logits = x.double() @ w.t() + b
         theirs = torch.nn.functional.cross_entropy(logits, y) + lam / (2 * len(y)) * w.square().sum()
         assert fit.loss == pytest.approx(theirs.item(), rel=1e-5), lam

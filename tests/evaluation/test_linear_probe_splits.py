@@ -3,7 +3,6 @@ layouts: each reader's train (and val) listing and labels, the class order share
 split, the seeded datasets' first piece, ImageNet's train/ folder, folders of your own, and the
 held-out validation draw."""
 
-
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,12 @@ from src.evaluation.specs import DatasetSpec
 from tests import _eval_layouts as layouts
 
 WRITERS = {
-    "food101": layouts.write_food101, "pets": layouts.write_pets, "flowers": layouts.write_flowers,
-    "stanford_car": layouts.write_stanford_cars, "dtd": layouts.write_dtd, "aircraft": layouts.write_aircraft,
+    "food101": layouts.write_food101,
+    "pets": layouts.write_pets,
+    "flowers": layouts.write_flowers,
+    "stanford_car": layouts.write_stanford_cars,
+    "dtd": layouts.write_dtd,
+    "aircraft": layouts.write_aircraft,
 }
 
 
@@ -50,8 +53,9 @@ def test_cifar_training_batches(tmp_path, variant):
 def test_sun397_trains_on_the_first_piece_of_the_seeded_split(tmp_path):
     paths, labels = layouts.write_sun397(tmp_path, per_class=5)
     lengths = (4, 6, 10)
-    train_idx, test_idx, _ = torch.utils.data.random_split(list(range(20)), list(lengths),
-                                                           generator=torch.Generator().manual_seed(3072))
+    train_idx, test_idx, _ = torch.utils.data.random_split(
+        list(range(20)), list(lengths), generator=torch.Generator().manual_seed(3072)
+    )
     train = read_sun397(tmp_path / "SUN397", "train", lengths=lengths)
     test = read_sun397(tmp_path / "SUN397", "test", lengths=lengths)
     assert [Path(p) for p in train.images] == [paths[i] for i in train_idx]
@@ -63,7 +67,9 @@ def test_sun397_trains_on_the_first_piece_of_the_seeded_split(tmp_path):
 def test_caltech101_trains_on_the_first_piece_of_the_seeded_split(tmp_path):
     listing = layouts.write_caltech101(tmp_path)
     train, _ = read_paper_dataset(PAPER_DATASETS["caltech101"], tmp_path, "train")
-    expected, _ = torch.utils.data.random_split(listing, [3000, 5677], generator=torch.Generator().manual_seed(3072))
+    expected, _ = torch.utils.data.random_split(
+        listing, [3000, 5677], generator=torch.Generator().manual_seed(3072)
+    )
     assert list(zip(train.images, train.labels)) == list(expected)
     assert len(train.images) == PAPER_DATASETS["caltech101"].split_sizes[0]
 
@@ -96,7 +102,9 @@ def test_own_folders_need_train_and_test(tmp_path):
     (tmp_path / "flat" / "cat").mkdir(parents=True)
     with pytest.raises(EvalDataError, match="no train/ and test/ folders"):
         probe_dataset(DatasetSpec("flat", tmp_path / "flat"))
-    assert probe_dataset(DatasetSpec("pets", tmp_path)).metric == "mean_per_class_recall"  # a paper dataset by name
+    assert (
+        probe_dataset(DatasetSpec("pets", tmp_path)).metric == "mean_per_class_recall"
+    )  # a paper dataset by name
 
 
 def test_held_out_validation_is_a_seeded_draw():
@@ -105,6 +113,8 @@ def test_held_out_validation_is_a_seeded_draw():
     assert not torch.equal(mask, held_out_mask(50, 0.2, seed=1))
     order = torch.randperm(50, generator=torch.Generator().manual_seed(0))
     assert set(torch.nonzero(mask).flatten().tolist()) == set(order[:10].tolist())
-    assert held_out_mask(3, 0.01, 0).sum() == 1 and held_out_mask(3, 0.99, 0).sum() == 2  # never empty, never all
+    assert (
+        held_out_mask(3, 0.01, 0).sum() == 1 and held_out_mask(3, 0.99, 0).sum() == 2
+    )  # never empty, never all
     with pytest.raises(EvalDataError, match="--val-fraction 1.5"):
         held_out_mask(10, 1.5, 0)

@@ -4,7 +4,6 @@ brute-force search over the same grid does, a fit is a pure function of its data
 (reruns, masks and chunking change nothing). Its agreement with scikit-learn's LogisticRegression
 is checked in the CLIP_benchmark venv (tests/evaluation/test_linear_probe_cb.py)."""
 
-
 import math
 
 import pytest
@@ -36,7 +35,11 @@ def _blobs(n: int, classes: int, dim: int, spread: float, seed: int) -> Rows:
 
 
 def test_the_grid_is_clips():
-    assert len(LAMBDA_GRID) == 97 and LAMBDA_GRID[0] == pytest.approx(1e-6) and LAMBDA_GRID[-1] == pytest.approx(1e6)
+    assert (
+        len(LAMBDA_GRID) == 97
+        and LAMBDA_GRID[0] == pytest.approx(1e-6)
+        and LAMBDA_GRID[-1] == pytest.approx(1e6)
+    )
     steps = [math.log10(b / a) for a, b in zip(LAMBDA_GRID, LAMBDA_GRID[1:])]
     assert all(s == pytest.approx(1 / 8) for s in steps)  # 8 per decade, 96 steps
     assert [round(math.log10(LAMBDA_GRID[i])) for i in range(0, 97, COARSE_STEP)] == [-6, -4, -2, 0, 2, 4, 6]
@@ -80,7 +83,9 @@ def test_coarse_to_fine_evaluates_clips_points_first():
     calls = []
     coarse_to_fine(lambda i: calls.append(i) or (-abs(i - 37),))
     assert calls[:7] == [0, 16, 32, 48, 64, 80, 96]
-    assert calls[7:] == [40, 36, 38, 37] or sorted(calls[7:]) == sorted(set(calls[7:]))  # then around the peak
+    assert calls[7:] == [40, 36, 38, 37] or sorted(calls[7:]) == sorted(
+        set(calls[7:])
+    )  # then around the peak
     assert len(calls) <= 7 + 2 * 4
 
 
@@ -116,7 +121,10 @@ def test_a_fit_is_a_pure_function_of_its_rows_and_strength(monkeypatch):
     torch.testing.assert_close(subset.weight, first.weight, rtol=1e-4, atol=1e-5)
     # several parts, walked in chunks of a few rows, give the same minimiser as one piece
     monkeypatch.setattr(logistic, "_CHUNK_ELEMENTS", 16 * 12)
-    halves = [Rows(data.features[:70], data.labels[:70], mask[:70]), Rows(data.features[70:], data.labels[70:], mask[70:])]
+    halves = [
+        Rows(data.features[:70], data.labels[:70], mask[:70]),
+        Rows(data.features[70:], data.labels[70:], mask[70:]),
+    ]
     chunked = fit_logistic(halves, 5, 1e-2, "cpu")
     torch.testing.assert_close(chunked.weight, first.weight, rtol=1e-3, atol=1e-4)
     assert score(halves, chunked, 5, "cpu")["top1"] == score([data.masked(mask)], first, 5, "cpu")["top1"]

@@ -1,7 +1,6 @@
 """The local hub server: faithful enough that the real huggingface_hub client works against it,
 and its fault injection does what the downloader tests rely on."""
 
-
 import hashlib
 import http.client
 import json
@@ -52,7 +51,9 @@ def request(endpoint: str, method: str, path: str, headers: dict | None = None):
 
 def git_hash_object(path: Path) -> str:
     """git itself is the oracle for the blob ids of small files."""
-    return subprocess.run(["git", "hash-object", str(path)], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "hash-object", str(path)], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_listing_and_resolve_match_the_hub_protocol(hub_files_dir: Path):
@@ -62,8 +63,12 @@ def test_listing_and_resolve_match_the_hub_protocol(hub_files_dir: Path):
         info = json.loads(body)
         assert len(info["sha"]) == 40
         sib = {s["rfilename"]: s for s in info["siblings"]}
-        assert set(sib) == {"README.md", "meta/info.json", "data/train-00000-of-00002.parquet",
-                            "data/train-00001-of-00002.parquet"}
+        assert set(sib) == {
+            "README.md",
+            "meta/info.json",
+            "data/train-00000-of-00002.parquet",
+            "data/train-00001-of-00002.parquet",
+        }
         shard = hub_files_dir / "data" / "train-00000-of-00002.parquet"
         sha = hashlib.sha256(shard.read_bytes()).hexdigest()
         assert sib["data/train-00000-of-00002.parquet"]["lfs"]["sha256"] == sha
@@ -77,18 +82,26 @@ def test_listing_and_resolve_match_the_hub_protocol(hub_files_dir: Path):
         assert resp.getheader("X-Repo-Commit") == info["sha"]
 
         # LFS file: 302 to the second host name, sha256 and size in X-Linked-*
-        resp, _ = request(server.endpoint, "HEAD", f"/datasets/{REPO}/resolve/{info['sha']}/data/train-00000-of-00002.parquet")
+        resp, _ = request(
+            server.endpoint,
+            "HEAD",
+            f"/datasets/{REPO}/resolve/{info['sha']}/data/train-00000-of-00002.parquet",
+        )
         assert resp.status == 302
         assert resp.getheader("X-Linked-Etag") == f'"{sha}"'
         assert int(resp.getheader("X-Linked-Size")) == shard.stat().st_size
         location = resp.getheader("Location")
-        assert urlsplit(location).hostname == "localhost" and urlsplit(server.endpoint).hostname == "127.0.0.1"
+        assert (
+            urlsplit(location).hostname == "localhost" and urlsplit(server.endpoint).hostname == "127.0.0.1"
+        )
 
         # Range on the CDN URL
         resp, body = request(server.endpoint, "GET", location, {"Range": "bytes=1000-"})
         assert resp.status == 206
         assert body == shard.read_bytes()[1000:]
-        assert resp.getheader("Content-Range") == f"bytes 1000-{shard.stat().st_size - 1}/{shard.stat().st_size}"
+        assert (
+            resp.getheader("Content-Range") == f"bytes 1000-{shard.stat().st_size - 1}/{shard.stat().st_size}"
+        )
         resp, _ = request(server.endpoint, "GET", location, {"Range": f"bytes={shard.stat().st_size}-"})
         assert resp.status == 416
         # a tampered signature is refused
@@ -118,7 +131,10 @@ def test_tree_listing_paginates_with_link_header(hub_files_dir: Path):
         assert len(files) == 4
         assert {e["path"] for e in seen if e["type"] == "directory"} == {"data", "meta"}
         shard = hub_files_dir / "data" / "train-00001-of-00002.parquet"
-        assert files["data/train-00001-of-00002.parquet"]["lfs"]["oid"] == hashlib.sha256(shard.read_bytes()).hexdigest()
+        assert (
+            files["data/train-00001-of-00002.parquet"]["lfs"]["oid"]
+            == hashlib.sha256(shard.read_bytes()).hexdigest()
+        )
 
 
 def test_gating_and_fault_injection(hub_files_dir: Path):
@@ -142,7 +158,10 @@ def test_gating_and_fault_injection(hub_files_dir: Path):
 
         faults.corrupt = {"data/train-00000-of-00002.parquet"}
         body = request(server.endpoint, "GET", location)[1]
-        assert body != (hub_files_dir / "data" / "train-00000-of-00002.parquet").read_bytes() and len(body) == 300_000
+        assert (
+            body != (hub_files_dir / "data" / "train-00000-of-00002.parquet").read_bytes()
+            and len(body) == 300_000
+        )
         faults.corrupt = set()
 
         records = server.requests
@@ -156,7 +175,9 @@ def test_reuses_hashes_verified_by_the_downloader(tmp_path: Path):
     st = (tmp_path / "a.parquet").stat()
     (tmp_path / ".hfd").mkdir()
     fake = "ab" * 32
-    mtime = subprocess.run(["stat", "-c", "%.9Y", str(tmp_path / "a.parquet")], capture_output=True, text=True).stdout.strip()
+    mtime = subprocess.run(
+        ["stat", "-c", "%.9Y", str(tmp_path / "a.parquet")], capture_output=True, text=True
+    ).stdout.strip()
     (tmp_path / ".hfd" / "verified.tsv").write_text(f"a.parquet\t1000\t{mtime}\tsha256\t{fake}\n")
     with serve_in_background(tmp_path, REPO) as server:
         assert server.repo.files["a.parquet"].sha256 == fake
@@ -195,12 +216,21 @@ print(json.dumps({"snapshot": snap, "one": one, "tree": tree,
 
 def run_hf_client(endpoint: str, tmp_path: Path, token: str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(tmp_path / "hfhome"), HF_HUB_DISABLE_TELEMETRY="1",
-               HF_HUB_DISABLE_XET="1")
+    env.update(
+        HF_ENDPOINT=endpoint,
+        HF_HOME=str(tmp_path / "hfhome"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_XET="1",
+    )
     if token:
         env["HF_TOKEN"] = token
-    out = subprocess.run([sys.executable, "-c", HF_CLIENT, REPO, str(tmp_path / "snap"), str(tmp_path / "cache")],
-                         env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", HF_CLIENT, REPO, str(tmp_path / "snap"), str(tmp_path / "cache")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -211,11 +241,22 @@ def test_real_huggingface_hub_client_downloads_from_it(hub_files_dir: Path, tmp_
         server.set_tree_page_size(3)  # the client must follow the Link header
         got = run_hf_client(server.endpoint, tmp_path, token="hf_client_token")
         records = server.requests
-    for rel in ("README.md", "meta/info.json", "data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet"):
+    for rel in (
+        "README.md",
+        "meta/info.json",
+        "data/train-00000-of-00002.parquet",
+        "data/train-00001-of-00002.parquet",
+    ):
         assert (Path(got["snapshot"]) / rel).read_bytes() == (hub_files_dir / rel).read_bytes()
     assert Path(got["one"]).read_bytes() == (hub_files_dir / "data/train-00001-of-00002.parquet").read_bytes()
-    assert got["tree"] == ["README.md", "data", "data/train-00000-of-00002.parquet",
-                           "data/train-00001-of-00002.parquet", "meta", "meta/info.json"]
+    assert got["tree"] == [
+        "README.md",
+        "data",
+        "data/train-00000-of-00002.parquet",
+        "data/train-00001-of-00002.parquet",
+        "meta",
+        "meta/info.json",
+    ]
     shard = hub_files_dir / "data/train-00000-of-00002.parquet"
     assert got["lfs"]["data/train-00000-of-00002.parquet"] == hashlib.sha256(shard.read_bytes()).hexdigest()
     cdn = [r for r in records if r.path.startswith("/cdn/")]
@@ -227,8 +268,21 @@ def test_real_huggingface_hub_client_downloads_from_it(hub_files_dir: Path, tmp_
 def test_cli_serves_and_writes_port_file(hub_files_dir: Path, tmp_path: Path):
     port_file = tmp_path / "endpoint.txt"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "src.open_alip.hub_server", "--root", str(hub_files_dir), "--repo-id", REPO, "--port-file", str(port_file)],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "src.open_alip.hub_server",
+            "--root",
+            str(hub_files_dir),
+            "--repo-id",
+            REPO,
+            "--port-file",
+            str(port_file),
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         for _ in range(300):
@@ -249,17 +303,28 @@ def test_cli_serves_and_writes_port_file(hub_files_dir: Path, tmp_path: Path):
     [
         (["--root", "/nonexistent/dir", "--repo-id", "a/b"], "--root /nonexistent/dir is not a folder"),
         (["--root", ".", "--repo-id", "noslash"], "--repo-id 'noslash' must look like ORG/NAME"),
-        (["--root", ".", "--repo-id", "a/b", "--port-file", "/missing/dir/pf"],
-         "--port-file /missing/dir/pf: folder /missing/dir does not exist"),
-        (["--root", ".", "--repo-id", "a/b", "--host", "no-such-host.invalid"],
-         "cannot resolve --host 'no-such-host.invalid'"),
-        (["--root", ".", "--repo-id", "a/b", "--host", "192.0.2.1"],  # TEST-NET-1: never this machine's
-         "--host 192.0.2.1 is not an address of this machine"),
+        (
+            ["--root", ".", "--repo-id", "a/b", "--port-file", "/missing/dir/pf"],
+            "--port-file /missing/dir/pf: folder /missing/dir does not exist",
+        ),
+        (
+            ["--root", ".", "--repo-id", "a/b", "--host", "no-such-host.invalid"],
+            "cannot resolve --host 'no-such-host.invalid'",
+        ),
+        (
+            ["--root", ".", "--repo-id", "a/b", "--host", "192.0.2.1"],  # TEST-NET-1: never this machine's
+            "--host 192.0.2.1 is not an address of this machine",
+        ),
     ],
 )
 def test_cli_bad_input_is_one_line(args: list[str], message: str):
-    out = subprocess.run([sys.executable, "-m", "src.open_alip.hub_server", *args], cwd=REPO_ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "src.open_alip.hub_server", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode != 0
     assert message in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
@@ -267,12 +332,29 @@ def test_cli_bad_input_is_one_line(args: list[str], message: str):
 
 def test_cli_port_in_use_says_pick_another_port(hub_files_dir: Path):
     with serve_in_background(hub_files_dir, REPO) as server:
-        out = subprocess.run([sys.executable, "-m", "src.open_alip.hub_server", "--root", str(hub_files_dir),
-                              "--repo-id", REPO,
-                              "--port", str(server.port)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "src.open_alip.hub_server",
+                "--root",
+                str(hub_files_dir),
+                "--repo-id",
+                REPO,
+                "--port",
+                str(server.port),
+            ],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert out.returncode == 1
-    assert out.stderr == f"python -m src.open_alip.hub_server: error: port {server.port} on 127.0.0.1 is in use; " \
+    assert (
+        out.stderr
+        == f"python -m src.open_alip.hub_server: error: port {server.port} on 127.0.0.1 is in use; "
         "pick another --port (0: any free port)\n"
+    )
     assert "Traceback" not in out.stderr
 
 
@@ -309,8 +391,9 @@ def test_parse_range(header, expected):
     assert parse_range(header, 100) == expected
 
 
-@pytest.mark.parametrize(("header", "size"), [("bytes=100-", 100), ("bytes=100-200", 100), ("bytes=-0", 100),
-                                              ("bytes=0-", 0)])
+@pytest.mark.parametrize(
+    ("header", "size"), [("bytes=100-", 100), ("bytes=100-200", 100), ("bytes=-0", 100), ("bytes=0-", 0)]
+)
 def test_parse_range_unsatisfiable(header, size):
     with pytest.raises(RangeNotSatisfiable):
         parse_range(header, size)
@@ -323,7 +406,9 @@ def test_parse_range_suffix_of_an_empty_file_is_the_whole_file():
 
 def test_invalid_range_is_ignored_and_the_whole_body_sent(hub_files_dir: Path):
     with serve_in_background(hub_files_dir, REPO) as server:
-        resp, body = request(server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/README.md", {"Range": "bytes=5-3"})
+        resp, body = request(
+            server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/README.md", {"Range": "bytes=5-3"}
+        )
     assert resp.status == 200 and body == b"# tiny\n" and resp.getheader("Content-Range") is None
 
 
@@ -331,21 +416,28 @@ def test_invalid_range_is_ignored_and_the_whole_body_sent(hub_files_dir: Path):
 def test_tree_listing_refuses_a_bad_cursor(hub_files_dir: Path, cursor: str):
     with serve_in_background(hub_files_dir, REPO) as server:
         server.set_tree_page_size(2)
-        resp, body = request(server.endpoint, "GET", f"/api/datasets/{REPO}/tree/main?recursive=true&cursor={cursor}")
+        resp, body = request(
+            server.endpoint, "GET", f"/api/datasets/{REPO}/tree/main?recursive=true&cursor={cursor}"
+        )
         assert resp.status == 400 and b"Invalid cursor" in body
         assert "Link header" in resp.getheader("X-Error-Message")
         # the connection stays usable, and a good cursor still pages
-        resp, body = request(server.endpoint, "GET", f"/api/datasets/{REPO}/tree/main?recursive=true&cursor=2")
+        resp, body = request(
+            server.endpoint, "GET", f"/api/datasets/{REPO}/tree/main?recursive=true&cursor=2"
+        )
         assert resp.status == 200 and len(json.loads(body)) == 2
 
 
-@pytest.mark.parametrize("path", [
-    f"/datasets/{REPO}/resolve/%ff/README.md",  # a revision that is not UTF-8
-    f"/datasets/{REPO}/resolve/main%0d%0aX-Injected:%201/README.md",  # a line break into the error header
-    f"/datasets/{REPO}/resolve/main/%ff.md",
-    f"/api/datasets/{REPO}/tree/%ff",
-    f"/api/datasets/{REPO}/tree/main?recursive=true&cursor={'9' * 5000}",  # past int()'s digit limit
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        f"/datasets/{REPO}/resolve/%ff/README.md",  # a revision that is not UTF-8
+        f"/datasets/{REPO}/resolve/main%0d%0aX-Injected:%201/README.md",  # a line break into the error header
+        f"/datasets/{REPO}/resolve/main/%ff.md",
+        f"/api/datasets/{REPO}/tree/%ff",
+        f"/api/datasets/{REPO}/tree/main?recursive=true&cursor={'9' * 5000}",  # past int()'s digit limit
+    ],
+)
 def test_malformed_requests_get_400_with_one_line(hub_files_dir: Path, path: str, capfd):
     # Once: a traceback on the server and a dropped connection.
     with serve_in_background(hub_files_dir, REPO) as server:
@@ -353,7 +445,9 @@ def test_malformed_requests_get_400_with_one_line(hub_files_dir: Path, path: str
         assert resp.status == 400, (resp.status, body)
         assert body.count(b"\n") == 1 and resp.getheader("X-Injected") is None
         assert "\n" not in resp.getheader("X-Error-Message")
-        resp, body = request(server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/README.md")  # still serving
+        resp, body = request(
+            server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/README.md"
+        )  # still serving
         assert resp.status == 200 and body == b"# tiny\n"
     assert "Traceback" not in capfd.readouterr().err
 
@@ -376,8 +470,12 @@ def test_a_file_changed_or_deleted_after_start_is_served_as_it_is_now(tmp_path: 
         assert resp.status == 302
         resp, body = request(server.endpoint, "GET", resp.getheader("Location"))
         assert resp.status == 200 and body == b"cut"
-        resp, body = request(server.endpoint, "GET", resp.getheader("Location") or
-                             server.requests[-1].path, {"Range": "bytes=1000-"})
+        resp, body = request(
+            server.endpoint,
+            "GET",
+            resp.getheader("Location") or server.requests[-1].path,
+            {"Range": "bytes=1000-"},
+        )
         assert resp.status == 416 and resp.getheader("Content-Range") == "bytes */3"
         resp, body = request(server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/gone.md")
         assert resp.status == 404 and b"no longer" in body
@@ -393,7 +491,9 @@ def test_request_log_is_bounded(hub_files_dir: Path):
 def test_without_range_support_the_whole_body_comes_back(hub_files_dir: Path):
     faults = Faults(ignore_range=True)
     with serve_with_faults(hub_files_dir, REPO, faults) as server:
-        resp, body = request(server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/README.md", {"Range": "bytes=2-"})
+        resp, body = request(
+            server.endpoint, "GET", f"/datasets/{REPO}/resolve/main/README.md", {"Range": "bytes=2-"}
+        )
     assert resp.status == 200 and body == b"# tiny\n" and resp.getheader("Accept-Ranges") is None
 
 

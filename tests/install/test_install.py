@@ -37,8 +37,11 @@ _TORCH_COMMON_REQUIRES = [
     "jinja2",
     "fsspec>=0.8.5",
 ]
-_TORCH_EXTRAS_REQUIRES = ['optree>=0.13.0; extra == "optree"', 'opt-einsum>=3.3; extra == "opt-einsum"',
-                          'pyyaml; extra == "pyyaml"']
+_TORCH_EXTRAS_REQUIRES = [
+    'optree>=0.13.0; extra == "optree"',
+    'opt-einsum>=3.3; extra == "opt-einsum"',
+    'pyyaml; extra == "pyyaml"',
+]
 
 
 def _cuda13_requires(cudnn: str, nccl: str, triton: str) -> list[str]:
@@ -69,8 +72,14 @@ _FLA_REQUIRES = [  # fla-core 0.6.0's METADATA: only einops unless an extra is a
 ]
 
 
-def _wheel(folder: Path, name: str, version: str, requires: Iterable[str] = (),
-           files: Mapping[str, str] | None = None, extras: Iterable[str] = ()) -> None:
+def _wheel(
+    folder: Path,
+    name: str,
+    version: str,
+    requires: Iterable[str] = (),
+    files: Mapping[str, str] | None = None,
+    extras: Iterable[str] = (),
+) -> None:
     """A pure-Python wheel with the given metadata and files, its RECORD hashed as pip expects."""
     stem = f"{re.sub(r'[-_.]+', '_', name)}-{version}"
     info = f"{stem}.dist-info"
@@ -93,10 +102,17 @@ def _wheel(folder: Path, name: str, version: str, requires: Iterable[str] = (),
 
 def _torch(folder: Path, version: str, cuda: str | None, requires: list[str]) -> None:
     local = version if "+" in version or cuda is None else f"{version}+cu{cuda.replace('.', '')}"
-    _wheel(folder, "torch", version, requires, extras=["optree", "opt-einsum", "pyyaml"], files={
-        "torch/__init__.py": "from . import version\n__version__ = version.__version__\n",
-        "torch/version.py": f"__version__ = {local!r}\ncuda = {cuda!r}\n",
-    })
+    _wheel(
+        folder,
+        "torch",
+        version,
+        requires,
+        extras=["optree", "opt-einsum", "pyyaml"],
+        files={
+            "torch/__init__.py": "from . import version\n__version__ = version.__version__\n",
+            "torch/version.py": f"__version__ = {local!r}\ncuda = {cuda!r}\n",
+        },
+    )
 
 
 def _requirement_names(path: Path) -> dict[str, str]:
@@ -121,16 +137,31 @@ def index(tmp_path_factory) -> Path:
     for version in ("3.7.1", "3.8.0"):
         _wheel(folder, "triton", version, files={"triton/__init__.py": f"__version__ = {version!r}\n"})
     for major in (12, 13):
-        _wheel(folder, install.dali_package(major), "2.4.0",
-               files={"nvidia/dali/__init__.py": f"built_for_cuda = {major}\n"})
+        _wheel(
+            folder,
+            install.dali_package(major),
+            "2.4.0",
+            files={"nvidia/dali/__init__.py": f"built_for_cuda = {major}\n"},
+        )
     _wheel(folder, "fla-core", "0.6.0", _FLA_REQUIRES, extras=["cuda", "cpu"])
     _wheel(folder, "cuda-toolkit", "13.0.3", extras=_CUDA_EXTRAS)
     for name, version in (("nvidia-cudnn-cu13", "9.20.0.48"), ("nvidia-nccl-cu13", "2.29.7")):
         _wheel(folder, name, version)  # torch 2.13.0's; the dictionary below has 2.14.1's
-    plain = {"cuda-bindings": "13.0.3", "nvidia-cudnn-cu13": "9.24.0.43", "nvidia-cusparselt-cu13": "0.8.1",
-             "nvidia-nccl-cu13": "2.30.7", "nvidia-nvshmem-cu13": "3.4.5", "filelock": "3.0",
-             "typing-extensions": "4.10.0", "setuptools": "77.0.3", "sympy": "1.13.3", "networkx": "2.5.1",
-             "jinja2": "3.0", "fsspec": "0.8.5", "einops": "0.8.0"}
+    plain = {
+        "cuda-bindings": "13.0.3",
+        "nvidia-cudnn-cu13": "9.24.0.43",
+        "nvidia-cusparselt-cu13": "0.8.1",
+        "nvidia-nccl-cu13": "2.30.7",
+        "nvidia-nvshmem-cu13": "3.4.5",
+        "filelock": "3.0",
+        "typing-extensions": "4.10.0",
+        "setuptools": "77.0.3",
+        "sympy": "1.13.3",
+        "networkx": "2.5.1",
+        "jinja2": "3.0",
+        "fsspec": "0.8.5",
+        "einops": "0.8.0",
+    }
     for name in ("requirements.txt", "requirements-dev.txt"):
         for requirement, version in _requirement_names(REPO / name).items():
             plain.setdefault(requirement, version)  # torch's own pins above satisfy ours too (setuptools)
@@ -143,13 +174,21 @@ def index(tmp_path_factory) -> Path:
 def _env(index: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     # Only the stand-ins: no configured index or find-links of this machine.
-    env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(index),
-               PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_CACHE_DIR="1", LC_ALL="C")  # make's messages in English
+    env.update(
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=str(index),
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_NO_CACHE_DIR="1",
+        LC_ALL="C",
+    )  # make's messages in English
     return env
 
 
 def _run(cmd: list[str] | str, env: dict[str, str], ok: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, shell=isinstance(cmd, str))
+    proc = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=300, shell=isinstance(cmd, str)
+    )
     if ok:
         assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc
@@ -161,9 +200,13 @@ def _make_venv(venv: Path, env: dict[str, str], ok: bool = True) -> subprocess.C
 
 def _installed(venv: Path) -> dict[str, str]:
     """{normalized name: version} of what is installed in `venv`."""
-    code = ("import importlib.metadata as m, json; "
-            "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))")
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True).stdout
+    code = (
+        "import importlib.metadata as m, json; "
+        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+    )
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in json.loads(out).items()}
 
 
@@ -232,8 +275,14 @@ def test_the_set_up_keeps_the_torch_it_finds_and_installs_one_dali_for_its_cuda(
     # 6. A requirement that wants another torch (the old requirements' pin) is a conflict, not a downgrade.
     wants_old = tmp_path / "wants-old-torch.txt"
     wants_old.write_text("torch==2.13.0\n")
-    proc = subprocess.run([python, "-m", "src.install", "-r", str(wants_old)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [python, "-m", "src.install", "-r", str(wants_old)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1].startswith("python -m src.install: error: pip failed")
     assert "torch and triton stay pinned to torch==2.14.1 and triton==3.8.0" in proc.stderr
@@ -244,7 +293,9 @@ def test_the_dali_variant_follows_torchs_cuda_major():
     assert install.wanted_dali("13.0") == "nvidia-dali-cuda130"
     assert install.wanted_dali("12.6") == "nvidia-dali-cuda120"
     assert install.wanted_dali(None) == "nvidia-dali-cuda120"  # a CPU torch: the variant CI runs
-    with pytest.raises(install.InstallError, match="built for CUDA 11.8, and DALI has wheels for CUDA 12 and 13 only"):
+    with pytest.raises(
+        install.InstallError, match="built for CUDA 11.8, and DALI has wheels for CUDA 12 and 13 only"
+    ):
         install.wanted_dali("11.8")
     py = "/v/bin/python"
     assert install.dali_problem("13.0", ["nvidia-dali-cuda130"], py) is None
@@ -254,4 +305,6 @@ def test_the_dali_variant_follows_torchs_cuda_major():
         "'nvidia-dali-cuda120>=2.4.0'`, or use --data-backend torch"
     )
     both = install.dali_problem(None, ["nvidia-dali-cuda120", "nvidia-dali-cuda130"], py)
-    assert "remove them with `/v/bin/python -m pip uninstall -y nvidia-dali-cuda120 nvidia-dali-cuda130`" in both
+    assert (
+        "remove them with `/v/bin/python -m pip uninstall -y nvidia-dali-cuda120 nvidia-dali-cuda130`" in both
+    )

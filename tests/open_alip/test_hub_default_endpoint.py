@@ -43,14 +43,24 @@ print("SAME" if own.keys() == expected.keys() and all(torch.equal(own[k], expect
 
 def _clean_env(hf_home: Path, **extra: str) -> dict[str, str]:
     """This process's environment without any hub or proxy setting, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE")) and "proxy" not in k.lower()}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HF_", "HUGGING_FACE")) and "proxy" not in k.lower()
+    }
     env.update(HF_HOME=str(hf_home), HF_HUB_DISABLE_TELEMETRY="1", **extra)
     return env
 
 
 def _load(spec: str, weights: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", _LOAD, spec, str(weights)], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", _LOAD, spec, str(weights)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture

@@ -23,10 +23,10 @@ TINY = "RWKV_CLIP_tiny"
 REPO = "testorg/exported"
 
 
-
 def _export(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "export_hub.py", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "export_hub.py", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def _same(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> bool:
@@ -38,16 +38,38 @@ def test_export_serve_and_load_back(tmp_path, tiny_weights, hub_env, monkeypatch
     state = tiny_weights.model.state_dict()
     cfg = get_model_config(TINY)
     ckpt = tmp_path / "epoch_002.pt"  # what train.py saves (src/training/state.py), trimmed
-    torch.save({"state_dict": state, "master_params": {}, "optimizer": {}, "step": 40, "epoch": 2, "epoch_step": 0,
-                "config": cfg, "run": {"config": TINY, "model": cfg, "lr": 0.001, "epochs": 2, "batch_size": 8,
-                                       "train_data": ["/data/shapes"], "precision": "bf16"}}, ckpt)
+    torch.save(
+        {
+            "state_dict": state,
+            "master_params": {},
+            "optimizer": {},
+            "step": 40,
+            "epoch": 2,
+            "epoch_step": 0,
+            "config": cfg,
+            "run": {
+                "config": TINY,
+                "model": cfg,
+                "lr": 0.001,
+                "epochs": 2,
+                "batch_size": 8,
+                "train_data": ["/data/shapes"],
+                "precision": "bf16",
+            },
+        },
+        ckpt,
+    )
     results = tmp_path / "zero_shot.json"
     results.write_text(json.dumps({"shapes": {"top1": 0.625, "top5": 1.0}}))
     out = tmp_path / "rwkv-clip-tiny"
 
     done = _export(str(ckpt), "--output", str(out), "--results", str(results))
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "model.safetensors", "open_clip_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "model.safetensors",
+        "open_clip_config.json",
+    ]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
     hub_cfg = json.loads((out / "open_clip_config.json").read_text())
     assert hub_cfg["model_cfg"] == cfg and hub_cfg["preprocess_cfg"]["image_size"] == 32
@@ -56,13 +78,18 @@ def test_export_serve_and_load_back(tmp_path, tiny_weights, hub_env, monkeypatch
     assert "| zero_shot.shapes.top1 | 0.625 |" in card
 
     again = _export(str(ckpt), "--output", str(out))
-    assert again.returncode == 2 and again.stderr.strip() == f"export_hub.py: error: output {out} already exists; pass a new folder"
+    assert (
+        again.returncode == 2
+        and again.stderr.strip() == f"export_hub.py: error: output {out} already exists; pass a new folder"
+    )
 
     with hub_server_cli(out, REPO, tmp_path / "endpoint.txt", "--repo-type", "model") as endpoint:
         monkeypatch.setenv("HF_ENDPOINT", endpoint)
         model, _, preprocess_val = create_model_and_transforms(f"hf-hub:{REPO}")
         assert _same(model, state) and model.config == cfg and preprocess_val.size == 32
-        model, _, _ = create_model_and_transforms(pretrained=f"hf-hub:{REPO}")  # weights named alone: the repo's config
+        model, _, _ = create_model_and_transforms(
+            pretrained=f"hf-hub:{REPO}"
+        )  # weights named alone: the repo's config
         assert _same(model, state) and model.config_source == f"the config of hf-hub:{REPO}"
         tokenizer = get_tokenizer(f"hf-hub:{REPO}")
         assert tokenizer(["a red square"]).shape == (1, 77)
@@ -76,14 +103,21 @@ def test_a_repo_without_a_config_and_an_export_without_one(tmp_path, tiny_weight
     save_safetensors(tiny_weights.model, root / "model.safetensors")
     with serve_in_background(root, REPO, repo_type="model") as server:
         monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-        with pytest.raises(ModelConfigError, match=f"the repo has no open_clip_config.json; pass a config name .* and pretrained=hf-hub:{REPO}"):
+        with pytest.raises(
+            ModelConfigError,
+            match=f"the repo has no open_clip_config.json; pass a config name .* and pretrained=hf-hub:{REPO}",
+        ):
             create_model_and_transforms(f"hf-hub:{REPO}")
-        model, _, _ = create_model_and_transforms(TINY, pretrained=f"hf-hub:{REPO}")  # the config passed instead
+        model, _, _ = create_model_and_transforms(
+            TINY, pretrained=f"hf-hub:{REPO}"
+        )  # the config passed instead
         assert _same(model, tiny_weights.model.state_dict())
         model, _, _ = create_model_and_transforms(pretrained=f"hf-hub:{REPO}")  # or the shipped one they fit
         assert _same(model, tiny_weights.model.state_dict()) and model.config_source.startswith(TINY)
 
-    done = _export(str(tiny_weights.path), "--output", str(tmp_path / "out"))  # a bare state dict records no config
+    done = _export(
+        str(tiny_weights.path), "--output", str(tmp_path / "out")
+    )  # a bare state dict records no config
     assert done.returncode == 2 and "record no model config; pass --config NAME" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
     done = _export(str(tiny_weights.path), "--output", str(tmp_path / "out"), "--config", TINY)

@@ -2,7 +2,6 @@
 against 1 process with batch 2B (loss, gradients, and whole optimizer steps, also compiled
 with accumulation)."""
 
-
 import math
 
 import pytest
@@ -65,7 +64,9 @@ def _worker_body(rank: int, out, port: int) -> None:
         model = ToyClip().double()
         model.drop.p = 0.0
         ddp = torch.nn.parallel.DistributedDataParallel(model)
-        loss_fn = ClipLoss(local_loss=local, gather_with_grad=with_grad, rank=env.rank, world_size=env.world_size)
+        loss_fn = ClipLoss(
+            local_loss=local, gather_with_grad=with_grad, rank=env.rank, world_size=env.world_size
+        )
         loss = loss_fn(*ddp(images[mine], tokens[mine]))
         loss.backward()
         results[name] = {"loss": all_reduce_mean(loss.detach(), env).item(), "grads": grads_of(model)}
@@ -79,7 +80,10 @@ def _worker_body(rank: int, out, port: int) -> None:
     for step in range(STEPS):
         imgs, toks = toy_batch(2 * B, seed=10 + step)
         losses.append(trainer.step([(imgs[mine], toks[mine])], step).loss.item())
-    results["trainer"] = {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    results["trainer"] = {
+        "losses": losses,
+        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+    }
     # The same steps compiled, with the batch accumulated in B micro-batches: DDP's no_sync must
     # be found inside torch.compile's wrapper, so gradients are all-reduced once per step (a
     # comm hook counts the all-reduces), not once per micro-batch.
@@ -101,8 +105,11 @@ def _worker_body(rank: int, out, port: int) -> None:
     for step in range(STEPS):
         imgs, toks = (t[mine] for t in toy_batch(2 * B, seed=10 + step))
         losses.append(trainer.step([(imgs[i : i + 1], toks[i : i + 1]) for i in range(B)], step).loss.item())
-    results["compiled_accum"] = {"losses": losses, "allreduces": len(allreduces),
-                                 "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    results["compiled_accum"] = {
+        "losses": losses,
+        "allreduces": len(allreduces),
+        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+    }
     torch.save(results, out / f"rank{rank}.pt")
     cleanup(env)
 
@@ -126,7 +133,9 @@ def _single_process(local: bool, with_grad: bool):
     images, tokens = toy_batch(2 * B)
     model = ToyClip().double()
     model.drop.p = 0.0
-    loss = ClipLoss(local_loss=local, gather_with_grad=with_grad, rank=0, world_size=1)(*model(images, tokens))
+    loss = ClipLoss(local_loss=local, gather_with_grad=with_grad, rank=0, world_size=1)(
+        *model(images, tokens)
+    )
     loss.backward()
     return loss.item(), grads_of(model)
 

@@ -50,7 +50,10 @@ def test_outputs_and_every_gradient_match_float64(interpreted, case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_under_autocast_the_outputs_are_the_float32_results_rounded_once(interpreted, case):
     # What the linears would get from autocast's own cast of the eager float32 mixes.
-    assert interpreted["cases"][case]["autocast"] == {"dtype": "torch.bfloat16", "max_abs_diff_from_rounded_f32": 0.0}
+    assert interpreted["cases"][case]["autocast"] == {
+        "dtype": "torch.bfloat16",
+        "max_abs_diff_from_rounded_f32": 0.0,
+    }
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -78,12 +81,15 @@ def test_a_compiled_block_matches_eager(interpreted):
 def test_fake_tensors_get_shapes_and_dtypes_without_a_kernel(interpreted):
     assert interpreted["fake"] == {
         "outs": [[[2, 7, 80], "torch.bfloat16"]] * 5,
-        "grads": [[[2, 7, 80], "torch.float32"]] + [[[1, 1, 80], "torch.float32"]] * 5
+        "grads": [[[2, 7, 80], "torch.float32"]]
+        + [[[1, 1, 80], "torch.float32"]] * 5
         + [[[5, 2, 7, 80], "torch.bfloat16"]],
     }
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="checks the refusal without the interpreter")
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1", reason="checks the refusal without the interpreter"
+)
 def test_cpu_without_the_interpreter_is_refused_with_the_fix():
     a = torch.zeros(1, 2, 4)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):

@@ -159,7 +159,10 @@ def test_the_shifts_backward_is_the_per_token_definitions_gradient(tower):
     # The shift's own backward (the opposite shift) against autograd through the reference,
     # exactly, and to second order.
     if tower == "image":
-        shift, reference = (lambda t: q_shift(t, (3, 5), head_size=8)), (lambda t: ref.image_shift(t, 3, 5, head_size=8))
+        shift, reference = (
+            (lambda t: q_shift(t, (3, 5), head_size=8)),
+            (lambda t: ref.image_shift(t, 3, 5, head_size=8)),
+        )
     else:
         shift, reference = (lambda t: bi_shift(t, head_size=8)), (lambda t: ref.text_shift(t, head_size=8))
     x = torch.randn(2, 15, 16, dtype=torch.float64, requires_grad=True)

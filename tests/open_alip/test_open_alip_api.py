@@ -118,7 +118,9 @@ def test_preprocess_val_is_the_evaluation_preprocessing(tmp_path, tiny):
 def test_preprocess_train_is_the_torch_loaders_augmentation(tmp_path, tiny):
     write_shard(tmp_path / "data" / "s", range(6), size=(64, 48))
     preprocess_train = tiny[1]
-    dataset = RecordDataset(load_shards(tmp_path / "data", cache_dir=tmp_path / "cache"), preprocess_train.size, train=True)
+    dataset = RecordDataset(
+        load_shards(tmp_path / "data", cache_dir=tmp_path / "cache"), preprocess_train.size, train=True
+    )
     for record, seed in [(0, 1), (3, 12345), (5, 2**62 + 7), (2, 99)]:
         loader_image, _ = dataset[(record, seed)]
         _, payload = dataset.read(record)
@@ -145,8 +147,13 @@ def test_local_weights_in_every_form(tmp_path, tiny, tiny_weights):
         "raw.pt": tiny_weights,
         "ddp.pt": prefixed,
         # the shape train.py saves: the model under "state_dict" beside the run's state
-        "checkpoint.pt": {"state_dict": prefixed, "optimizer": optimizer.state_dict(), "step": 10, "epoch": 1,
-                          "args": {"lr": 0.001}},
+        "checkpoint.pt": {
+            "state_dict": prefixed,
+            "optimizer": optimizer.state_dict(),
+            "step": 10,
+            "epoch": 1,
+            "args": {"lr": 0.001},
+        },
     }
     for name, obj in files.items():
         torch.save(obj, tmp_path / name)
@@ -203,13 +210,16 @@ def test_weight_and_config_errors_are_one_line(tmp_path, tiny_weights):
         create_model_and_transforms(TINY, pretrained="hf-hub:justone")
 
 
-@pytest.mark.parametrize(("key", "value", "why"), [
-    ("input_size", "abc", "must be a whole number"),  # once a raw TypeError from inside a tower
-    ("input_size", 30, "must be a multiple of image_patch_size 8"),
-    ("head_size", 0, "must be at least 1"),
-    ("dropout", 1.5, "must be in [0, 1)"),
-    ("drop_path_rate", float("nan"), "must be in [0, 1)"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("input_size", "abc", "must be a whole number"),  # once a raw TypeError from inside a tower
+        ("input_size", 30, "must be a multiple of image_patch_size 8"),
+        ("head_size", 0, "must be at least 1"),
+        ("dropout", 1.5, "must be in [0, 1)"),
+        ("drop_path_rate", float("nan"), "must be in [0, 1)"),
+    ],
+)
 def test_a_config_value_of_the_wrong_kind_is_a_model_config_error_naming_it(key, value, why):
     config = {**get_model_config(TINY), key: value}
     for make in (lambda: create_model_and_transforms(config), lambda: create_model(config)):
@@ -221,9 +231,12 @@ def test_a_config_value_of_the_wrong_kind_is_a_model_config_error_naming_it(key,
 def test_weights_that_are_no_regular_file_are_said_to_be_what_they_are(tmp_path):
     # Once: pretrained="/dev/zero" "does not exist".
     (tmp_path / "broken.pt").symlink_to(tmp_path / "gone.pt")
-    cases = {"/dev/zero": "is not a regular file (a character device)", str(tmp_path): "is a folder, not a weights file",
-             str(tmp_path / "broken.pt"): f"is a broken link (to {tmp_path / 'gone.pt'})",
-             str(tmp_path / "none.pt"): "does not exist"}
+    cases = {
+        "/dev/zero": "is not a regular file (a character device)",
+        str(tmp_path): "is a folder, not a weights file",
+        str(tmp_path / "broken.pt"): f"is a broken link (to {tmp_path / 'gone.pt'})",
+        str(tmp_path / "none.pt"): "does not exist",
+    }
     for path, what in cases.items():
         with pytest.raises(WeightsNotFoundError) as e:
             create_model_and_transforms(TINY, pretrained=path)
@@ -232,16 +245,22 @@ def test_weights_that_are_no_regular_file_are_said_to_be_what_they_are(tmp_path)
 
 def test_model_library_stays_light_and_self_contained():
     # Importing the package builds nothing; the hub client and safetensors load only when used.
-    code = ("import sys, src.open_alip as m; m.__all__; "
-            "bad = [n for n in ('torch', 'huggingface_hub', 'safetensors', 'PIL') if n in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, src.open_alip as m; m.__all__; "
+        "bad = [n for n in ('torch', 'huggingface_hub', 'safetensors', 'PIL') if n in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)
     # src/open_alip imports only itself (docs/architecture.md)
     for path in sorted((REPO_ROOT / "src" / "open_alip").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            )
             for name in names:
                 top = name.split(".")[0]
                 assert top not in ("dataloaders", "benchmarks", "tests") and (
-                    top != "src" or name.startswith("src.open_alip")), f"{path.name} imports {name}"
+                    top != "src" or name.startswith("src.open_alip")
+                ), f"{path.name} imports {name}"

@@ -89,7 +89,10 @@ def test_forward_returns_normalised_features_and_exp_scale(model):
         raw = model(images, tokens, normalize=False)
         image_logits, text_logits = model.get_logits(images, tokens)
         # Under no_grad too: with autograd the blocks take their other path, equal only to rounding.
-        normed_image, normed_text = model.encode_image(images, normalize=True), model.encode_text(tokens, normalize=True)
+        normed_image, normed_text = (
+            model.encode_image(images, normalize=True),
+            model.encode_text(tokens, normalize=True),
+        )
     torch.testing.assert_close(image_features.norm(dim=-1), torch.ones(3))
     torch.testing.assert_close(text_features.norm(dim=-1), torch.ones(3))
     assert not torch.allclose(raw_image.norm(dim=-1), torch.ones(3))  # encode_* default: raw, as open_clip
@@ -237,9 +240,22 @@ def test_demo_config_runs_forward_in_every_precision(precision):
 # jit or force_quick_gelu, have no RWKV-CLIP meaning).
 SHARED_KEYWORDS = {
     "create_model": ("model_name", "pretrained", "precision", "device", "cache_dir", "output_dict"),
-    "create_model_and_transforms": ("model_name", "pretrained", "precision", "device", "cache_dir", "output_dict"),
-    "create_model_from_pretrained": ("model_name", "pretrained", "precision", "device", "cache_dir",
-                                     "return_transform"),
+    "create_model_and_transforms": (
+        "model_name",
+        "pretrained",
+        "precision",
+        "device",
+        "cache_dir",
+        "output_dict",
+    ),
+    "create_model_from_pretrained": (
+        "model_name",
+        "pretrained",
+        "precision",
+        "device",
+        "cache_dir",
+        "return_transform",
+    ),
     "get_tokenizer": ("model_name", "context_length", "cache_dir"),
 }
 
@@ -250,8 +266,11 @@ def test_entry_points_take_open_clips_keywords():
     python = reference_python()
     purelib = run_oracle(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
     tree = ast.parse((Path(purelib) / "open_clip" / "factory.py").read_text())
-    theirs = {n.name: [a.arg for a in (*n.args.args, *n.args.kwonlyargs)] for n in tree.body
-              if isinstance(n, ast.FunctionDef) and n.name in SHARED_KEYWORDS}
+    theirs = {
+        n.name: [a.arg for a in (*n.args.args, *n.args.kwonlyargs)]
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.name in SHARED_KEYWORDS
+    }
     for name, keywords in SHARED_KEYWORDS.items():
         assert set(keywords) <= set(theirs[name]), (name, theirs[name])  # still open_clip's own names
         ours = inspect.signature(getattr(library, name)).parameters
@@ -264,14 +283,25 @@ def test_open_clip_calls_work_as_written(caplog):
     assert {"create_model", "get_tokenizer", "create_model_and_transforms", "tokenize"} <= set(dir(library))
     with caplog.at_level("WARNING"):
         model = create_model(TINY, precision="bf16", device="cpu")
-    assert next(model.parameters()).dtype == torch.bfloat16 and model.training  # open_clip's create_model: train mode
+    assert (
+        next(model.parameters()).dtype == torch.bfloat16 and model.training
+    )  # open_clip's create_model: train mode
     assert "no pretrained weights loaded for model RWKV_CLIP_tiny: it is randomly initialised" in caplog.text
     tokenizer = library.get_tokenizer(TINY, context_length=16)
     assert tokenizer(["a cat"]).shape == (1, 16)
     _, train, val = create_model_and_transforms(model_name=TINY)
-    assert [type(t).__name__ for t in val.transforms] == ["ConvertRGB", "ResizeShorterSide", "CenterCrop", "ToTensor",
-                                                           "Normalize"]
-    assert [type(t).__name__ for t in train.transforms] == ["ConvertRGB", "RandomResizedCropFlip", "NormalizedTensor"]
+    assert [type(t).__name__ for t in val.transforms] == [
+        "ConvertRGB",
+        "ResizeShorterSide",
+        "CenterCrop",
+        "ToTensor",
+        "Normalize",
+    ]
+    assert [type(t).__name__ for t in train.transforms] == [
+        "ConvertRGB",
+        "RandomResizedCropFlip",
+        "NormalizedTensor",
+    ]
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 56, 3), dtype=np.uint8))
     stepped = image
     for step in val.transforms:  # applied by hand, the steps give what the transform gives

@@ -40,7 +40,6 @@ def model_repo_dir(tmp_path, tiny_model) -> Path:
     return root
 
 
-
 def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
@@ -53,8 +52,14 @@ def _one_line(exc_info) -> str:
 
 
 def test_private_model_hub_from_the_cli(model_repo_dir, tiny_model, hub_env, monkeypatch, tmp_path):
-    with hub_server_cli(model_repo_dir, REPO, tmp_path / "endpoint.txt", "--repo-type", "model",
-                        env={**os.environ, "HUB_SERVER_TOKEN": TOKEN}) as endpoint:
+    with hub_server_cli(
+        model_repo_dir,
+        REPO,
+        tmp_path / "endpoint.txt",
+        "--repo-type",
+        "model",
+        env={**os.environ, "HUB_SERVER_TOKEN": TOKEN},
+    ) as endpoint:
         monkeypatch.setenv("HF_ENDPOINT", endpoint)
 
         with pytest.raises(HubError) as e:  # a private hub: no token, no weights
@@ -91,7 +96,9 @@ def test_private_model_hub_from_the_cli(model_repo_dir, tiny_model, hub_env, mon
     assert "cannot reach http://127.0.0.1:" in _one_line(e)
 
 
-def test_downloads_are_checked_against_the_hubs_sha256(model_repo_dir, tiny_model, hub_env, monkeypatch, tmp_path):
+def test_downloads_are_checked_against_the_hubs_sha256(
+    model_repo_dir, tiny_model, hub_env, monkeypatch, tmp_path
+):
     cache = tmp_path / "explicit_cache"
     faults = Faults(corrupt={"model.safetensors"})  # the server flips the first byte of the body
     with serve_with_faults(model_repo_dir, REPO, faults, repo_type="model") as server:
@@ -167,12 +174,18 @@ def test_credentials_in_hf_endpoint_never_reach_a_message(tmp_path, hub_env, mon
     assert server.endpoint in _one_line(e) and secret not in str(e.value)
 
 
-@pytest.mark.parametrize(("text", "shown"), [
-    ("http://u:pw@host:8080/x", "http://host:8080/x"),
-    ("see https://user:p@ss@mirror.example/api?a=b@c and http://plain/x", "see https://mirror.example/api?a=b@c and http://plain/x"),
-    ("https://huggingface.co", "https://huggingface.co"),
-    ("no url: a@b", "no url: a@b"),
-])
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("http://u:pw@host:8080/x", "http://host:8080/x"),
+        (
+            "see https://user:p@ss@mirror.example/api?a=b@c and http://plain/x",
+            "see https://mirror.example/api?a=b@c and http://plain/x",
+        ),
+        ("https://huggingface.co", "https://huggingface.co"),
+        ("no url: a@b", "no url: a@b"),
+    ],
+)
 def test_urls_lose_their_user_info(text, shown):
     from src.open_alip.urls import redact_urls
 

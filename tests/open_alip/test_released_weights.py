@@ -30,7 +30,6 @@ from tests._repo import REPO as REPO_ROOT
 TINY = "RWKV_CLIP_tiny"
 
 
-
 @pytest.fixture
 def registered():
     """register_pretrained, with the records it adds removed afterwards."""
@@ -47,26 +46,48 @@ def _same(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> bool:
 def _train_checkpoint(state: dict[str, torch.Tensor], config: str) -> dict:
     """What train.py saves (src/training/state.py), with the parts a loader ignores left empty."""
     cfg = get_model_config(config)
-    return {"state_dict": state, "master_params": {}, "optimizer": {}, "step": 1, "epoch": 0, "epoch_step": 1,
-            "config": cfg, "run": {"config": config, "model": cfg, "lr": 1e-3}}
+    return {
+        "state_dict": state,
+        "master_params": {},
+        "optimizer": {},
+        "step": 1,
+        "epoch": 0,
+        "epoch_step": 1,
+        "config": cfg,
+        "run": {"config": config, "model": cfg, "lr": 1e-3},
+    }
 
 
 def test_the_released_checkpoints_are_listed_as_open_clip_lists_them():
-    assert list_pretrained() == [("RWKV_CLIP_B16", "laion10m"), ("RWKV_CLIP_B32", "laion10m"),
-                                 ("RWKV_CLIP_B32", "laion30m"), ("RWKV_CLIP_B32", "yfcc15m")]
+    assert list_pretrained() == [
+        ("RWKV_CLIP_B16", "laion10m"),
+        ("RWKV_CLIP_B32", "laion10m"),
+        ("RWKV_CLIP_B32", "laion30m"),
+        ("RWKV_CLIP_B32", "yfcc15m"),
+    ]
     assert "RWKV_CLIP_B32:yfcc15m" in list_pretrained(as_str=True)
     b32 = get_pretrained_cfg("RWKV_CLIP_B32", "YFCC15M")
-    assert (b32.hub_repo, b32.filename, b32.sha256) == ("Kaichengalex/RWKV-CLIP-B32-YFCC15M", "model_31.pt", None)
+    assert (b32.hub_repo, b32.filename, b32.sha256) == (
+        "Kaichengalex/RWKV-CLIP-B32-YFCC15M",
+        "model_31.pt",
+        None,
+    )
     assert b32.hub_spec == "hf-hub:Kaichengalex/RWKV-CLIP-B32-YFCC15M/model_31.pt"
     assert {e.hub_repo for e in list_pretrained(details=True)} == {
-        "Kaichengalex/RWKV-CLIP-B32-YFCC15M", "Kaichengalex/RWKV-CLIP-B32-LAION10M",
-        "Kaichengalex/RWKV-CLIP-B32-LAION30M", "Kaichengalex/RWKV-CLIP-B16-LAION10M"}
-    with pytest.raises(PretrainedError, match="'yfcc15m' is not released for model RWKV_CLIP_B16; its tags: laion10m"):
+        "Kaichengalex/RWKV-CLIP-B32-YFCC15M",
+        "Kaichengalex/RWKV-CLIP-B32-LAION10M",
+        "Kaichengalex/RWKV-CLIP-B32-LAION30M",
+        "Kaichengalex/RWKV-CLIP-B16-LAION10M",
+    }
+    with pytest.raises(
+        PretrainedError, match="'yfcc15m' is not released for model RWKV_CLIP_B16; its tags: laion10m"
+    ):
         create_model_and_transforms("RWKV_CLIP_B16", pretrained="yfcc15m")
 
 
-def test_b32_by_tag_fetches_model_31_from_its_repo_and_checks_it_before_building(tmp_path, tiny_weights, hub_env,
-                                                                                   monkeypatch):
+def test_b32_by_tag_fetches_model_31_from_its_repo_and_checks_it_before_building(
+    tmp_path, tiny_weights, hub_env, monkeypatch
+):
     # The repo, named as released, holds the tiny weights: the tag must reach the file, and the
     # mismatch must be found from the shapes (a B/32 is never built).
     root = tmp_path / "b32"
@@ -78,7 +99,9 @@ def test_b32_by_tag_fetches_model_31_from_its_repo_and_checks_it_before_building
             create_model_and_transforms("RWKV_CLIP_B32", pretrained="yfcc15m")
         assert any(r.path.endswith("/model_31.pt") for r in server.requests)
     text = str(e.value)
-    assert "\n" not in text and text.startswith("weights RWKV_CLIP_B32:yfcc15m (hf-hub:Kaichengalex/RWKV-CLIP-B32-YFCC15M/")
+    assert "\n" not in text and text.startswith(
+        "weights RWKV_CLIP_B32:yfcc15m (hf-hub:Kaichengalex/RWKV-CLIP-B32-YFCC15M/"
+    )
     assert "do not fit model RWKV_CLIP_B32 (" in text and "missing keys" in text
     assert text.endswith("; they fit RWKV_CLIP_tiny: pass that config")
 
@@ -115,7 +138,9 @@ def test_the_config_a_training_checkpoint_records(tmp_path, tiny_weights):
         create_model_and_transforms("RWKV_CLIP_demo", pretrained=ckpt)
     text = str(e.value)
     assert "\n" not in text and "do not fit model RWKV_CLIP_demo" in text
-    assert text.endswith("they hold their own config (RWKV_CLIP_tiny): pass no config to use it, or RWKV_CLIP_tiny")
+    assert text.endswith(
+        "they hold their own config (RWKV_CLIP_tiny): pass no config to use it, or RWKV_CLIP_tiny"
+    )
 
     # Weights that record no config: the one shipped config of their shapes, said as such.
     bare = tmp_path / "bare.pt"
@@ -125,8 +150,11 @@ def test_the_config_a_training_checkpoint_records(tmp_path, tiny_weights):
     assert create_model_and_transforms(pretrained=ckpt)[0].config_source == f"{TINY}, recorded in the weights"
     odd = tmp_path / "odd.pt"
     torch.save({**state, "text_model.blocks.9.ln1.weight": torch.ones(64)}, odd)
-    with pytest.raises(ModelConfigError, match=r"no model config given and weights .*odd.pt record none \(they fit "
-                                               r"no shipped config\); pass a config name"):
+    with pytest.raises(
+        ModelConfigError,
+        match=r"no model config given and weights .*odd.pt record none \(they fit "
+        r"no shipped config\); pass a config name",
+    ):
         create_model_and_transforms(pretrained=odd)
     with pytest.raises(WeightsMismatchError) as e:  # the counts and the config they fit, for a command line
         create_model_and_transforms("RWKV_CLIP_demo", pretrained=bare)
@@ -135,7 +163,9 @@ def test_the_config_a_training_checkpoint_records(tmp_path, tiny_weights):
 
 def test_params_json_is_a_config(tmp_path, tiny_weights):
     params = tmp_path / "params.json"  # as train.py writes it: run settings, the architecture under "model"
-    params.write_text(json.dumps({"lr": 0.001, "batch_size": 4, "config": TINY, "model": get_model_config(TINY)}))
+    params.write_text(
+        json.dumps({"lr": 0.001, "batch_size": 4, "config": TINY, "model": get_model_config(TINY)})
+    )
     model, _, _ = create_model_and_transforms(params, pretrained=tiny_weights.path)
     assert _same(model, tiny_weights.model.state_dict())
 
@@ -143,7 +173,10 @@ def test_params_json_is_a_config(tmp_path, tiny_weights):
 def test_weights_are_checked_against_the_config_before_the_model_is_built(tiny_weights):
     # A text embedding of 10**11 rows: building this model would need 25 TB, so reaching the
     # mismatch error at all shows that the shapes were compared first.
-    with pytest.raises(WeightsMismatchError, match=r"text_model.emb.weight \(checkpoint \(49408, 64\), model \(100000000000, 64\)\)"):
+    with pytest.raises(
+        WeightsMismatchError,
+        match=r"text_model.emb.weight \(checkpoint \(49408, 64\), model \(100000000000, 64\)\)",
+    ):
         create_model_and_transforms(TINY, pretrained=tiny_weights.path, vocab_size=10**11)
 
 

@@ -4,7 +4,6 @@ The reference is the real open_clip tokenizer (with ftfy 6.3.1) in an isolated v
 see benchmarks/oracles.py. Corpora come from benchmarks/corpora.py, deterministically.
 """
 
-
 import subprocess
 import sys
 
@@ -28,7 +27,11 @@ from src.open_alip.tokenizer import (
 )
 
 HYPOTHESIS = settings(
-    max_examples=200, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=200,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 
 
@@ -45,7 +48,10 @@ def _reference_ids(reference: ReferenceTokenizer, texts: list[str], context_leng
 
 
 def _assert_same(
-    reference: ReferenceTokenizer, texts: list[str], context_length: int = 77, expected: np.ndarray | None = None
+    reference: ReferenceTokenizer,
+    texts: list[str],
+    context_length: int = 77,
+    expected: np.ndarray | None = None,
 ) -> None:
     if expected is None:
         expected = _reference_ids(reference, texts, context_length)
@@ -104,7 +110,15 @@ def test_ascii_splitting_pattern_equals_the_unicode_one():
     ours = SimpleTokenizer()
     ascii_chars = [chr(c) for c in range(128)]
     texts = [a + b for a in ascii_chars for b in ascii_chars]
-    texts += ["<start_of_text>x", "<END_of_text>", "it's", "IT'S", "we'll'd", "a1b22c", "http://x.org/a?b=1&c=2"]
+    texts += [
+        "<start_of_text>x",
+        "<END_of_text>",
+        "it's",
+        "IT'S",
+        "we'll'd",
+        "a1b22c",
+        "http://x.org/a?b=1&c=2",
+    ]
     texts += [t for t in junk_corpus(3000, seed=19) if t.isascii()]
     for text in texts:
         assert ours._ascii_pattern.findall(text) == ours._pattern.findall(text), repr(text)
@@ -152,7 +166,9 @@ def test_ascii_shortcut_admits_exactly_the_documented_characters():
 
 
 _ASCII_ALPHABET = "".join(chr(c) for c in range(128))
-_NEAR_ASCII = st.lists(st.sampled_from([*_ASCII_ALPHABET, " & ", "&amp;", "&", "&#"]), max_size=60).map("".join)
+_NEAR_ASCII = st.lists(st.sampled_from([*_ASCII_ALPHABET, " & ", "&amp;", "&", "&#"]), max_size=60).map(
+    "".join
+)
 
 
 @settings(max_examples=400, derandomize=True, database=None, deadline=None)
@@ -162,7 +178,9 @@ def test_ascii_shortcut_equals_full_cleaning(text):
 
 
 # What ftfy's steps act on, mixed with mojibake, entity and segment material.
-_FTFY_MATERIAL = list("‘’“”ʼ‚ﬁﬂＡａ＆；＃ｶﾞ\u3000é\u0301Ãâ€™Â\xa0\x85\x93\x1b[m\x00\u200b\ufeff\r\n\u2028a &;#<")
+_FTFY_MATERIAL = list(
+    "‘’“”ʼ‚ﬁﬂＡａ＆；＃ｶﾞ\u3000é\u0301Ãâ€™Â\xa0\x85\x93\x1b[m\x00\u200b\ufeff\r\n\u2028a &;#<"
+)
 
 
 @settings(max_examples=1500, derandomize=True, database=None, deadline=None)
@@ -186,7 +204,13 @@ def test_fast_ftfy_on_web_captions():
 
 
 # Large blocks of one kind (CJK ideographs, Hangul syllables, private use, ...): every 16th.
-_HOMOGENEOUS_BLOCKS = [(0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xA000, 0xA48C), (0xAC00, 0xD7A3), (0xE000, 0xF8FF)]
+_HOMOGENEOUS_BLOCKS = [
+    (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF),
+    (0xA000, 0xA48C),
+    (0xAC00, 0xD7A3),
+    (0xE000, 0xF8FF),
+]
 
 
 def test_fast_ftfy_on_every_bmp_character():
@@ -201,8 +225,10 @@ def test_fast_ftfy_on_every_bmp_character():
 
 
 @settings(max_examples=300, derandomize=True, database=None, deadline=None)
-@given(st.lists(st.sampled_from([*"ab\n<&;amp#x’", "&amp;", "Ã©", "\r\n"]), max_size=30).map("".join),
-       st.integers(min_value=1, max_value=6))
+@given(
+    st.lists(st.sampled_from([*"ab\n<&;amp#x’", "&amp;", "Ã©", "\r\n"]), max_size=30).map("".join),
+    st.integers(min_value=1, max_value=6),
+)
 def test_fast_ftfy_cuts_segments_as_ftfy(text, length):
     # Short segments make ftfy's cutting of long lines (1,000,000 characters by default) testable.
     saved = tok_mod._FTFY_SEGMENT_LENGTH
@@ -242,7 +268,11 @@ def test_fast_mojibake_detector_equals_is_bad(text):
 
 
 def test_fast_mojibake_detector_on_corpora():
-    texts = junk_corpus(4000, seed=11) + web_caption_corpus(4000, seed=12) + caption_corpus(1000, seed=12, intl_fraction=1.0)
+    texts = (
+        junk_corpus(4000, seed=11)
+        + web_caption_corpus(4000, seed=12)
+        + caption_corpus(1000, seed=12, intl_fraction=1.0)
+    )
     bad = [t for t in texts if is_bad(t)]
     assert len(bad) > 500  # mojibake is in the corpus, so the check is not vacuous
     assert [t for t in texts if tok_mod._looks_bad(t)] == bad
@@ -265,7 +295,11 @@ def test_lower_case_keeps_whitespace_where_it_was():
 
 
 @settings(max_examples=500, derandomize=True, database=None, deadline=None)
-@given(st.text(alphabet=st.sampled_from(list("aΣσςİI'.\u0301\u00ad\u200d \t\n\x1c\x85\xa0\u2028\u3000")), max_size=20))
+@given(
+    st.text(
+        alphabet=st.sampled_from(list("aΣσςİI'.\u0301\u00ad\u200d \t\n\x1c\x85\xa0\u2028\u3000")), max_size=20
+    )
+)
 def test_lower_then_cut_equals_collapse_then_lower(text):
     words = text.lower().split()
     assert " ".join(words) == " ".join(text.split()).lower()
@@ -273,10 +307,43 @@ def test_lower_then_cut_equals_collapse_then_lower(text):
 
 @pytest.mark.parametrize(
     "text",
-    ["a & b", "a &amp; b", "x \x0b y", "\x1b[31mred", "a\x7f", "é\u0301", "e\u0301", "ﬁne", "ＬＯＵＤ", "a\u3000b",
-     "\ufeffbom", "‘q’", "“q”", "Ã©", "a\x85b", "a\u2028b", "é\né", "\ud800", "\x80", "Ã é", "Â£", "it’s", "é’", "Ã’",
-     "＆amp;", "’\u0301", "ｶﾞ", "&amp;lt;b&amp;gt;", "<b>&amp;\n&amp;", "&amp;\n<b>\n&amp;", "Ã\x83Â©", "ÃƒÂ©",
-     "&Atilde;&copy;", "â€œquotedâ€\x9d", "x" * 20 + "\r\n" + "Ã©" * 3],
+    [
+        "a & b",
+        "a &amp; b",
+        "x \x0b y",
+        "\x1b[31mred",
+        "a\x7f",
+        "é\u0301",
+        "e\u0301",
+        "ﬁne",
+        "ＬＯＵＤ",
+        "a\u3000b",
+        "\ufeffbom",
+        "‘q’",
+        "“q”",
+        "Ã©",
+        "a\x85b",
+        "a\u2028b",
+        "é\né",
+        "\ud800",
+        "\x80",
+        "Ã é",
+        "Â£",
+        "it’s",
+        "é’",
+        "Ã’",
+        "＆amp;",
+        "’\u0301",
+        "ｶﾞ",
+        "&amp;lt;b&amp;gt;",
+        "<b>&amp;\n&amp;",
+        "&amp;\n<b>\n&amp;",
+        "Ã\x83Â©",
+        "ÃƒÂ©",
+        "&Atilde;&copy;",
+        "â€œquotedâ€\x9d",
+        "x" * 20 + "\r\n" + "Ã©" * 3,
+    ],
 )
 def test_shortcut_edge_cases(text):
     _shortcut_agrees(text)

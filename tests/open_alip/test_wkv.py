@@ -184,8 +184,10 @@ def test_the_compile_constant_mark_is_the_real_decorators_and_importing_the_mode
     torch.compiler.assume_constant_result(theirs)
     assert vars(ours) == vars(theirs) != {}
     # The mark exists so that importing the model does not import torch._dynamo (seconds per process).
-    code = ("import sys, src.open_alip.model, src.open_alip.wkv_fla, src.open_alip.wkv_bi_triton; "
-            "print('torch._dynamo' in sys.modules)")
+    code = (
+        "import sys, src.open_alip.model, src.open_alip.wkv_fla, src.open_alip.wkv_bi_triton; "
+        "print('torch._dynamo' in sys.modules)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"

@@ -124,7 +124,9 @@ def test_model_on_cpu_never_imports_fla():
         "assert not any(m == 'fla' or m.startswith('fla.') for m in sys.modules), 'fla imported'\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 

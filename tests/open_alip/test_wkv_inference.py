@@ -27,7 +27,9 @@ def _inputs(batch, time, heads, size, dtype=torch.float64, seed=0, decay=(-3.0, 
 @pytest.mark.parametrize("chunk", [None, 1, 2, 5, 16])
 def test_matches_the_pair_formula_in_float64(time, chunk):
     inputs = _inputs(2, time, 2, 4, seed=time)
-    torch.testing.assert_close(wkv_chunked_inference(*inputs, chunk=chunk), naive_wkv(*inputs), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        wkv_chunked_inference(*inputs, chunk=chunk), naive_wkv(*inputs), rtol=0, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("decay", [(-60.0, -20.0), (5.0, 40.0), (-40.0, 40.0), (0.5, 3.0)])
@@ -36,7 +38,9 @@ def test_any_decay_logit_gives_the_pair_formula(decay):
     # the rest take the exact element-wise scores.
     inputs = _inputs(1, 37, 2, 4, seed=5, decay=decay)
     torch.testing.assert_close(wkv_chunked_inference(*inputs), naive_wkv(*inputs), rtol=0, atol=1e-11)
-    torch.testing.assert_close(wkv_chunked_inference(*inputs, chunk=16), naive_wkv(*inputs), rtol=0, atol=1e-11)
+    torch.testing.assert_close(
+        wkv_chunked_inference(*inputs, chunk=16), naive_wkv(*inputs), rtol=0, atol=1e-11
+    )
 
 
 def test_out_of_bounds_chunks_take_the_exact_scores(monkeypatch):
@@ -50,7 +54,9 @@ def test_out_of_bounds_chunks_take_the_exact_scores(monkeypatch):
         return exact(r, k, logd, lower)
 
     monkeypatch.setattr(wkv_inference, "_exact_scores", spy)
-    torch.testing.assert_close(wkv_chunked_inference(r, k, v, w, u, chunk=16), naive_wkv(r, k, v, w, u), rtol=0, atol=1e-11)
+    torch.testing.assert_close(
+        wkv_chunked_inference(r, k, v, w, u, chunk=16), naive_wkv(r, k, v, w, u), rtol=0, atol=1e-11
+    )
     assert calls == [2]  # the one chunk with those steps, in each of the two heads
 
 
@@ -81,8 +87,11 @@ def test_wkv_chunked_takes_the_inference_form_only_without_gradients(monkeypatch
     from src.open_alip import wkv as wkv_module
 
     seen = []
-    monkeypatch.setattr(wkv_module, "wkv_chunked_inference", lambda *a, **k: seen.append("inference") or
-                        wkv_chunked_inference(*a, **k))
+    monkeypatch.setattr(
+        wkv_module,
+        "wkv_chunked_inference",
+        lambda *a, **k: seen.append("inference") or wkv_chunked_inference(*a, **k),
+    )
     inputs = _inputs(1, 10, 2, 4)
     wkv_chunked(*inputs)  # nothing requires grad
     with torch.no_grad():
@@ -102,7 +111,11 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        sizes = [t.numel() for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
+        sizes = [
+            t.numel()
+            for t in (out if isinstance(out, (tuple, list)) else [out])
+            if isinstance(t, torch.Tensor)
+        ]
         self.ops.append((str(func.overloadpacket.__name__), max(sizes, default=0)))
         return out
 

@@ -52,8 +52,10 @@ def _textbook_flops(cfg: dict) -> dict[str, float]:
         n = c // heads
         weights_per_layer = (
             5 * c * c  # receptance, key, value, gate, output
-            + 2 * c * 160 + 2 * c * 64  # token-shift LoRA (5 x 32) and decay LoRA (64)
-            + 2 * c * hidden + c * c  # channel mix: key, value, receptance
+            + 2 * c * 160
+            + 2 * c * 64  # token-shift LoRA (5 x 32) and decay LoRA (64)
+            + 2 * c * hidden
+            + c * c  # channel mix: key, value, receptance
         )
         total = 3 * 2 * tokens * weights_per_layer * layers
         total += 3 * tokens * heads * (10 * n * n + 4 * n) * layers
@@ -76,7 +78,9 @@ def test_flops_match_the_textbook_count():
 
 def test_fake_tensors_measure_what_real_tensors_do():
     fake, real = (
-        trace.run_step(SMALL, 3, impl="chunked", precision="bf16", device_type="cuda", checkpointing=False, fake=f)
+        trace.run_step(
+            SMALL, 3, impl="chunked", precision="bf16", device_type="cuda", checkpointing=False, fake=f
+        )
         for f in (True, False)
     )
     assert fake.retained == real.retained
@@ -88,7 +92,9 @@ def test_fake_tensors_measure_what_real_tensors_do():
 def test_memory_is_linear_in_batch():
     cost = cm.estimate_cost(SMALL)
     for batch in (5,):
-        run = trace.run_step(SMALL, batch, impl="chunked", precision="bf16", device_type="cuda", checkpointing=False)
+        run = trace.run_step(
+            SMALL, batch, impl="chunked", precision="bf16", device_type="cuda", checkpointing=False
+        )
         for tower in cost.towers:
             retained = sum(v for k, v in run.retained.items() if k.startswith(tower.name))
             saved = sum(v for k, v in run.saved.items() if k.startswith(tower.name))
@@ -103,7 +109,9 @@ def test_deeper_models_are_extended_from_the_measured_depth():
     assert (cost.image.layers, cost.text.layers) == (3, 4)
     batch = 4
     for cp in (False, True):
-        run = trace.run_step(DEEPER, batch, impl="chunked", precision="bf16", device_type="cuda", checkpointing=cp)
+        run = trace.run_step(
+            DEEPER, batch, impl="chunked", precision="bf16", device_type="cuda", checkpointing=cp
+        )
         for tower in cost.towers:
             retained = sum(v for k, v in run.retained.items() if k.startswith(tower.name))
             assert retained == pytest.approx((tower.retained_cp if cp else tower.retained).at(batch), abs=1)
@@ -149,7 +157,9 @@ def test_cuda_autocast_rules_are_scoped():
 
 def test_upper_envelope_is_the_maximum_for_every_batch():
     rng = random.Random(0)
-    lines = [cm.Linear(rng.uniform(0, 100), rng.choice([0.0, 0.5, 1.0, rng.uniform(0, 3)])) for _ in range(300)]
+    lines = [
+        cm.Linear(rng.uniform(0, 100), rng.choice([0.0, 0.5, 1.0, rng.uniform(0, 3)])) for _ in range(300)
+    ]
     hull = cm.upper_envelope(lines)
     assert len(hull) < len(lines)
     for batch in range(1, 400):
@@ -164,8 +174,13 @@ def test_the_planner_keeps_the_global_batch_and_the_memory_budget(name):
     plans = []
     for memory in (40 * GB, 80 * GB, 141 * GB):
         plan = planner.plan_micro_batch(
-            name, wkv_impl="chunked", precision="bf16", device_memory_bytes=memory,
-            global_batch=global_batch, world_size=world, cost=cost,
+            name,
+            wkv_impl="chunked",
+            precision="bf16",
+            device_memory_bytes=memory,
+            global_batch=global_batch,
+            world_size=world,
+            cost=cost,
         )
         assert plan.micro_batch * plan.accum_steps * plan.world_size == plan.global_batch == global_batch
         assert plan.predicted_bytes <= plan.usable_bytes == planner.usable_bytes(memory)
@@ -194,13 +209,20 @@ def test_the_planner_refuses_what_cannot_work():
     cost = cm.estimate_cost(SMALL)
     kwargs = dict(wkv_impl="chunked", precision="bf16", cost=cost)
     with pytest.raises(ValueError, match="does not split evenly over 3 GPUs"):
-        planner.plan_micro_batch(SMALL, device_memory_bytes=80 * GB, global_batch=4096, world_size=3, **kwargs)
+        planner.plan_micro_batch(
+            SMALL, device_memory_bytes=80 * GB, global_batch=4096, world_size=3, **kwargs
+        )
     with pytest.raises(ValueError, match="more memory"):
         planner.plan_micro_batch(SMALL, device_memory_bytes=2 * GB, global_batch=64, world_size=1, **kwargs)
     with pytest.raises(cm.CostModelError, match="unknown wkv implementation 'fast'"):
         cm.estimate_cost(SMALL, wkv_impl="fast")
     plan = planner.plan_micro_batch(
-        SMALL, device_memory_bytes=80 * GB, global_batch=4096, world_size=8, allow_checkpointing=False, **kwargs
+        SMALL,
+        device_memory_bytes=80 * GB,
+        global_batch=4096,
+        world_size=8,
+        allow_checkpointing=False,
+        **kwargs,
     )
     assert not plan.grad_checkpointing
     # DDP's bucket copy of the gradients: none for one process or with gradient_as_bucket_view.
@@ -215,13 +237,23 @@ def test_cli_prints_the_costs_of_the_tiny_model(capsys, monkeypatch):
     args = ["--config", "RWKV_CLIP_tiny", "--gpu", "h200", "--mfu", "0.3", "--wkv-impl", "chunked"]
     assert cli.main(args) == 0
     out = capsys.readouterr().out
-    for expected in ("image tower", "text  tower", "total", "AdamW state", "Planner on H200",
-                     "At MFU 0.30 on H200", "32 epochs of YFCC15M (15,061,515 pairs) on 8 GPUs",
-                     "--config RWKV_CLIP_B32 prints the MFU"):
+    for expected in (
+        "image tower",
+        "text  tower",
+        "total",
+        "AdamW state",
+        "Planner on H200",
+        "At MFU 0.30 on H200",
+        "32 epochs of YFCC15M (15,061,515 pairs) on 8 GPUs",
+        "--config RWKV_CLIP_B32 prints the MFU",
+    ):
         assert expected in out
     assert cli.main(["--config", "no_such_model"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("benchmarks.training_cost: error: model config 'no_such_model'") and err.count("\n") == 1
+    assert (
+        err.startswith("benchmarks.training_cost: error: model config 'no_such_model'")
+        and err.count("\n") == 1
+    )
 
 
 def test_cli_measures_the_fla_wkv():
@@ -230,7 +262,11 @@ def test_cli_measures_the_fla_wkv():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.training_cost", "--config", "RWKV_CLIP_tiny", "--wkv-impl", "fla"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     assert "wkv fla;" in proc.stdout and "Planner on" in proc.stdout

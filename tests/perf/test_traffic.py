@@ -35,7 +35,11 @@ def _count(fn, *shapes: tuple[int, ...], precision: str = "fp32") -> TrafficRepo
     report = TrafficReport("ops", 1, precision, "fla")
     with fake_mode():
         inputs = [torch.randn(*shape) for shape in shapes]
-        with TrafficCounter(report, skip_wkv_ops=True), autocast_rules(precision, "cuda"), autocast(precision):
+        with (
+            TrafficCounter(report, skip_wkv_ops=True),
+            autocast_rules(precision, "cuda"),
+            autocast(precision),
+        ):
             fn(*inputs)
     return report
 

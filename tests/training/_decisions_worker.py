@@ -36,9 +36,17 @@ def _plan(env, gibs: list[float]) -> dict:
 
     torch.cuda.get_device_properties = lambda device: Properties()
     plan, checkpointing, why = plan_for_device(
-        model_config=get_model_config("RWKV_CLIP_tiny"), wkv_impl="chunked", precision="bf16", device=CUDA,
-        world_size=env.world_size, global_batch=8192, accum_freq=None, batch_size=None, force_checkpointing=False,
-        env=env)
+        model_config=get_model_config("RWKV_CLIP_tiny"),
+        wkv_impl="chunked",
+        precision="bf16",
+        device=CUDA,
+        world_size=env.world_size,
+        global_batch=8192,
+        accum_freq=None,
+        batch_size=None,
+        force_checkpointing=False,
+        env=env,
+    )
     check_same_plan(plan, checkpointing, env)
     return {"micro": plan.micro_batch, "accum": plan.accum_freq, "checkpointing": checkpointing, "why": why}
 
@@ -48,8 +56,17 @@ def _batch(env, sizes: list[int]) -> dict:
     from src.training.batching import plan_for_device
 
     plan, checkpointing, _ = plan_for_device(
-        model_config={}, wkv_impl="chunked", precision="fp32", device=env.device, world_size=env.world_size,
-        global_batch=None, accum_freq=None, batch_size=sizes[env.rank], force_checkpointing=False, env=env)
+        model_config={},
+        wkv_impl="chunked",
+        precision="fp32",
+        device=env.device,
+        world_size=env.world_size,
+        global_batch=None,
+        accum_freq=None,
+        batch_size=sizes[env.rank],
+        force_checkpointing=False,
+        env=env,
+    )
     check_same_plan(plan, checkpointing, env)
     return {"micro": plan.micro_batch}
 
@@ -81,23 +98,44 @@ def _compile(env, spec: dict) -> dict:
         register_backend(_failing_backend(spec["fail_on_rank"]), name="rwkv_clip_test_fails_on_one_rank")
     setup_logging(None, env.rank)  # rank 0 logs to stdout, the others warnings to stderr
     logging.getLogger("torch").setLevel(logging.ERROR)
-    cfg = build_config({"config": spec["config"], "batch_size": spec["batch"], "wkv_impl": "chunked",
-                        "compile": True, "compile_backend": spec["backend"][env.rank], "precision": "fp32",
-                        "device": "cpu", "train_data": ["(generated batches)"], "output": spec["output"],
-                        "global_batch_size": spec["batch"] * spec["accum"] * env.world_size},
-                       spec.get("overrides", {}))
+    cfg = build_config(
+        {
+            "config": spec["config"],
+            "batch_size": spec["batch"],
+            "wkv_impl": "chunked",
+            "compile": True,
+            "compile_backend": spec["backend"][env.rank],
+            "precision": "fp32",
+            "device": "cpu",
+            "train_data": ["(generated batches)"],
+            "output": spec["output"],
+            "global_batch_size": spec["batch"] * spec["accum"] * env.world_size,
+        },
+        spec.get("overrides", {}),
+    )
     trainer, plan = build_training_step(cfg, env, total_steps=4)
     g = torch.Generator().manual_seed(env.rank)
     size, ctx = cfg.model["input_size"], cfg.model["ctx_len"]
-    micro = [(torch.randn(plan.micro_batch, 3, size, size, generator=g),
-              torch.randint(1, 49406, (plan.micro_batch, ctx), generator=g)) for _ in range(plan.accum_freq)]
+    micro = [
+        (
+            torch.randn(plan.micro_batch, 3, size, size, generator=g),
+            torch.randint(1, 49406, (plan.micro_batch, ctx), generator=g),
+        )
+        for _ in range(plan.accum_freq)
+    ]
     losses = [float(trainer.step(micro, step).loss) for step in range(2)]
     params = torch.cat([p.detach().flatten() for p in trainer.raw_model.parameters()])
-    return {"losses": losses, "param_sum": float(params.double().sum()), "param_norm": float(params.double().norm()),
-            "compiled": hasattr(trainer.model, "_orig_mod"), "accum": plan.accum_freq,
-            "graphs": int(counters["stats"]["unique_graphs"]),
-            "drop_path": [float(getattr(m, "p", 0.0)) for m in trainer.raw_model.modules()
-                          if type(m).__name__ == "DropPath"]}
+    return {
+        "losses": losses,
+        "param_sum": float(params.double().sum()),
+        "param_norm": float(params.double().norm()),
+        "compiled": hasattr(trainer.model, "_orig_mod"),
+        "accum": plan.accum_freq,
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "drop_path": [
+            float(getattr(m, "p", 0.0)) for m in trainer.raw_model.modules() if type(m).__name__ == "DropPath"
+        ],
+    }
 
 
 if __name__ == "__main__":

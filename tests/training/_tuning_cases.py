@@ -20,8 +20,18 @@ from src.open_alip import get_model_config
 from src.open_alip.wkv_fla import fla_problem
 from src.training import warmup
 
-TINY = dict(n_layer=1, image_depth=1, n_embd=32, image_embed_dims=32, head_size=16, image_num_heads=2,
-            input_size=16, dim_att=32, dim_ffn=64, ctx_len=12)
+TINY = dict(
+    n_layer=1,
+    image_depth=1,
+    n_embd=32,
+    image_embed_dims=32,
+    head_size=16,
+    image_num_heads=2,
+    input_size=16,
+    dim_att=32,
+    dim_ffn=64,
+    ctx_len=12,
+)
 
 
 def main() -> dict:
@@ -44,8 +54,10 @@ def main() -> dict:
     for micro in (3, 5):
         warmup.warm_wkv(cfg, "fla", micro, torch.device("cpu"), precision="fp32", force=True)
         report["choices"][micro] = warmup.tuning_choices(micro)
-        report[f"fwd_cache_{micro}"] = [dict(zip(tuner.keys, map(str, key)), num_warps=config.num_warps)
-                                        for key, config in tuner.cache.items()]
+        report[f"fwd_cache_{micro}"] = [
+            dict(zip(tuner.keys, map(str, key)), num_warps=config.num_warps)
+            for key, config in tuner.cache.items()
+        ]
     report["keys"] = {t.base_fn.__name__: list(t.keys) for t in warmup.autotuners(fused_recurrent)}
     report["changed_again"] = warmup.key_tuning_by_shape()
     return report

@@ -19,20 +19,39 @@ import pytest
 
 from tests._train_helpers import run_ranks
 
-FAST_CPU_BUILD = {"TORCHINDUCTOR_CPP_WRAPPER": "1", "TORCHINDUCTOR_DEBUG_COMPILE": "1",
-                  "TORCHINDUCTOR_VEC_ISA_OK": "0"}
+FAST_CPU_BUILD = {
+    "TORCHINDUCTOR_CPP_WRAPPER": "1",
+    "TORCHINDUCTOR_DEBUG_COMPILE": "1",
+    "TORCHINDUCTOR_VEC_ISA_OK": "0",
+}
 
 # RWKV_CLIP_B32 with its 12 image blocks and drop_path_rate 0.3 kept; everything else small.
-SHRUNK = {"input_size": 64, "image_embed_dims": 32, "image_num_heads": 8, "n_embd": 32, "dim_att": 32,
-          "dim_ffn": 64, "head_size": 16, "n_layer": 1, "ctx_len": 8}
+SHRUNK = {
+    "input_size": 64,
+    "image_embed_dims": 32,
+    "image_num_heads": 8,
+    "n_embd": 32,
+    "dim_att": 32,
+    "dim_ffn": 64,
+    "head_size": 16,
+    "n_layer": 1,
+    "ctx_len": 8,
+}
 
 
 @pytest.mark.slow
 def test_b32_blocks_with_drop_path_compile_under_ddp_without_falling_back(tmp_path):
-    spec = {"config": "RWKV_CLIP_B32", "overrides": SHRUNK, "backend": ["inductor", "inductor"], "batch": 2,
-            "accum": 1, "output": str(tmp_path)}
-    results = run_ranks("tests.training._decisions_worker", ["compile", json.dumps(spec)], timeout=1800,
-                        env=FAST_CPU_BUILD)
+    spec = {
+        "config": "RWKV_CLIP_B32",
+        "overrides": SHRUNK,
+        "backend": ["inductor", "inductor"],
+        "batch": 2,
+        "accum": 1,
+        "output": str(tmp_path),
+    }
+    results = run_ranks(
+        "tests.training._decisions_worker", ["compile", json.dumps(spec)], timeout=1800, env=FAST_CPU_BUILD
+    )
     ranks = []
     for rank, (code, out, err) in enumerate(results):
         assert code == 0, f"rank {rank}: {err[-3000:]}"

@@ -33,14 +33,29 @@ def _register_broken_backend():
 
 
 def _step(backend: str, tmp_path):
-    cfg = build_config({"config": "RWKV_CLIP_tiny", "batch_size": 2, "wkv_impl": "chunked", "compile": True,
-                        "compile_backend": backend, "precision": "fp32", "device": "cpu",
-                        "train_data": ["(generated batches)"], "output": str(tmp_path)}, {})
+    cfg = build_config(
+        {
+            "config": "RWKV_CLIP_tiny",
+            "batch_size": 2,
+            "wkv_impl": "chunked",
+            "compile": True,
+            "compile_backend": backend,
+            "precision": "fp32",
+            "device": "cpu",
+            "train_data": ["(generated batches)"],
+            "output": str(tmp_path),
+        },
+        {},
+    )
     trainer, plan = build_training_step(cfg, CPU, total_steps=4)
     g = torch.Generator().manual_seed(0)
     size, ctx = cfg.model["input_size"], cfg.model["ctx_len"]
-    micro = [(torch.randn(plan.micro_batch, 3, size, size, generator=g),
-              torch.randint(1, 49406, (plan.micro_batch, ctx), generator=g))]
+    micro = [
+        (
+            torch.randn(plan.micro_batch, 3, size, size, generator=g),
+            torch.randint(1, 49406, (plan.micro_batch, ctx), generator=g),
+        )
+    ]
     before = [p.detach().clone() for p in trainer.raw_model.parameters()]
     result = trainer.step(micro, 0)
     result = trainer.step(micro, 1)  # the second step runs eagerly with no new warning

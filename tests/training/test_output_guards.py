@@ -32,8 +32,13 @@ def small_disk(path: Path, size: int, read_only: bool = False):
     """A real filesystem of `size` bytes at `path` (a tmpfs), or skip where mounting needs root."""
     path.mkdir(parents=True, exist_ok=True)
     opts = f"size={size}" + (",ro" if read_only else "")
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("mounting a small tmpfs needs root")
     try:
         yield path
@@ -63,10 +68,18 @@ def test_a_file_size_limit_gives_the_same_line(tmp_path):
         "except TrainingError as e:\n"
         "    print(e); sys.exit(3)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
     assert proc.returncode == 3, proc.stderr[-2000:]
-    assert proc.stdout.startswith(f"no space left on device, need ≈ {4 * MB / 1e9:.3g} GB at {tmp_path} "), proc.stdout
+    assert proc.stdout.startswith(f"no space left on device, need ≈ {4 * MB / 1e9:.3g} GB at {tmp_path} "), (
+        proc.stdout
+    )
     assert resource.getrlimit(resource.RLIMIT_FSIZE)  # the limit lived in the child only
 
 
@@ -115,16 +128,28 @@ def test_a_second_writer_of_one_output_is_refused_naming_the_first(tmp_path, cap
     output.mkdir()
     # The first run's lock, held by another process (as a running train.py holds it).
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from src.lock import OutputLock\n"
-         f"OutputLock(Path({str(output)!r}), tool='train.py', path=Path({str(output / 'train.lock')!r})).acquire()\n"
-         "print('held', flush=True); time.sleep(120)"],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from src.lock import OutputLock\n"
+            f"OutputLock(Path({str(output)!r}), tool='train.py', path=Path({str(output / 'train.lock')!r})).acquire()\n"
+            "print('held', flush=True); time.sleep(120)",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert train.main(["--train-data", str(tmp_path / "none"), "--output", str(output), "--device", "cpu"]) == 2
+        assert (
+            train.main(["--train-data", str(tmp_path / "none"), "--output", str(output), "--device", "cpu"])
+            == 2
+        )
         err = capsys.readouterr().err
-        assert err.startswith(f"train.py: error: --output {output} is being written by train.py run pid "
-                              f"{holder.pid} on host "), err
+        assert err.startswith(
+            f"train.py: error: --output {output} is being written by train.py run pid {holder.pid} on host "
+        ), err
         assert err.count("\n") == 1
         assert "rerun with --resume latest" in err, err
     finally:
@@ -143,11 +168,18 @@ def test_a_second_writer_of_one_output_is_refused_naming_the_first(tmp_path, cap
 def _holder(output: Path, then: str) -> subprocess.Popen:
     """A process that takes train.py's lock of `output`, runs `then` (with `lock` and `time` at hand),
     prints what it printed and 'held', and waits to be killed."""
-    code = ("import os, subprocess, sys, time; from pathlib import Path; from src.lock import OutputLock\n"
-            f"lock = OutputLock(Path({str(output)!r}), tool='train.py', path=Path({str(output / 'train.lock')!r}))\n"
-            f"lock.acquire()\n{then}\nprint('held', flush=True); time.sleep(120)")
-    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, text=True)
+    code = (
+        "import os, subprocess, sys, time; from pathlib import Path; from src.lock import OutputLock\n"
+        f"lock = OutputLock(Path({str(output)!r}), tool='train.py', path=Path({str(output / 'train.lock')!r}))\n"
+        f"lock.acquire()\n{then}\nprint('held', flush=True); time.sleep(120)"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_until_closed_in(pid: int, path: Path, timeout: float = 30.0) -> None:
@@ -171,9 +203,12 @@ def test_a_forked_child_does_not_keep_the_lock_of_a_killed_run(tmp_path):
     # rerun was refused naming the dead pid. Children now drop the lock; only the run holds it.
     output = tmp_path / "run"
     output.mkdir()
-    holder = _holder(output, "import multiprocessing as mp\n"
-                             "child = mp.get_context('fork').Process(target=time.sleep, args=(60,))\n"
-                             "child.start(); print(child.pid, flush=True)")
+    holder = _holder(
+        output,
+        "import multiprocessing as mp\n"
+        "child = mp.get_context('fork').Process(target=time.sleep, args=(60,))\n"
+        "child.start(); print(child.pid, flush=True)",
+    )
     child = int(holder.stdout.readline())
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -198,8 +233,9 @@ def test_a_lock_held_past_its_dead_holder_says_wait_a_moment(tmp_path):
     # the message says so instead of naming the dead pid as running.
     output = tmp_path / "run"
     output.mkdir()
-    holder = _holder(output, "child = subprocess.Popen(['sleep', '60'], pass_fds=[lock._fd])\n"
-                             "print(child.pid, flush=True)")
+    holder = _holder(
+        output, "child = subprocess.Popen(['sleep', '60'], pass_fds=[lock._fd])\nprint(child.pid, flush=True)"
+    )
     child = int(holder.stdout.readline())
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -220,13 +256,22 @@ def test_demo_on_a_read_only_output_is_one_line(tmp_path, capsys):
     with small_disk(tmp_path / "ro", MB, read_only=True) as ro:
         assert demo.main(["--output", str(ro / "out"), "--quick"]) == 2
     err = capsys.readouterr().err
-    assert err == f"demo.py: error: --output {ro / 'out'}: cannot write there (Read-only file system); " \
-                  "pass a folder you can write\n"
+    assert (
+        err == f"demo.py: error: --output {ro / 'out'}: cannot write there (Read-only file system); "
+        "pass a folder you can write\n"
+    )
 
 
 def _checkpoint(step: int) -> dict:
-    return {"state_dict": {"w": torch.zeros(4)}, "optimizer": {}, "step": step, "epoch": 0, "epoch_step": step,
-            "data": [], "rng": []}
+    return {
+        "state_dict": {"w": torch.zeros(4)},
+        "optimizer": {},
+        "step": step,
+        "epoch": 0,
+        "epoch_step": step,
+        "data": [],
+        "rng": [],
+    }
 
 
 def test_pruning_never_deletes_the_checkpoint_resumed_from_for_an_unreadable_newer_one(tmp_path):
@@ -252,8 +297,12 @@ def test_pruning_keeps_the_newest_readable_checkpoint_and_drops_unreadable_ones_
         ckpt_io.atomic_save(_checkpoint(step), ckpt_io.step_checkpoint_path(tmp_path, step))
     for step in (3, 6, 8):  # unreadable, older and newer than the good ones
         ckpt_io.step_checkpoint_path(tmp_path, step).write_bytes(b"not a checkpoint")
-    ckpt_io.prune_step_checkpoints(tmp_path, keep=2)  # nothing protected: the newest readable stays all the same
+    ckpt_io.prune_step_checkpoints(
+        tmp_path, keep=2
+    )  # nothing protected: the newest readable stays all the same
     assert [p.name for p in sorted(ckpt_io.checkpoint_dir(tmp_path).iterdir())] == [
-        "step_000000002.pt", "step_000000004.pt"]
+        "step_000000002.pt",
+        "step_000000004.pt",
+    ]
     ckpt_io.prune_step_checkpoints(tmp_path, keep=1)
     assert [s for s, _ in ckpt_io.list_checkpoints(tmp_path)] == [4]

@@ -21,11 +21,26 @@ def _two_ranks(data: list[str], outputs: list[str]) -> list[str]:
     port = _free_port()
     procs = []
     for rank in range(2):
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "RANK": str(rank),
-               "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.training._agreement_worker", data[rank],
-                                       outputs[rank]], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "OMP_NUM_THREADS": "1",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.training._agreement_worker", data[rank], outputs[rank]],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)
@@ -45,8 +60,9 @@ def test_same_view_agrees_and_different_views_stop_every_rank(tmp_path):
     lines = _two_ranks([str(a), str(b)], [str(out)] * 2)
     host = socket.gethostname()
     assert lines[0] == lines[1]  # both ranks stop, with the same line
-    assert lines[0].startswith(f"error: ranks see different training data: rank 0 on {host} has 12 records in 2 "
-                               f"shard(s)"), lines[0]
+    assert lines[0].startswith(
+        f"error: ranks see different training data: rank 0 on {host} has 12 records in 2 shard(s)"
+    ), lines[0]
     assert f"rank 1 on {host} has 8 in 1" in lines[0] and f"only rank 0 on {host}: part-1.rec" in lines[0]
     assert "\n" not in lines[0]
 
@@ -58,10 +74,12 @@ def test_an_output_one_rank_cannot_see_stops_every_rank(tmp_path):
         o.mkdir()
     lines = _two_ranks([str(data)] * 2, [str(o) for o in outs])
     host = socket.gethostname()
-    assert lines == [f"error: --output {outs[0]} is not one folder all ranks see: rank 1 on {host} cannot read "
-                     "what rank 0 wrote there; pass a folder on storage every node shares",
-                     f"error: --output {outs[1]} is not one folder all ranks see: rank 1 on {host} cannot read "
-                     "what rank 0 wrote there; pass a folder on storage every node shares"]
+    assert lines == [
+        f"error: --output {outs[0]} is not one folder all ranks see: rank 1 on {host} cannot read "
+        "what rank 0 wrote there; pass a folder on storage every node shares",
+        f"error: --output {outs[1]} is not one folder all ranks see: rank 1 on {host} cannot read "
+        "what rank 0 wrote there; pass a folder on storage every node shares",
+    ]
     assert not list(outs[0].iterdir())  # the token is removed
 
 

@@ -17,7 +17,9 @@ def _ranks(mode: str, arg) -> list[dict]:
     results = run_ranks(WORKER, [mode, json.dumps(arg)], timeout=300)
     for rank, (code, _, err) in enumerate(results):
         assert code == 0, f"rank {rank}: {err[-3000:]}"
-    return [{**json.loads(out.strip().splitlines()[-1]), "stdout": out, "stderr": err} for _, out, err in results]
+    return [
+        {**json.loads(out.strip().splitlines()[-1]), "stdout": out, "stderr": err} for _, out, err in results
+    ]
 
 
 def test_gpus_of_different_memory_get_one_plan_made_for_the_smallest():
@@ -29,8 +31,18 @@ def test_gpus_of_different_memory_get_one_plan_made_for_the_smallest():
     decided = {(r["micro"], r["accum"], r["checkpointing"]) for r in ranks}
     assert len(decided) == 1, ranks
     cfg = get_model_config("RWKV_CLIP_tiny")
-    alone = [plan_micro_batch(cfg, wkv_impl="chunked", precision="bf16", device_memory_bytes=g << 30,
-                              global_batch=8192, world_size=2, bucket_view=True) for g in gibs]
+    alone = [
+        plan_micro_batch(
+            cfg,
+            wkv_impl="chunked",
+            precision="bf16",
+            device_memory_bytes=g << 30,
+            global_batch=8192,
+            world_size=2,
+            bucket_view=True,
+        )
+        for g in gibs
+    ]
     assert alone[0].micro_batch != alone[1].micro_batch  # each rank planning alone would disagree
     assert decided == {(alone[1].micro_batch, alone[1].accum_steps, alone[1].grad_checkpointing)}
     why = ranks[0]["why"]
@@ -40,8 +52,10 @@ def test_gpus_of_different_memory_get_one_plan_made_for_the_smallest():
 def test_ranks_that_planned_differently_all_stop_with_one_line():
     ranks = _ranks("batch", [4, 2])  # as nodes started with different --batch-size would
     assert ranks[0]["error"] == ranks[1]["error"]
-    assert ranks[0]["error"].startswith("ranks planned different batches (rank 0: micro-batch 4 x accumulation 1, "
-                                        "checkpointing off; rank 1: micro-batch 2 x"), ranks[0]["error"]
+    assert ranks[0]["error"].startswith(
+        "ranks planned different batches (rank 0: micro-batch 4 x accumulation 1, "
+        "checkpointing off; rank 1: micro-batch 2 x"
+    ), ranks[0]["error"]
     assert "\n" not in ranks[0]["error"]
 
 
@@ -50,8 +64,14 @@ def _warnings(text: str) -> list[str]:
 
 
 def _compile_spec(tmp_path, backends: list[str], fail_on_rank, accum: int) -> dict:
-    return {"config": "RWKV_CLIP_tiny", "backend": backends, "fail_on_rank": fail_on_rank, "batch": 2,
-            "accum": accum, "output": str(tmp_path)}
+    return {
+        "config": "RWKV_CLIP_tiny",
+        "backend": backends,
+        "fail_on_rank": fail_on_rank,
+        "batch": 2,
+        "accum": accum,
+        "output": str(tmp_path),
+    }
 
 
 def test_a_compile_failure_on_one_rank_makes_every_rank_fall_back_together(tmp_path):
@@ -70,7 +90,9 @@ def test_a_compile_failure_on_one_rank_makes_every_rank_fall_back_together(tmp_p
 def test_a_backend_one_rank_cannot_load_makes_every_rank_fall_back_with_accumulation(tmp_path):
     # Rank 1 fails when the model is wrapped (an unknown backend name), rank 0 compiles; with
     # accumulation DDP runs without its static graph and the step has a gradient-free pass too.
-    ranks = _ranks("compile", _compile_spec(tmp_path, ["eager", "no_such_backend"], fail_on_rank=None, accum=2))
+    ranks = _ranks(
+        "compile", _compile_spec(tmp_path, ["eager", "no_such_backend"], fail_on_rank=None, accum=2)
+    )
     assert [r["compiled"] for r in ranks] == [False, False] and ranks[0]["accum"] == 2
     assert ranks[0]["param_sum"] == ranks[1]["param_sum"]
     (line,) = _warnings(ranks[0]["stdout"])

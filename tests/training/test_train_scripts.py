@@ -4,7 +4,6 @@ is left out), the GPU count, and clear one-line errors (DRY_RUN prints the comma
 of running it); a node without a GPU refused, and a rank's one-line error printed last when the
 run is real."""
 
-
 import os
 import shlex
 import socket
@@ -21,22 +20,52 @@ from src.training.config import RECIPES, TrainConfig
 from src.training.params import parse_config
 from tests._repo import REPO
 
-SCRIPTS = {"B32": REPO / "shell" / "train_RWKV_CLIP_B32_YFCC15M.sh",
-           "B16": REPO / "shell" / "train_RWKV_CLIP_B16_YFCC15M.sh"}
-ARCHITECTURE_FLAGS = ("--input-size", "--image-depth", "--image-embed-dims", "--image-patch-size", "--drop-path-rate",
-                      "--ctx-len", "--vocab-size", "--head-size", "--n-embd", "--n-layer", "--text-initialization")
+SCRIPTS = {
+    "B32": REPO / "shell" / "train_RWKV_CLIP_B32_YFCC15M.sh",
+    "B16": REPO / "shell" / "train_RWKV_CLIP_B16_YFCC15M.sh",
+}
+ARCHITECTURE_FLAGS = (
+    "--input-size",
+    "--image-depth",
+    "--image-embed-dims",
+    "--image-patch-size",
+    "--drop-path-rate",
+    "--ctx-len",
+    "--vocab-size",
+    "--head-size",
+    "--n-embd",
+    "--n-layer",
+    "--text-initialization",
+)
 
 
 def _script(name: str, cwd: Path, *args: str, path_prefix: Path | None = None, **env: str):
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE", "DATA_ROOT",
-                          "CUDA_VISIBLE_DEVICES")}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "NNODES",
+            "NODE_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "NPROC_PER_NODE",
+            "DATA_ROOT",
+            "CUDA_VISIBLE_DEVICES",
+        )
+    }
     # The scripts' own python (this venv's), so a test machine's PATH does not matter.
     clean["PYTHON"] = sys.executable
     if path_prefix is not None:
         clean["PATH"] = f"{path_prefix}{os.pathsep}{clean['PATH']}"
-    return subprocess.run(["bash", str(SCRIPTS[name]), *args], cwd=cwd, env={**clean, "DRY_RUN": "1", **env},
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["bash", str(SCRIPTS[name]), *args],
+        cwd=cwd,
+        env={**clean, "DRY_RUN": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -79,7 +108,7 @@ def _train_data(cmd: list[str]) -> list[str]:
 
 def _train_config(cmd: list[str]) -> TrainConfig:
     """What train.py will run with: the command's train.py arguments through its own parser."""
-    return parse_config(cmd[cmd.index(str(REPO / "train.py")) + 1:])
+    return parse_config(cmd[cmd.index(str(REPO / "train.py")) + 1 :])
 
 
 @pytest.fixture
@@ -96,14 +125,22 @@ def test_b32_script_passes_the_recipe(data_root):
     cmd = shlex.split(proc.stdout)
     cmd = [w for w in cmd if not w.split("=", 1)[0].endswith("_CACHE_DIR")]  # the env prefix
     assert cmd[1:4] == ["-m", "torch.distributed.run", "--nnodes"]
-    assert [_flag(cmd, f) for f in ("--nnodes", "--node_rank", "--nproc_per_node", "--master_port")] == \
-        ["1", "0", "8", "23760"]
+    assert [_flag(cmd, f) for f in ("--nnodes", "--node_rank", "--nproc_per_node", "--master_port")] == [
+        "1",
+        "0",
+        "8",
+        "23760",
+    ]
     assert _train_data(cmd) == ["YFCC15M/datarec.rec"]
-    assert {k: _flag(cmd, k) for k in ("--recipe", "--resume", "--output")} == \
-        {"--recipe": "rwkv_clip_b32_yfcc15m", "--resume": "latest", "--output": "./output/RWKV_CLIP_B32_YFCC15M"}
+    assert {k: _flag(cmd, k) for k in ("--recipe", "--resume", "--output")} == {
+        "--recipe": "rwkv_clip_b32_yfcc15m",
+        "--resume": "latest",
+        "--output": "./output/RWKV_CLIP_B32_YFCC15M",
+    }
     cfg = _train_config(cmd)
-    assert {k: getattr(cfg, k) for k in RECIPES["rwkv_clip_b32_yfcc15m"].values} == \
-        RECIPES["rwkv_clip_b32_yfcc15m"].values
+    assert {k: getattr(cfg, k) for k in RECIPES["rwkv_clip_b32_yfcc15m"].values} == RECIPES[
+        "rwkv_clip_b32_yfcc15m"
+    ].values
     assert not [f for f in ARCHITECTURE_FLAGS if f in cmd]  # the architecture is the JSON's alone
     assert Path(cmd[cmd.index("--master_port") + 2]) == REPO / "train.py"
     assert "training on 1 shard(s), 7 records" in proc.stderr and "NOTICE" not in proc.stderr
@@ -111,31 +148,67 @@ def test_b32_script_passes_the_recipe(data_root):
 
 def test_b16_multi_node_from_environment_and_pass_through_flags(data_root, tmp_path):
     # --global-batch-size given as --flag=value: the launcher reads it with train.py's parser.
-    proc = _script("B16", tmp_path, "--batch-size", "128", "--global-batch-size=1024", DATA_ROOT=str(data_root),
-                   NNODES="4", NODE_RANK="3", MASTER_ADDR="10.1.2.3", MASTER_PORT="29400", NPROC_PER_NODE="8")
+    proc = _script(
+        "B16",
+        tmp_path,
+        "--batch-size",
+        "128",
+        "--global-batch-size=1024",
+        DATA_ROOT=str(data_root),
+        NNODES="4",
+        NODE_RANK="3",
+        MASTER_ADDR="10.1.2.3",
+        MASTER_PORT="29400",
+        NPROC_PER_NODE="8",
+    )
     assert proc.returncode == 0, proc.stderr
     cmd = shlex.split(proc.stdout)
-    got = {f: _flag(cmd, f) for f in ("--nnodes", "--node_rank", "--master_addr", "--master_port", "--recipe",
-                                      "--output")}
-    assert got == {"--nnodes": "4", "--node_rank": "3", "--master_addr": "10.1.2.3", "--master_port": "29400",
-                   "--recipe": "rwkv_clip_b16_yfcc15m", "--output": "./output/RWKV_CLIP_B16_YFCC15M"}
+    got = {
+        f: _flag(cmd, f)
+        for f in ("--nnodes", "--node_rank", "--master_addr", "--master_port", "--recipe", "--output")
+    }
+    assert got == {
+        "--nnodes": "4",
+        "--node_rank": "3",
+        "--master_addr": "10.1.2.3",
+        "--master_port": "29400",
+        "--recipe": "rwkv_clip_b16_yfcc15m",
+        "--output": "./output/RWKV_CLIP_B16_YFCC15M",
+    }
     cfg = _train_config(cmd)
     assert (cfg.config, cfg.batch_size, cfg.global_batch_size, cfg.lr) == ("RWKV_CLIP_B16", 128, 1024, 1e-3)
     # Another global batch is announced (by the launcher, computed in Python); another micro-batch
     # is not: it changes speed and memory, not what is trained.
     notices = [line for line in proc.stderr.splitlines() if "NOTICE" in line]
-    assert notices == ["train_RWKV_CLIP_B16_YFCC15M.sh: NOTICE: --global-batch-size 1024 replaces the recipe's 4096 "
-                       "(512 per GPU x 8 GPUs in the paper's run); the contrastive batch, and so the results, will "
-                       "differ"]
+    assert notices == [
+        "train_RWKV_CLIP_B16_YFCC15M.sh: NOTICE: --global-batch-size 1024 replaces the recipe's 4096 "
+        "(512 per GPU x 8 GPUs in the paper's run); the contrastive batch, and so the results, will "
+        "differ"
+    ]
 
 
 def test_the_launcher_reads_the_flags_with_train_py_parser(data_root, tmp_path):
     elsewhere = _shard(tmp_path / "other", "part", 3)
     config, scan = launch.resolve_train_args(
-        ["--recipe", "rwkv_clip_b32_yfcc15m", "--output=runs/x", "--device=cpu", "--data-backend=torch",
-         "--lr=2e-3", "--gradient-acc", "2"], str(data_root))
-    assert (config.output, config.device, config.data_backend, config.lr, config.accum_freq) == \
-        (Path("runs/x"), "cpu", "torch", 2e-3, 2)
+        [
+            "--recipe",
+            "rwkv_clip_b32_yfcc15m",
+            "--output=runs/x",
+            "--device=cpu",
+            "--data-backend=torch",
+            "--lr=2e-3",
+            "--gradient-acc",
+            "2",
+        ],
+        str(data_root),
+    )
+    assert (config.output, config.device, config.data_backend, config.lr, config.accum_freq) == (
+        Path("runs/x"),
+        "cpu",
+        "torch",
+        2e-3,
+        2,
+    )
     assert config.train_data == (str(data_root / "datarec.rec"),) and scan.records == 7
     # --train-data given (here as --flag=value) replaces DATA_ROOT, which is then not read at all.
     config, scan = launch.resolve_train_args([f"--train-data={elsewhere}", "--output", "o"], "/nonexistent")
@@ -200,7 +273,10 @@ def test_a_folder_whose_shards_sit_one_level_down_gets_a_hint(tmp_path, launcher
         ({"DATA_ROOT": "/nonexistent/yfcc"}, "DATA_ROOT entry /nonexistent/yfcc is neither a folder nor"),
         ({"NNODES": "two"}, "NNODES=two is not a whole number"),
         ({"NNODES": "2", "NODE_RANK": "2"}, "NODE_RANK=2 must be below NNODES=2"),
-        ({"NNODES": "2"}, "MASTER_ADDR=127.0.0.1 is a loopback address, so with NNODES=2 every node would wait"),
+        (
+            {"NNODES": "2"},
+            "MASTER_ADDR=127.0.0.1 is a loopback address, so with NNODES=2 every node would wait",
+        ),
         ({"NNODES": "3", "MASTER_ADDR": "localhost"}, "MASTER_ADDR=localhost is a loopback address"),
         ({"NNODES": "2", "MASTER_ADDR": "::1"}, "MASTER_ADDR=::1 is a loopback address"),
         ({"NNODES": "2", "MASTER_ADDR": "0.0.0.0"}, "MASTER_ADDR=0.0.0.0 is the unspecified address"),
@@ -218,7 +294,9 @@ def test_a_gpu_node_with_a_cpu_only_torch_fails_with_the_fix(data_root, tmp_path
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stub = bin_dir / "nvidia-smi"
-    stub.write_text("#!/bin/sh\nfor i in 0 1 2 3 4 5 6 7; do echo \"GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i)\"; done\n")
+    stub.write_text(
+        '#!/bin/sh\nfor i in 0 1 2 3 4 5 6 7; do echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i)"; done\n'
+    )
     stub.chmod(0o755)
     proc = launcher(data_root.parent, path_prefix=bin_dir)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
@@ -261,14 +339,20 @@ def test_gpus_are_counted_by_torch_so_cuda_visible_devices_holds(monkeypatch):
     )
     assert launch.count_gpus({}, _config("--data-backend", "torch")) == 8
     # Both variants share nvidia/dali: the advice removes both, then installs the one for torch.
-    _fake_cuda_torch(monkeypatch, visible=8, listed=8, dali=["nvidia-dali-cuda120", "nvidia-dali-cuda130"], cuda="13.0")
+    _fake_cuda_torch(
+        monkeypatch, visible=8, listed=8, dali=["nvidia-dali-cuda120", "nvidia-dali-cuda130"], cuda="13.0"
+    )
     with pytest.raises(launch.LaunchError) as both:
         launch.count_gpus({}, _config())
     assert str(both.value).startswith("nvidia-dali-cuda120 and nvidia-dali-cuda130 are installed together")
     assert f"`{py} -m pip uninstall -y nvidia-dali-cuda120 nvidia-dali-cuda130`" in str(both.value)
-    assert f"install nvidia-dali-cuda130 with `{py} -m pip install 'nvidia-dali-cuda130>=2.4.0'`" in str(both.value)
+    assert f"install nvidia-dali-cuda130 with `{py} -m pip install 'nvidia-dali-cuda130>=2.4.0'`" in str(
+        both.value
+    )
     _fake_cuda_torch(monkeypatch, visible=8, listed=8, dali=[], cuda="11.8")
-    with pytest.raises(launch.LaunchError, match="built for CUDA 11.8, and DALI has wheels for CUDA 12 and 13 only"):
+    with pytest.raises(
+        launch.LaunchError, match="built for CUDA 11.8, and DALI has wheels for CUDA 12 and 13 only"
+    ):
         launch.count_gpus({}, _config())
     _fake_cuda_torch(monkeypatch, visible=0, listed=8, dali=["nvidia-dali-cuda120"])
     with pytest.raises(launch.LaunchError, match="sees none of the 8 GPU"):
@@ -307,7 +391,9 @@ def test_a_data_root_path_with_a_space(tmp_path, launcher):
     proc = launcher(tmp_path, DATA_ROOT=str(tmp_path / "my shards"), NPROC_PER_NODE="1")
     assert proc.returncode == 0, proc.stderr
     assert _train_data(shlex.split(proc.stdout)) == [str(one)]
-    proc = launcher(tmp_path, DATA_ROOT=f"{tmp_path / 'my shards'}:{tmp_path / 'more shards'}", NPROC_PER_NODE="1")
+    proc = launcher(
+        tmp_path, DATA_ROOT=f"{tmp_path / 'my shards'}:{tmp_path / 'more shards'}", NPROC_PER_NODE="1"
+    )
     assert proc.returncode == 0, proc.stderr
     assert _train_data(shlex.split(proc.stdout)) == [str(one), str(two)]
 
@@ -316,8 +402,10 @@ def test_a_node_without_a_gpu_is_refused_before_torchrun_starts(data_root, monke
     # This machine has no GPU (its torch is the CPU build): the recipe's run is refused, not started.
     monkeypatch.chdir(data_root.parent)
     monkeypatch.setattr(launch, "run_torchrun", lambda *a: pytest.fail("torchrun started"))
-    code = launch.main(["--recipe", "rwkv_clip_b32_yfcc15m", "--output", "out"],
-                       {"TRAIN_SCRIPT_NAME": SCRIPTS["B32"].name, "NPROC_PER_NODE": "2"})
+    code = launch.main(
+        ["--recipe", "rwkv_clip_b32_yfcc15m", "--output", "out"],
+        {"TRAIN_SCRIPT_NAME": SCRIPTS["B32"].name, "NPROC_PER_NODE": "2"},
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith("train_RWKV_CLIP_B32_YFCC15M.sh: this node has no GPU to train on (torch ")
@@ -328,14 +416,27 @@ def test_a_ranks_one_line_error_is_the_runs_last_line(tmp_path):
     # Two real ranks on the CPU, on purpose; 24 records make no batch of the recipe: each rank stops
     # on a UserError, and the launcher ends on that line instead of torchrun's traceback.
     write_colour_records(tmp_path / "data" / "part", 24)
-    clean = {k: v for k, v in os.environ.items() if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "DATA_ROOT")}
+    clean = {
+        k: v for k, v in os.environ.items() if k not in ("NNODES", "NODE_RANK", "MASTER_ADDR", "DATA_ROOT")
+    }
     with socket.socket() as probe:  # a free port for the rendezvous
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    proc = subprocess.run(["bash", str(SCRIPTS["B32"]), "--device", "cpu", "--batch-size", "16"], cwd=tmp_path,
-                          env={**clean, "PYTHON": sys.executable, "DATA_ROOT": "data", "NPROC_PER_NODE": "2",
-                               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        ["bash", str(SCRIPTS["B32"]), "--device", "cpu", "--batch-size", "16"],
+        cwd=tmp_path,
+        env={
+            **clean,
+            "PYTHON": sys.executable,
+            "DATA_ROOT": "data",
+            "NPROC_PER_NODE": "2",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("train.py: error: ") and "make no full batch of 16" in last, proc.stderr[-3000:]

@@ -1,7 +1,6 @@
 """Training pieces on one process: accumulation, guards, schedules, batch plans, the typed
 config, checkpoints (fallback, stale temp files), the text decays, device mapping."""
 
-
 import json
 import math
 import random
@@ -30,8 +29,17 @@ CPU = DistEnv(0, 0, 1, torch.device("cpu"), None)
 
 def _trainer(model, accum=1, precision="fp32", lr=0.05, clip=1.0):
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
-    return Trainer(model, opt, Schedule("const", lr, 10, 0), ClipLoss(), CPU, precision=precision,
-                   grad_clip_norm=clip, accum_freq=accum, scaler=make_grad_scaler(precision, CPU.device))
+    return Trainer(
+        model,
+        opt,
+        Schedule("const", lr, 10, 0),
+        ClipLoss(),
+        CPU,
+        precision=precision,
+        grad_clip_norm=clip,
+        accum_freq=accum,
+        scaler=make_grad_scaler(precision, CPU.device),
+    )
 
 
 def _capture_grads(trainer):
@@ -110,8 +118,11 @@ def test_mixed_precision_steps_reduce_the_loss(precision):
 
 
 def _decays(model):
-    return {k: v.detach().float().clone() for k, v in model.state_dict().items()
-            if k.startswith("text_model.") and k.endswith(".att.time_decay")}
+    return {
+        k: v.detach().float().clone()
+        for k, v in model.state_dict().items()
+        if k.startswith("text_model.") and k.endswith(".att.time_decay")
+    }
 
 
 @pytest.mark.parametrize("storage", ["fp32", "bf16"])
@@ -127,7 +138,9 @@ def test_text_decays_train_in_bf16_unless_stored_in_bf16_as_the_original(storage
     trainer = Trainer(model, opt, Schedule("const", 1e-3, 4, 0), ClipLoss(), CPU, precision="bf16")
     g = torch.Generator().manual_seed(1)
     for step in range(4):
-        trainer.step([(torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 256, (4, 77), generator=g))], step)
+        trainer.step(
+            [(torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 256, (4, 77), generator=g))], step
+        )
     moved = {k: bool((v != before[k]).any()) for k, v in _decays(model).items()}
     assert moved and all(moved.values()) == (storage == "fp32") and any(moved.values()) == (storage == "fp32")
     # Either way the saved weights are in the released layout (bf16 decays).
@@ -156,7 +169,9 @@ def test_fp32_masters_are_used_in_the_compute_dtype(monkeypatch):
             block.att.time_faaaa.add_(1e-5)
     rounded = create_model("RWKV_CLIP_tiny", n_layer=1, image_depth=1, input_size=16).eval()
     rounded.load_state_dict(masters.released_state_dict())
-    assert not torch.equal(rounded.text_model.blocks[0].att.time_decay, masters.text_model.blocks[0].att.time_decay)
+    assert not torch.equal(
+        rounded.text_model.blocks[0].att.time_decay, masters.text_model.blocks[0].att.time_decay
+    )
     tokens = torch.randint(0, 49408, (2, 77), generator=torch.Generator().manual_seed(3))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         masters.encode_text(tokens)
@@ -184,16 +199,19 @@ def _torch_lrs(make, steps):
 @pytest.mark.parametrize("total", [100, 37])
 def test_cosine_is_the_originals_onecycle_exactly(total):
     # The original's --lr-scheduler cosine built OneCycleLR(max_lr=[lr], ..., pct_start=0.1).
-    want = _torch_lrs(lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=[1e-3], total_steps=total,
-                                                                    pct_start=0.1), total)
+    want = _torch_lrs(
+        lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=[1e-3], total_steps=total, pct_start=0.1),
+        total,
+    )
     for kind in ("cosine", "onecycle"):
         sched = Schedule(kind, 1e-3, total, warmup=0.1)
         assert [(sched.lr_at(s), sched.beta1_at(s)) for s in range(total)] == want
 
 
 def test_linear_is_the_originals_decay_without_warmup():
-    want = _torch_lrs(lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=1.0, end_factor=0.0,
-                                                                  total_iters=50), 50)
+    want = _torch_lrs(
+        lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=1.0, end_factor=0.0, total_iters=50), 50
+    )
     sched = Schedule("linear", 1e-3, 50, warmup=0.1)
     for s, (lr, beta1) in enumerate(want):
         # LinearLR leaves beta1 alone, and so does the schedule (None: the optimizer's own).
@@ -217,12 +235,15 @@ def test_warmup_then_cosine_to_zero():
 
 
 def test_apply_sets_lr_and_beta1_on_every_group():
-    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))],
-                            lr=1.0, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(
+        [torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))], lr=1.0, betas=(0.9, 0.98)
+    )
     opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))]})
     sched = Schedule("cosine", 2e-3, 100, 0.1)
     assert sched.apply(opt, 10) == sched.lr_at(10)
-    assert all(g["lr"] == sched.lr_at(10) and g["betas"] == (sched.beta1_at(10), 0.98) for g in opt.param_groups)
+    assert all(
+        g["lr"] == sched.lr_at(10) and g["betas"] == (sched.beta1_at(10), 0.98) for g in opt.param_groups
+    )
 
 
 def test_resume_keeps_the_moments_and_takes_the_new_settings(tmp_path):
@@ -244,8 +265,10 @@ def test_a_resume_lists_what_changed_and_names_the_renamed_schedule(tmp_path):
     # A checkpoint of the first format: flags under "args", written when 'cosine' meant warmup + cosine.
     old = {"args": {"lr": 1e-3, "lr_scheduler": "cosine", "epochs": 4, "eps": 1e-6, "beta2": 0.98}}
     changed, renamed = train_main._setting_changes(old, cfg, schedule, 10)
-    assert changed == (f"changed on resume, in effect from step 11 (lr there {schedule.lr_at(10):.4g}): "
-                       "--lr 0.0001 (was 0.001), --eps 1e-08 (was 1e-06)")
+    assert changed == (
+        f"changed on resume, in effect from step 11 (lr there {schedule.lr_at(10):.4g}): "
+        "--lr 0.0001 (was 0.001), --eps 1e-08 (was 1e-06)"
+    )
     assert "when the name meant warmup-cosine" in renamed and "pass --lr-scheduler warmup-cosine" in renamed
     assert train_main._setting_changes({"run": cfg.to_json()}, cfg, schedule, 10) == []
 
@@ -255,8 +278,15 @@ def test_a_resume_lists_what_changed_and_names_the_renamed_schedule(tmp_path):
 
 @pytest.mark.parametrize(
     ("world", "cap", "micro", "accum", "effective"),
-    [(8, 512, 512, 1, 4096), (1, 512, 512, 8, 4096), (2, 512, 512, 4, 4096), (16, 512, 256, 1, 4096),
-     (4, 256, 256, 4, 4096), (3, 512, 455, 3, 4095), (6, 512, 341, 2, 4092)],
+    [
+        (8, 512, 512, 1, 4096),
+        (1, 512, 512, 8, 4096),
+        (2, 512, 512, 4, 4096),
+        (16, 512, 256, 1, 4096),
+        (4, 256, 256, 4, 4096),
+        (3, 512, 455, 3, 4095),
+        (6, 512, 341, 2, 4092),
+    ],
 )
 def test_the_global_batch_is_kept_through_accumulation(world, cap, micro, accum, effective):
     plan = plan_batches(per_process_max=cap, world_size=world, global_batch=4096)
@@ -270,7 +300,12 @@ def test_the_global_batch_is_kept_through_accumulation(world, cap, micro, accum,
 
 def test_without_a_global_batch_the_flags_multiply():
     plan = plan_batches(per_process_max=64, world_size=2, accum_freq=3)
-    assert (plan.micro_batch, plan.accum_freq, plan.global_batch, plan.shortfall_notice()) == (64, 3, 384, None)
+    assert (plan.micro_batch, plan.accum_freq, plan.global_batch, plan.shortfall_notice()) == (
+        64,
+        3,
+        384,
+        None,
+    )
     assert plan_batches(per_process_max=512, world_size=2, global_batch=4096, accum_freq=8).micro_batch == 256
     with pytest.raises(TrainingError, match="--global-batch-size 2 is smaller than the 4 processes"):
         plan_batches(per_process_max=8, world_size=4, global_batch=2)
@@ -280,13 +315,35 @@ def test_without_a_global_batch_the_flags_multiply():
 
 
 def test_one_typed_config_with_the_architecture_apart(tmp_path):
-    cfg = parse_config(["--train-data", "d", "--output", str(tmp_path / "o"), "--config", "RWKV_CLIP_tiny",
-                        "--n-layer", "3", "--drop-path-rate", "0.1", "--open-checkpoint", "True",
-                        "--gradient-acc", "2", "--global-batch-size", "64"])
+    cfg = parse_config(
+        [
+            "--train-data",
+            "d",
+            "--output",
+            str(tmp_path / "o"),
+            "--config",
+            "RWKV_CLIP_tiny",
+            "--n-layer",
+            "3",
+            "--drop-path-rate",
+            "0.1",
+            "--open-checkpoint",
+            "True",
+            "--gradient-acc",
+            "2",
+            "--global-batch-size",
+            "64",
+        ]
+    )
     assert cfg.model["n_layer"] == 3 and cfg.model["drop_path_rate"] == 0.1 and cfg.model["with_cp"] is True
     assert not {"precision", "workers", "data_type"} & set(cfg.model)  # run settings stay out
-    assert (cfg.accum_freq, cfg.global_batch_size, cfg.eps, cfg.precision, cfg.lr_scheduler) == \
-        (2, 64, 1e-8, "bf16", "cosine")
+    assert (cfg.accum_freq, cfg.global_batch_size, cfg.eps, cfg.precision, cfg.lr_scheduler) == (
+        2,
+        64,
+        1e-8,
+        "bf16",
+        "cosine",
+    )
     assert cfg.warmup == 0.1 and cfg.beta1 == 0.9  # filled in, not given
     assert cfg.given == {"train_data", "output", "config", "accum_freq", "global_batch_size"}
     assert json.loads(json.dumps(cfg.to_json()))["model"]["n_layer"] == 3
@@ -299,7 +356,9 @@ def test_an_old_config_json_with_run_settings_still_loads(tmp_path):
 
     old = {**get_model_config("RWKV_CLIP_tiny"), "precision": "bf16", "workers": 10, "data_type": "utf-8"}
     (tmp_path / "old.json").write_text(json.dumps(old))
-    cfg = parse_config(["--train-data", "d", "--output", str(tmp_path / "o"), "--config", str(tmp_path / "old.json")])
+    cfg = parse_config(
+        ["--train-data", "d", "--output", str(tmp_path / "o"), "--config", str(tmp_path / "old.json")]
+    )
     assert cfg.model == get_model_config("RWKV_CLIP_tiny") and cfg.workers == 4
 
 
@@ -315,7 +374,9 @@ def test_an_old_config_json_with_run_settings_still_loads(tmp_path):
 )
 def test_bad_values_are_refused_with_the_flag_named(tmp_path, extra, message):
     with pytest.raises(TrainingError, match=message.replace("[", r"\[").replace(")", r"\)")):
-        parse_config(["--train-data", "d", "--output", str(tmp_path / "o"), "--config", "RWKV_CLIP_tiny", *extra])
+        parse_config(
+            ["--train-data", "d", "--output", str(tmp_path / "o"), "--config", "RWKV_CLIP_tiny", *extra]
+        )
 
 
 def test_an_output_that_is_a_file_is_refused(tmp_path):
@@ -328,7 +389,15 @@ def test_an_output_that_is_a_file_is_refused(tmp_path):
 
 
 def _fake_ckpt(step):
-    return {"state_dict": {}, "optimizer": {}, "step": step, "epoch": 0, "epoch_step": step, "data": [], "rng": []}
+    return {
+        "state_dict": {},
+        "optimizer": {},
+        "step": step,
+        "epoch": 0,
+        "epoch_step": step,
+        "data": [],
+        "rng": [],
+    }
 
 
 def test_latest_skips_an_unreadable_newest_checkpoint(tmp_path):
@@ -344,7 +413,9 @@ def test_latest_skips_an_unreadable_newest_checkpoint(tmp_path):
     assert warnings[2] == "resuming from step_000000004.pt, the newest checkpoint that can be read"
     with pytest.raises(TrainingError, match="--resume .*nope.pt: no such checkpoint file"):
         ck.find_resume_checkpoint(str(tmp_path / "nope.pt"), tmp_path)
-    with pytest.raises(TrainingError, match="step_000000006.pt cannot be read"):  # named explicitly: no fallback
+    with pytest.raises(
+        TrainingError, match="step_000000006.pt cannot be read"
+    ):  # named explicitly: no fallback
         ck.find_resume_checkpoint(str(ck.step_checkpoint_path(tmp_path, 6)), tmp_path)
 
 
@@ -352,8 +423,9 @@ def test_temp_files_of_interrupted_saves_are_removed(tmp_path):
     import subprocess
     import sys
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True).stdout.strip()  # a pid that has exited
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    ).stdout.strip()  # a pid that has exited
     folder = ck.checkpoint_dir(tmp_path)
     folder.mkdir(parents=True)
     stale = [folder / f".step_000000008.pt.{dead}.tmp", tmp_path / f".params.json.{dead}.tmp"]
@@ -432,7 +504,9 @@ def test_the_model_and_the_loader_get_the_process_gpu(monkeypatch, tmp_path):
         train_main._build_loader(cfg, plan_batches(per_process_max=8, world_size=1), env)
         assert seen["device"] == env.device
     monkeypatch.setenv("LOCAL_RANK", "4")
-    with pytest.raises(DeviceError, match=r"LOCAL_RANK 4: only 4 GPU\(s\) are visible \(CUDA_VISIBLE_DEVICES=4,5,6,7\)"):
+    with pytest.raises(
+        DeviceError, match=r"LOCAL_RANK 4: only 4 GPU\(s\) are visible \(CUDA_VISIBLE_DEVICES=4,5,6,7\)"
+    ):
         init_distributed(cfg.device)
 
 
@@ -454,8 +528,15 @@ def test_batch_size_auto_without_a_gpu_caps_micro_batches_at_the_recipe_batch():
     from src.training.batching import AUTO_CPU_BATCH, plan_for_device
 
     plan, checkpointing, why = plan_for_device(
-        model_config={}, wkv_impl="chunked", precision="bf16", device=torch.device("cpu"), world_size=2,
-        global_batch=4096, accum_freq=None, batch_size=None, force_checkpointing=False,
+        model_config={},
+        wkv_impl="chunked",
+        precision="bf16",
+        device=torch.device("cpu"),
+        world_size=2,
+        global_batch=4096,
+        accum_freq=None,
+        batch_size=None,
+        force_checkpointing=False,
     )
     assert (plan.micro_batch, plan.accum_freq, plan.global_batch) == (AUTO_CPU_BATCH, 4, 4096)
     assert not checkpointing and "no GPU" in why
@@ -475,17 +556,41 @@ def test_batch_size_auto_on_a_gpu_follows_the_cost_model(monkeypatch, gib, world
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties())
     config = get_model_config("RWKV_CLIP_tiny")
     plan, checkpointing, why = batching.plan_for_device(
-        model_config=config, wkv_impl="chunked", precision="bf16", device=torch.device("cuda", 0),
-        world_size=world, global_batch=global_batch, accum_freq=None, batch_size=None, force_checkpointing=False,
+        model_config=config,
+        wkv_impl="chunked",
+        precision="bf16",
+        device=torch.device("cuda", 0),
+        world_size=world,
+        global_batch=global_batch,
+        accum_freq=None,
+        batch_size=None,
+        force_checkpointing=False,
     )
-    expected = plan_micro_batch(config, wkv_impl="chunked", precision="bf16", device_memory_bytes=gib << 30,
-                                global_batch=global_batch // world * world, world_size=world, bucket_view=True)
+    expected = plan_micro_batch(
+        config,
+        wkv_impl="chunked",
+        precision="bf16",
+        device_memory_bytes=gib << 30,
+        global_batch=global_batch // world * world,
+        world_size=world,
+        bucket_view=True,
+    )
     assert (plan.micro_batch, plan.accum_freq, checkpointing) == (
-        expected.micro_batch, expected.accum_steps, expected.grad_checkpointing)
+        expected.micro_batch,
+        expected.accum_steps,
+        expected.grad_checkpointing,
+    )
     assert plan.global_batch == global_batch // world * world and why.startswith("--batch-size auto: ")
     assert (plan.shortfall_notice() is None) == (global_batch % world == 0)
     with pytest.raises(TrainingError, match="--batch-size auto chooses the accumulation itself"):
         batching.plan_for_device(
-            model_config=config, wkv_impl="chunked", precision="bf16", device=torch.device("cuda", 0),
-            world_size=world, global_batch=global_batch, accum_freq=2, batch_size=None, force_checkpointing=False,
+            model_config=config,
+            wkv_impl="chunked",
+            precision="bf16",
+            device=torch.device("cuda", 0),
+            world_size=world,
+            global_batch=global_batch,
+            accum_freq=2,
+            batch_size=None,
+            force_checkpointing=False,
         )

@@ -10,8 +10,17 @@ from src.open_alip import get_model_config
 from src.perf.cost_model import BATCHES, wkv_batches
 from src.training.warmup import autotuners, forget_tuning, warm_wkv
 
-TINY = dict(n_layer=1, image_depth=1, n_embd=32, image_embed_dims=32, head_size=16, image_num_heads=2,
-            input_size=16, dim_att=32, dim_ffn=64)
+TINY = dict(
+    n_layer=1,
+    image_depth=1,
+    n_embd=32,
+    image_embed_dims=32,
+    head_size=16,
+    image_num_heads=2,
+    input_size=16,
+    dim_att=32,
+    dim_ffn=64,
+)
 
 
 def test_fla_autotuner_choices_are_forgotten():
@@ -50,8 +59,18 @@ def test_fla_tunes_at_the_micro_batch_for_each_tower_apart():
         # The image tower (4 tokens) and the text tower (12) each got a choice of their own, at this
         # micro-batch only: the earlier micro-batch's choices were forgotten before tuning.
         cache = report[f"fwd_cache_{micro}"]
-        assert sorted((c["B"], c["T"], c["H"]) for c in cache) == [(str(micro), "12", "2"), (str(micro), "4", "2")]
+        assert sorted((c["B"], c["T"], c["H"]) for c in cache) == [
+            (str(micro), "12", "2"),
+            (str(micro), "4", "2"),
+        ]
         assert all(c["num_warps"] == 2 for c in cache)  # the faster of the two, by the stand-in clock
-        lines = [line for line in report["choices"][str(micro)] if line.startswith("fused_recurrent_rwkv6_fwd_kernel")]
-        assert lines == [f"fused_recurrent_rwkv6_fwd_kernel [BK=16 BV=16 B={micro} T={t} H=2 float32]: num_warps: 2, "
-                         "num_ctas: 1, num_stages: 3, maxnreg: None" for t in (12, 4)]
+        lines = [
+            line
+            for line in report["choices"][str(micro)]
+            if line.startswith("fused_recurrent_rwkv6_fwd_kernel")
+        ]
+        assert lines == [
+            f"fused_recurrent_rwkv6_fwd_kernel [BK=16 BV=16 B={micro} T={t} H=2 float32]: num_warps: 2, "
+            "num_ctas: 1, num_stages: 3, maxnreg: None"
+            for t in (12, 4)
+        ]

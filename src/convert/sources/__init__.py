@@ -85,7 +85,9 @@ def check_options_apply(kind: str, options: SourceOptions) -> None:
 
 
 def make_source(
-    paths: list[Path], kind: str = "auto", options: SourceOptions | None = None,
+    paths: list[Path],
+    kind: str = "auto",
+    options: SourceOptions | None = None,
     exclude: Callable[[Path], bool] | None = None,
 ) -> Source:
     """The reader for `paths`; files for which `exclude` is true (this run's own output files
@@ -95,10 +97,14 @@ def make_source(
         if not p.exists():
             raise InputError(f"{p}: no such file or folder; check the input path")
         if not (p.is_file() or p.is_dir()):  # reading a FIFO would wait for a writer forever
-            raise InputError(f"{p}: not a regular file or folder (a FIFO or a device); give the files or folders "
-                             "to convert")
+            raise InputError(
+                f"{p}: not a regular file or folder (a FIFO or a device); give the files or folders "
+                "to convert"
+            )
         if exclude is not None and p.is_file() and exclude(p):
-            raise InputError(f"{p} is an output file of this run, not an input; give the files or folders to convert")
+            raise InputError(
+                f"{p} is an output file of this run, not an input; give the files or folders to convert"
+            )
     check_distinct(paths)
     if kind == "auto":
         kind = detect_kind(paths)

@@ -95,12 +95,18 @@ def list_tree(root: Path, suffixes: tuple[str, ...]) -> tuple[list[str], list[st
     try:
         return walk_files(root, suffixes)
     except OSError as exc:
-        raise InputError(f"{exc.filename or root}: cannot read this folder ({exc.strerror or exc}); fix its "
-                         "permissions or move it out of the input") from None
+        raise InputError(
+            f"{exc.filename or root}: cannot read this folder ({exc.strerror or exc}); fix its "
+            "permissions or move it out of the input"
+        ) from None
 
 
-def expand(paths: list[Path], suffixes: tuple[str, ...], exclude: Callable[[Path], bool] = lambda p: False,
-           notes: list[str] | None = None) -> list[Path]:
+def expand(
+    paths: list[Path],
+    suffixes: tuple[str, ...],
+    exclude: Callable[[Path], bool] = lambda p: False,
+    notes: list[str] | None = None,
+) -> list[Path]:
     """Files given directly, plus matching files found (recursively, following links, sorted) in
     given folders, leaving out hidden folders, `exclude`d files and anything not a file; the
     linked folders not read (see walk_files) are added to `notes`."""
@@ -113,8 +119,12 @@ def expand(paths: list[Path], suffixes: tuple[str, ...], exclude: Callable[[Path
             # Sorted as paths (by their parts), the order every earlier run used: ids depend on it.
             found = sorted(p for p in (path / n for n in names) if p.is_file() and not exclude(p))
             if notes is not None:  # a FIFO, device or broken link named like an input: never opened, but said
-                notes.extend(f"{p}: {'not a regular file (a FIFO, socket or device)' if p.exists() else 'a broken link'}"
-                             "; not read" for p in sorted(path / n for n in names) if not p.is_file())
+                notes.extend(
+                    f"{p}: {'not a regular file (a FIFO, socket or device)' if p.exists() else 'a broken link'}"
+                    "; not read"
+                    for p in sorted(path / n for n in names)
+                    if not p.is_file()
+                )
             if not found:
                 raise InputError(f"{path}: folder holds no {'/'.join(suffixes)} files")
             out.extend(found)

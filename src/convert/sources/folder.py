@@ -64,11 +64,14 @@ class FolderSource(Source):
         chunk = max(1, self.options.folder_chunk)
         caption_dir = self.options.caption_dir
         if caption_dir and not Path(caption_dir).is_dir():
-            raise InputError(f"--caption-dir {caption_dir}: no such folder; give the folder that holds the "
-                             ".txt captions")
+            raise InputError(
+                f"--caption-dir {caption_dir}: no such folder; give the folder that holds the .txt captions"
+            )
         for path in self.paths:
             if not path.is_dir():
-                raise InputError(f"{path}: not a folder; folder input needs a folder of images and .txt captions")
+                raise InputError(
+                    f"{path}: not a folder; folder input needs a folder of images and .txt captions"
+                )
             root = str(path)
             n = len(self._list(root))
             if n == 0:
@@ -96,6 +99,12 @@ class FolderSource(Source):
             rel = listing[index]
             numbered = rel.rsplit(".", 1)[0] + ".1" not in stems
             yield Item(
-                pos, str(root / rel), image_path=str(root / rel), row=index,
-                extra={"caption_files": caption_candidates(root, rel, self.options.caption_dir), "numbered": numbered},
+                pos,
+                str(root / rel),
+                image_path=str(root / rel),
+                row=index,
+                extra={
+                    "caption_files": caption_candidates(root, rel, self.options.caption_dir),
+                    "numbered": numbered,
+                },
             )

@@ -79,9 +79,13 @@ class ManifestSource(Source):
     def units(self) -> list[Unit]:
         root = self.options.image_root
         if root and not Path(root).is_dir():
-            raise InputError(f"--image-root {root}: no such folder; give the folder the manifest's image paths "
-                             "are relative to")
-        units = [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, MANIFEST_EXTS, self.exclude, self.notes))]
+            raise InputError(
+                f"--image-root {root}: no such folder; give the folder the manifest's image paths "
+                "are relative to"
+            )
+        units = [
+            Unit(i, str(p)) for i, p in enumerate(expand(self.paths, MANIFEST_EXTS, self.exclude, self.notes))
+        ]
         for unit in units:  # wrong column names are found now, not after counting every row
             self.columns(Path(unit.path))
         return units
@@ -124,13 +128,17 @@ class ManifestSource(Source):
             yield self._item(row, ref, value, image_col, caption_cols, root)
 
     @staticmethod
-    def _item(row: int, ref: str, value: dict, image_col: str, caption_cols: tuple[str, ...], root: Path) -> Item:
+    def _item(
+        row: int, ref: str, value: dict, image_col: str, caption_cols: tuple[str, ...], root: Path
+    ) -> Item:
         image = value.get(image_col)
         if not isinstance(image, str) or not image.strip():
             return Item(row, ref, row=row, error=MISSING_IMAGE, detail=f"empty {image_col!r}")
         image = image.strip()
         if "://" in image:
-            return Item(row, ref, row=row, error=MISSING_IMAGE, detail=f"{image}: a URL; download images first")
+            return Item(
+                row, ref, row=row, error=MISSING_IMAGE, detail=f"{image}: a URL; download images first"
+            )
         if os.path.isabs(image):
             full = Path(image)
         else:
@@ -150,10 +158,20 @@ class ManifestSource(Source):
             else:
                 captions.append(str(cap))
         if len(missing) == len(caption_cols):
-            return Item(row, f"{ref} ({full})", row=row, error=MISSING_CAPTION,
-                        detail=f"no {', '.join(map(repr, missing))}")
+            return Item(
+                row,
+                f"{ref} ({full})",
+                row=row,
+                error=MISSING_CAPTION,
+                detail=f"no {', '.join(map(repr, missing))}",
+            )
         bad = next((c for c in captions if _SURROGATE.search(c)), None)
         if bad is not None:
-            return Item(row, f"{ref} ({full})", row=row, error=UNDECODABLE_CAPTION,
-                        detail=f"caption \"{printable(bad)[:60]}\" is not UTF-8 text")
+            return Item(
+                row,
+                f"{ref} ({full})",
+                row=row,
+                error=UNDECODABLE_CAPTION,
+                detail=f'caption "{printable(bad)[:60]}" is not UTF-8 text',
+            )
         return Item(row, f"{ref} ({full})", image_path=str(full), captions=captions, row=row)

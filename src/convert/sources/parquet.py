@@ -66,7 +66,9 @@ class ParquetSource(Source):
     uses = ("image_column", "caption_columns")
 
     def units(self) -> list[Unit]:
-        return [Unit(i, str(p)) for i, p in enumerate(expand(self.paths, (".parquet",), self.exclude, self.notes))]
+        return [
+            Unit(i, str(p)) for i, p in enumerate(expand(self.paths, (".parquet",), self.exclude, self.notes))
+        ]
 
     def count(self, unit: Unit) -> int:
         try:
@@ -99,13 +101,23 @@ class ParquetSource(Source):
                     continue
                 images = None
                 if leaf is not None:  # the page reader, else Arrow (see parquet_pages)
-                    images = read_binary_chunk(raw.fileno(), pf.metadata.row_group(rg).column(leaf[0]), leaf[1], n)
+                    images = read_binary_chunk(
+                        raw.fileno(), pf.metadata.row_group(rg).column(leaf[0]), leaf[1], n
+                    )
                 yield from self._row_group(pf, rg, first_row, n, image_col, text_col, start, path, images)
                 first_row += n
 
     def _row_group(
-        self, pf: pq.ParquetFile, rg: int, first_row: int, n: int, image_col: str, text_col: str,
-        start: int, path: Path, images: list[PageValue | None] | None,
+        self,
+        pf: pq.ParquetFile,
+        rg: int,
+        first_row: int,
+        n: int,
+        image_col: str,
+        text_col: str,
+        start: int,
+        path: Path,
+        images: list[PageValue | None] | None,
     ) -> Iterator[Item]:
         """The row group's items; `images`: its images already read (parquet_pages), else None
         and Arrow reads them with the captions."""
@@ -149,7 +161,9 @@ class _Texts:
                 flat = col.values
                 self.offsets = np.asarray(col.offsets.to_numpy(zero_copy_only=False)).tolist()
                 self.flat = np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float32)
-                self.null_ids = np.asarray(flat.is_null().to_numpy(zero_copy_only=False)) if flat.null_count else None
+                self.null_ids = (
+                    np.asarray(flat.is_null().to_numpy(zero_copy_only=False)) if flat.null_count else None
+                )
         elif pa.types.is_string(t) or pa.types.is_large_string(t):
             self.kind, self.values = "string", col.to_pylist()
 
@@ -169,4 +183,6 @@ class _Texts:
             return Item(row, ref, row=row, image=image, captions=[c or "" for c in self.values[i]])
         if self.kind == "string":
             return Item(row, ref, row=row, image=image, captions=[self.values[i]])
-        return Item(row, ref, row=row, image=image, error=BROKEN_ROW, detail=f"caption column type {self.col.type}")
+        return Item(
+            row, ref, row=row, image=image, error=BROKEN_ROW, detail=f"caption column type {self.col.type}"
+        )

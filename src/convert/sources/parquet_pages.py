@@ -65,7 +65,9 @@ def binary_leaf(md: pq.FileMetaData, schema: pa.Schema, column: str) -> tuple[in
     return None
 
 
-def read_binary_chunk(fd: int, chunk: pq.ColumnChunkMetaData, max_def: int, rows: int) -> list[PageValue | None] | None:
+def read_binary_chunk(
+    fd: int, chunk: pq.ColumnChunkMetaData, max_def: int, rows: int
+) -> list[PageValue | None] | None:
     """Each row's value of a binary column chunk (None where null), or None when the chunk is not
     in the layout read here."""
     codec = _CODECS.get(chunk.compression)
@@ -94,7 +96,13 @@ def _pages(raw: memoryview, codec: str | None, max_def: int, rows: int) -> list[
     while pos < len(raw):
         header, pos = _struct(raw, pos)
         kind, size, stored = header.get(1), header.get(2), header.get(3)
-        if not isinstance(size, int) or not isinstance(stored, int) or size < 0 or stored < 0 or pos + stored > len(raw):
+        if (
+            not isinstance(size, int)
+            or not isinstance(stored, int)
+            or size < 0
+            or stored < 0
+            or pos + stored > len(raw)
+        ):
             raise _Unread("page header")
         body = raw[pos : pos + stored]
         pos += stored
@@ -104,7 +112,11 @@ def _pages(raw: memoryview, codec: str | None, max_def: int, rows: int) -> list[
             raise _Unread("page size")
         if kind == _DICTIONARY_PAGE:
             info = header.get(7)
-            if dictionary is not None or not isinstance(info, dict) or info.get(2) not in (_PLAIN, _PLAIN_DICTIONARY):
+            if (
+                dictionary is not None
+                or not isinstance(info, dict)
+                or info.get(2) not in (_PLAIN, _PLAIN_DICTIONARY)
+            ):
                 raise _Unread("dictionary page")
             dictionary, end = _plain(page, 0, info.get(1))
             if end != len(page):
@@ -116,8 +128,9 @@ def _pages(raw: memoryview, codec: str | None, max_def: int, rows: int) -> list[
     return values
 
 
-def _data_page(page: memoryview, info: object, dictionary: list[PageValue] | None,
-               max_def: int, left: int) -> list[PageValue | None]:
+def _data_page(
+    page: memoryview, info: object, dictionary: list[PageValue] | None, max_def: int, left: int
+) -> list[PageValue | None]:
     """The page's values; `left`: the rows of the chunk not yet read, the most a page may hold (a
     count is allocated for before it is read)."""
     if not isinstance(info, dict) or not isinstance(info.get(1), int) or not 0 <= info[1] <= left:
@@ -208,6 +221,7 @@ def _rle_hybrid(buf: memoryview, pos: int, end: int, width: int, count: int) -> 
 
 
 # --- Thrift compact protocol: just what page headers use -------------------------------------
+
 
 def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
     value = shift = 0

@@ -90,7 +90,9 @@ class WebDatasetSource(Source):
                     pos += 1
         except (tarfile.TarError, OSError, EOFError) as exc:
             if pos >= start:
-                yield Item(pos, f"{path}:{pos}", row=pos, error=BROKEN_INPUT, detail=f"tar read failed: {exc}")
+                yield Item(
+                    pos, f"{path}:{pos}", row=pos, error=BROKEN_INPUT, detail=f"tar read failed: {exc}"
+                )
 
     @staticmethod
     def _item(tar: tarfile.TarFile, path: Path, pos: int, key: str, members: list[tarfile.TarInfo]) -> Item:
@@ -98,7 +100,9 @@ class WebDatasetSource(Source):
         by_ext = {_split(m.name)[1]: m for m in members}
         image_member = next((by_ext[e] for e in by_ext if e in IMAGE_EXTS), None)
         if image_member is None:
-            return Item(pos, ref, row=pos, error=MISSING_IMAGE, detail=f"members: {', '.join(sorted(by_ext))}")
+            return Item(
+                pos, ref, row=pos, error=MISSING_IMAGE, detail=f"members: {', '.join(sorted(by_ext))}"
+            )
         f = tar.extractfile(image_member)
         image = f.read() if f else b""
         caption = None

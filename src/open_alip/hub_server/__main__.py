@@ -28,21 +28,41 @@ def build_parser(prog: str = SCRIPT) -> argparse.ArgumentParser:
         "(sha256 checked by clients); hashes already verified by data/hfd.sh are reused.",
         allow_abbrev=False,
     )
-    p.add_argument("--root", required=True, type=Path, help="folder to serve (its files become the repo's files)")
-    p.add_argument("--repo-id", required=True, help="repo id to answer to, ORG/NAME (e.g. Kaichengalex/YFCC15M)")
-    p.add_argument("--repo-type", default="dataset", choices=["dataset", "model"],
-                   help="default: dataset; 'model' serves weights for hf-hub:ORG/REPO in embed.py and "
-                   "open_alip.create_model_and_transforms")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all; default 127.0.0.1)")
+    p.add_argument(
+        "--root", required=True, type=Path, help="folder to serve (its files become the repo's files)"
+    )
+    p.add_argument(
+        "--repo-id", required=True, help="repo id to answer to, ORG/NAME (e.g. Kaichengalex/YFCC15M)"
+    )
+    p.add_argument(
+        "--repo-type",
+        default="dataset",
+        choices=["dataset", "model"],
+        help="default: dataset; 'model' serves weights for hf-hub:ORG/REPO in embed.py and "
+        "open_alip.create_model_and_transforms",
+    )
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all; default 127.0.0.1)"
+    )
     p.add_argument("--port", type=int, default=0, help="port (default 0: any free port, printed at start)")
-    p.add_argument("--redirect-host", default=None,
-                   help="host name clients use for LFS downloads (default: this machine's name when "
-                   "--host is 0.0.0.0, else the other name of the loopback address)")
-    p.add_argument("--token", default=None,
-                   help="make the repo gated: clients must send this token (HUB_SERVER_TOKEN in the "
-                   "environment is preferred: a command-line token is visible in `ps`)")
-    p.add_argument("--port-file", type=Path, default=None,
-                   help="write the endpoint URL to this file once serving (scripts can wait for it)")
+    p.add_argument(
+        "--redirect-host",
+        default=None,
+        help="host name clients use for LFS downloads (default: this machine's name when "
+        "--host is 0.0.0.0, else the other name of the loopback address)",
+    )
+    p.add_argument(
+        "--token",
+        default=None,
+        help="make the repo gated: clients must send this token (HUB_SERVER_TOKEN in the "
+        "environment is preferred: a command-line token is visible in `ps`)",
+    )
+    p.add_argument(
+        "--port-file",
+        type=Path,
+        default=None,
+        help="write the endpoint URL to this file once serving (scripts can wait for it)",
+    )
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
     return p
 
@@ -62,10 +82,14 @@ def _input_problem(a: argparse.Namespace) -> str | None:
 def _listen_problem(exc: OSError, host: str, port: int) -> str:
     """What to change when the server cannot listen on host:port."""
     if isinstance(exc, socket.gaierror):
-        return (f"cannot resolve --host {host!r} ({exc.strerror}); give a name or address of this machine "
-                "(0.0.0.0 for all of them, 127.0.0.1 for this machine only)")
+        return (
+            f"cannot resolve --host {host!r} ({exc.strerror}); give a name or address of this machine "
+            "(0.0.0.0 for all of them, 127.0.0.1 for this machine only)"
+        )
     if exc.errno == errno.EADDRNOTAVAIL:
-        return f"--host {host} is not an address of this machine; give one of its addresses, or 0.0.0.0 for all"
+        return (
+            f"--host {host} is not an address of this machine; give one of its addresses, or 0.0.0.0 for all"
+        )
     if exc.errno == errno.EADDRINUSE:
         return f"port {port} on {host} is in use; pick another --port (0: any free port)"
     if exc.errno == errno.EACCES:
@@ -116,8 +140,11 @@ def main(argv: list[str] | None = None, prog: str = SCRIPT) -> int:
     try:
         n = len(server.repo.files)
         total = sum(f.size for f in server.repo.files.values())
-        print(f"Serving {a.repo_type} {repo_id} ({n} files, {total / 1e9:.2f} GB{', gated' if token else ''}) "
-              f"from {a.root.resolve()}", flush=True)
+        print(
+            f"Serving {a.repo_type} {repo_id} ({n} files, {total / 1e9:.2f} GB{', gated' if token else ''}) "
+            f"from {a.root.resolve()}",
+            flush=True,
+        )
         print(f"Endpoint: {endpoint}\n  export HF_ENDPOINT={endpoint}", flush=True)
         if a.port_file:
             try:

@@ -133,7 +133,7 @@ class HubHandler(BaseHTTPRequestHandler):
     def body_chunks(self, f: RepoFile, start: int, end: int, size: int = CHUNK) -> Iterator[bytes]:
         if f.data is not None:
             for i in range(start, end, size):
-                yield f.data[i:min(i + size, end)]
+                yield f.data[i : min(i + size, end)]
             return
         assert f.path is not None
         with open(f.path, "rb") as fh:
@@ -156,8 +156,14 @@ class HubHandler(BaseHTTPRequestHandler):
         if self.server.verbose:
             super().log_message(format, *args)
 
-    def _send(self, rec: RequestRecord, status: int, body: bytes = b"", headers: dict | None = None,
-              error_code: str | None = None) -> None:
+    def _send(
+        self,
+        rec: RequestRecord,
+        status: int,
+        body: bytes = b"",
+        headers: dict | None = None,
+        error_code: str | None = None,
+    ) -> None:
         rec.status = status
         self.send_response(status)
         for k, v in (headers or {}).items():
@@ -172,7 +178,9 @@ class HubHandler(BaseHTTPRequestHandler):
             rec.sent = len(body)
 
     def _json(self, rec: RequestRecord, obj, headers: dict | None = None) -> None:
-        self._send(rec, 200, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})})
+        self._send(
+            rec, 200, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})}
+        )
 
     def do_HEAD(self) -> None:
         self._dispatch()
@@ -181,8 +189,13 @@ class HubHandler(BaseHTTPRequestHandler):
         self._dispatch()
 
     def _dispatch(self) -> None:
-        rec = RequestRecord(self.command, (self.headers.get("Host") or "").lower(), self.path,
-                            self.headers.get("Range"), "Authorization" in self.headers)
+        rec = RequestRecord(
+            self.command,
+            (self.headers.get("Host") or "").lower(),
+            self.path,
+            self.headers.get("Range"),
+            "Authorization" in self.headers,
+        )
         self.server.log_request_record(rec)
         try:
             if self.intercept(rec):
@@ -200,9 +213,14 @@ class HubHandler(BaseHTTPRequestHandler):
         except BadRequest as exc:
             self._refuse(rec, 400, f"Bad request: {exc}", "BadRequest")
         except Exception as exc:  # a fault of ours: one line in the log and the answer, no traceback
-            BaseHTTPRequestHandler.log_message(self, "error answering %s %s: %s: %s", self.command,
-                                               header_text(self.path)[:200], type(exc).__name__,
-                                               header_text(str(exc))[:200])
+            BaseHTTPRequestHandler.log_message(
+                self,
+                "error answering %s %s: %s: %s",
+                self.command,
+                header_text(self.path)[:200],
+                type(exc).__name__,
+                header_text(str(exc))[:200],
+            )
             self._refuse(rec, 500, f"Internal error ({type(exc).__name__})", "InternalError")
 
     def _refuse(self, rec: RequestRecord, status: int, message: str, code: str) -> None:
@@ -222,12 +240,20 @@ class HubHandler(BaseHTTPRequestHandler):
             return True
         given = self.headers.get("Authorization", "")
         if not given:
-            self._send(rec, 401, b"Access to this repo is restricted; you must be authenticated.\n",
-                       error_code="GatedRepo")
+            self._send(
+                rec,
+                401,
+                b"Access to this repo is restricted; you must be authenticated.\n",
+                error_code="GatedRepo",
+            )
             return False
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            self._send(rec, 403, b"Access to this repo is restricted; your token has no access.\n",
-                       error_code="GatedRepo")
+            self._send(
+                rec,
+                403,
+                b"Access to this repo is restricted; your token has no access.\n",
+                error_code="GatedRepo",
+            )
             return False
         return True
 
@@ -235,7 +261,7 @@ class HubHandler(BaseHTTPRequestHandler):
         """Strip the repo id from ``rest`` ("org/name/..."); answer 404 if it is another repo."""
         repo_id = self.server.repo.repo_id
         if rest == repo_id or rest.startswith(repo_id + "/"):
-            return rest[len(repo_id):]
+            return rest[len(repo_id) :]
         self._send(rec, 404, b"Repository not found\n", error_code="RepoNotFound")
         return None
 
@@ -253,15 +279,15 @@ class HubHandler(BaseHTTPRequestHandler):
         if not path.startswith(kind):
             self._send(rec, 404, b"Repository not found\n", error_code="RepoNotFound")
             return
-        rest = self._split_repo(rec, path[len(kind):])
+        rest = self._split_repo(rec, path[len(kind) :])
         if rest is None or not self._authorized(rec):
             return
         if rest in ("", "/") or rest.startswith("/revision/"):
-            if rest.startswith("/revision/") and not self._revision_ok(rec, rest[len("/revision/"):]):
+            if rest.startswith("/revision/") and not self._revision_ok(rec, rest[len("/revision/") :]):
                 return
             self._json(rec, repo.info(blobs=_flag(query, "blobs")))
         elif rest.startswith("/tree/") and self.server.tree_api:
-            self._tree(rec, rest[len("/tree/"):], query)
+            self._tree(rec, rest[len("/tree/") :], query)
         else:
             self._send(rec, 404, b"Not found\n")
 
@@ -272,8 +298,12 @@ class HubHandler(BaseHTTPRequestHandler):
         given = query.get("cursor", [""])[0]
         start = parse_cursor(given or "0")
         if start is None:
-            self._send(rec, 400, f"Invalid cursor {given!r}: give the cursor of the previous page's Link header\n"
-                       .encode(), error_code="BadRequest")
+            self._send(
+                rec,
+                400,
+                f"Invalid cursor {given!r}: give the cursor of the previous page's Link header\n".encode(),
+                error_code="BadRequest",
+            )
             return
         recursive = _flag(query, "recursive")
         entries = self.server.repo.tree_entries(path_part(sub, "the folder"), recursive)
@@ -283,7 +313,7 @@ class HubHandler(BaseHTTPRequestHandler):
             host = self.headers.get("Host") or f"{self.server.host}:{self.server.port}"
             base = f"http://{host}{urlsplit(self.path).path}"
             headers["Link"] = f'<{base}?recursive={str(recursive).lower()}&cursor={start + page}>; rel="next"'
-        self._json(rec, entries[start:start + page], headers)
+        self._json(rec, entries[start : start + page], headers)
 
     # -- resolve and CDN ---------------------------------------------------------------------
     def _resolve(self, rec: RequestRecord, path: str) -> None:
@@ -292,13 +322,13 @@ class HubHandler(BaseHTTPRequestHandler):
         if not path.startswith(prefix):
             self._send(rec, 404, b"Repository not found\n", error_code="RepoNotFound")
             return
-        rest = self._split_repo(rec, path[len(prefix):])
+        rest = self._split_repo(rec, path[len(prefix) :])
         if rest is None:
             return
         if not rest.startswith("/resolve/"):
             self._send(rec, 404, b"Not found\n")
             return
-        rev, _, name = rest[len("/resolve/"):].partition("/")
+        rev, _, name = rest[len("/resolve/") :].partition("/")
         if not self._authorized(rec) or not self._revision_ok(rec, rev):
             return
         f = repo.files.get(path_part(name, "the file name"))
@@ -308,21 +338,31 @@ class HubHandler(BaseHTTPRequestHandler):
         common = {"X-Repo-Commit": repo.sha, "Accept-Ranges": "bytes"}
         if f.is_lfs:
             target = self.server.cdn_url(f)
-            self._send(rec, 302, f"Found. Redirecting to {target}".encode(), {
-                **common, "Location": target, "ETag": f'"{f.git_sha1}"',
-                "X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": f.size,
-            })
+            self._send(
+                rec,
+                302,
+                f"Found. Redirecting to {target}".encode(),
+                {
+                    **common,
+                    "Location": target,
+                    "ETag": f'"{f.git_sha1}"',
+                    "X-Linked-Etag": f'"{f.sha256}"',
+                    "X-Linked-Size": f.size,
+                },
+            )
         else:
             self._body(rec, f, {**common, "ETag": f'"{f.git_sha1}"'})
 
     def _cdn(self, rec: RequestRecord, path: str, query: dict) -> None:
-        sha = path[len("/cdn/"):]
+        sha = path[len("/cdn/") :]
         f = self.server.repo.by_sha256.get(sha)
         sig = query.get("sig", [""])[0]
         if f is None or not hmac.compare_digest(sig, self.server.sign(sha)):
             self._send(rec, 403, b"Request has expired or signature is invalid\n")
             return
-        self._body(rec, f, {"ETag": f'"{sha}"', "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"})
+        self._body(
+            rec, f, {"ETag": f'"{sha}"', "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        )
 
     def _body(self, rec: RequestRecord, f: RepoFile, headers: dict) -> None:
         # The size on disk now, not at start: a file changed since must never be promised at its old
@@ -334,8 +374,12 @@ class HubHandler(BaseHTTPRequestHandler):
             except OSError:
                 st = None
             if st is None or not stat.S_ISREG(st.st_mode):
-                self._send(rec, 404, f"Entry not found: {f.rfilename} is no longer on the server's disk\n".encode(),
-                           error_code="EntryNotFound")
+                self._send(
+                    rec,
+                    404,
+                    f"Entry not found: {f.rfilename} is no longer on the server's disk\n".encode(),
+                    error_code="EntryNotFound",
+                )
                 return
             size = st.st_size
         span = None

@@ -18,8 +18,28 @@ from ..hashes import file_sha256, git_blob_sha1, git_blob_sha1_of
 # Extensions the hub's default .gitattributes sends to LFS; any file at or above
 # LFS_THRESHOLD is LFS too (the hub rejects larger regular files).
 LFS_SUFFIXES = frozenset(
-    {".parquet", ".arrow", ".bin", ".safetensors", ".pt", ".pth", ".ckpt", ".tar", ".gz", ".zip",
-     ".zst", ".rec", ".idx", ".npy", ".npz", ".h5", ".onnx", ".msgpack", ".pkl", ".tfrecord"}
+    {
+        ".parquet",
+        ".arrow",
+        ".bin",
+        ".safetensors",
+        ".pt",
+        ".pth",
+        ".ckpt",
+        ".tar",
+        ".gz",
+        ".zip",
+        ".zst",
+        ".rec",
+        ".idx",
+        ".npy",
+        ".npz",
+        ".h5",
+        ".onnx",
+        ".msgpack",
+        ".pkl",
+        ".tfrecord",
+    }
 )
 LFS_THRESHOLD = 10 * 1024 * 1024
 # Tool state that lies in a mirrored folder but was never part of the repo.
@@ -91,7 +111,9 @@ def scan_folder(root: Path, lfs_threshold: int = LFS_THRESHOLD, progress: bool =
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=sum(s for _, _, s in found), unit="B", unit_scale=True, desc="hashing", file=sys.stderr)
+        bar = tqdm(
+            total=sum(s for _, _, s in found), unit="B", unit_scale=True, desc="hashing", file=sys.stderr
+        )
     files = []
     for rel, p, size in found:
         ns = p.stat().st_mtime_ns
@@ -130,9 +152,16 @@ class HubRepo:
     def info(self, blobs: bool) -> dict:
         """The repo-info answer (``/api/datasets/ORG/NAME``), siblings with sizes when ``blobs``."""
         return {
-            "_id": self.sha[:24], "id": self.repo_id, "sha": self.sha, "private": False,
-            "gated": "auto" if self.token else False, "disabled": False, "tags": [],
-            "downloads": 0, "likes": 0, "lastModified": "2026-01-01T00:00:00.000Z",
+            "_id": self.sha[:24],
+            "id": self.repo_id,
+            "sha": self.sha,
+            "private": False,
+            "gated": "auto" if self.token else False,
+            "disabled": False,
+            "tags": [],
+            "downloads": 0,
+            "likes": 0,
+            "lastModified": "2026-01-01T00:00:00.000Z",
             "siblings": [self.sibling(f, blobs) for _, f in sorted(self.files.items())],
         }
 
@@ -152,11 +181,14 @@ class HubRepo:
         for name in sorted(self.files):
             if not name.startswith(base):
                 continue
-            parts = name[len(base):].split("/")
+            parts = name[len(base) :].split("/")
             # directories on the way to the file (all of them when recursive)
             for i in range(1, len(parts) if recursive else min(2, len(parts))):
                 d = base + "/".join(parts[:i])
-                entries.setdefault(d, {"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d})
+                entries.setdefault(
+                    d,
+                    {"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d},
+                )
             if recursive or len(parts) == 1:
                 f = self.files[name]
                 e: dict = {"type": "file", "oid": f.git_sha1, "size": f.size, "path": name}

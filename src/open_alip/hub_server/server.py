@@ -26,8 +26,14 @@ class HubHTTPServer(ThreadingHTTPServer):
 
     repo: HubRepo  # set by HubServer before the first request is answered
 
-    def __init__(self, addr: tuple[str, int], redirect_host: str, verbose: bool,
-                 handler: type[HubHandler] = HubHandler, log_size: int = REQUEST_LOG_SIZE):
+    def __init__(
+        self,
+        addr: tuple[str, int],
+        redirect_host: str,
+        verbose: bool,
+        handler: type[HubHandler] = HubHandler,
+        log_size: int = REQUEST_LOG_SIZE,
+    ):
         # IPv6 literals (::, ::1) need an IPv6 socket; names and IPv4 addresses an IPv4 one
         self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
         super().__init__(addr, handler)
@@ -66,8 +72,12 @@ class HubServer:
         httpd.repo = repo
         self._httpd = httpd
         # shutdown() waits for the serving loop's next poll: 0.5 s by default, paid by every stop.
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S},
-                                        name="hub-server", daemon=True)
+        self._thread = threading.Thread(
+            target=httpd.serve_forever,
+            kwargs={"poll_interval": SHUTDOWN_POLL_S},
+            name="hub-server",
+            daemon=True,
+        )
         self._thread.start()
         self.port: int = httpd.port
         self.endpoint = f"http://{_url_host(httpd.host)}:{httpd.port}"
@@ -102,12 +112,23 @@ class HubServer:
 
 
 def check_repo_id(repo_id: str) -> bool:
-    return repo_id.count("/") == 1 and not repo_id.startswith("/") and not repo_id.endswith("/") and ".." not in repo_id
+    return (
+        repo_id.count("/") == 1
+        and not repo_id.startswith("/")
+        and not repo_id.endswith("/")
+        and ".." not in repo_id
+    )
 
 
 def load_repo(
-    root: str | Path, repo_id: str, repo_type: str = "dataset", *, token: str | None = None,
-    lfs_threshold: int = LFS_THRESHOLD, extra_files: dict[str, bytes] | None = None, progress: bool = False,
+    root: str | Path,
+    repo_id: str,
+    repo_type: str = "dataset",
+    *,
+    token: str | None = None,
+    lfs_threshold: int = LFS_THRESHOLD,
+    extra_files: dict[str, bytes] | None = None,
+    progress: bool = False,
 ) -> HubRepo:
     """The repo ``repo_id`` made of the files under ``root`` (hashed here) and ``extra_files``."""
     if not check_repo_id(repo_id):
@@ -121,8 +142,13 @@ def load_repo(
 
 
 def listen(
-    host: str = "127.0.0.1", port: int = 0, *, redirect_host: str | None = None,
-    handler: type[HubHandler] = HubHandler, verbose: bool = False, log_size: int = REQUEST_LOG_SIZE,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    redirect_host: str | None = None,
+    handler: type[HubHandler] = HubHandler,
+    verbose: bool = False,
+    log_size: int = REQUEST_LOG_SIZE,
 ) -> HubHTTPServer:
     """A server listening on ``host``:``port`` (OSError if it cannot), to be given its repo by
     :class:`HubServer`; connections wait until then. Listening first lets a mirror fail on a
@@ -159,7 +185,16 @@ def serve_in_background(
     for hostile names such as ``../x``). The other arguments are those of
     :func:`load_repo` and :func:`listen`.
     """
-    repo = load_repo(root, repo_id, repo_type, token=token, lfs_threshold=lfs_threshold,
-                     extra_files=extra_files, progress=progress)
-    httpd = listen(host, port, redirect_host=redirect_host, handler=handler, verbose=verbose, log_size=log_size)
+    repo = load_repo(
+        root,
+        repo_id,
+        repo_type,
+        token=token,
+        lfs_threshold=lfs_threshold,
+        extra_files=extra_files,
+        progress=progress,
+    )
+    httpd = listen(
+        host, port, redirect_host=redirect_host, handler=handler, verbose=verbose, log_size=log_size
+    )
     return HubServer(httpd, repo)

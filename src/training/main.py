@@ -91,8 +91,9 @@ def _run(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook]) -> None:
             lock.release()
 
 
-def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resume_path: Path | None) -> None:
-
+def _plan_run(cfg: TrainConfig, env: DistEnv) -> tuple[str, BatchPlan, bool]:
+    """The WKV implementation, the batch plan and whether to checkpoint, the same on every rank:
+    what a run and `build_training_step` both start from."""
     wkv_impl = _resolve_wkv_impl(cfg, env)
     _check_mix_impl(cfg, env)
     plan, checkpointing, why = plan_for_device(
@@ -110,6 +111,11 @@ def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resum
     if why:
         LOG.info("%s", why)
     check_same_plan(plan, checkpointing, env)
+    return wkv_impl, plan, checkpointing
+
+
+def _run_locked(cfg: TrainConfig, env: DistEnv, hooks: list[EpochEndHook], resume_path: Path | None) -> None:
+    wkv_impl, plan, checkpointing = _plan_run(cfg, env)
     check_shared_output(cfg.output, env)
     # First: a wrong data path fails before the model is built, on every rank at once.
     loader = build_on_every_rank(lambda: _build_loader(cfg, plan, env), env)
@@ -404,21 +410,7 @@ def build_training_step(cfg: TrainConfig, env: DistEnv, total_steps: int) -> tup
     """The Trainer of a run of `cfg` on `env`, built as `run` builds it (WKV, batch plan, model,
     optimizer, schedule, DDP and compile wrappers, loss), without data or an output folder: what
     benchmarks/gpu.py times. Feed `trainer.step` batches of `plan.micro_batch`."""
-    wkv_impl = _resolve_wkv_impl(cfg, env)
-    _check_mix_impl(cfg, env)
-    plan, checkpointing, _ = plan_for_device(
-        model_config=cfg.model,
-        wkv_impl=wkv_impl,
-        precision=cfg.precision,
-        device=env.device,
-        world_size=env.world_size,
-        global_batch=cfg.global_batch_size,
-        accum_freq=cfg.accum_freq,
-        batch_size=cfg.batch_size,
-        force_checkpointing=bool(cfg.model.get("with_cp")),
-        env=env,
-    )
-    check_same_plan(plan, checkpointing, env)
+    wkv_impl, plan, checkpointing = _plan_run(cfg, env)
     seed_everything(cfg.seed, env.rank)
     model = _build_model(cfg, env, wkv_impl, checkpointing)
     optimizer = _build_optimizer(cfg, model, env)

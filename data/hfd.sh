@@ -119,7 +119,8 @@ ENDPOINT=${HF_ENDPOINT:-https://huggingface.co}
 ENDPOINT=${ENDPOINT%/}
 # What messages and files name: the endpoint without the user info (user:password@) a mirror behind
 # basic auth takes, which, like the token, is never shown or stored.
-SHOWN_ENDPOINT=$(sed -E 's|^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#[:space:]]*@|\1|' <<<"$ENDPOINT")
+without_userinfo() { sed -E 's|^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#[:space:]]*@|\1|' <<<"$1"; }
+SHOWN_ENDPOINT=$(without_userinfo "$ENDPOINT")
 [[ $ENDPOINT =~ ^https?://[^/[:space:]]+(/[^[:space:]]*)?$ ]] || die "HF_ENDPOINT '$SHOWN_ENDPOINT' is not an http(s) URL; unset it to use https://huggingface.co"
 MAX_ROUNDS=${HFD_MAX_ROUNDS:-3}
 BATCH=${HFD_BATCH:-64}
@@ -273,14 +274,17 @@ SHOWN_ORIGIN=$(sed -E 's#^(https?://[^/]+).*#\1#' <<<"$SHOWN_ENDPOINT") # as the
 uri_encode() { jq -rn --arg s "$1" '$s|@uri'; }
 
 curl_auth_args() { if [[ -n $TOKEN ]]; then printf '%s\n' -H "@$PRIV/curl_auth"; fi; }
+# A URL reaches curl and wget through a pipe (curl's -K config, wget's -i list), never as an
+# argument: an HF_ENDPOINT with user:password@ would stand in `ps` for every user of the machine.
+curl_url_config() { local u=${1//\\/\\\\}; printf 'url = "%s"\n' "${u//\"/\\\"}"; }
 
 # api_get URL OUT HEADERS: prints the HTTP status; the hub's transient errors are retried.
 api_get() {
   local auth=()
   mapfile -t auth < <(curl_auth_args)
   curl -sS --retry 6 --retry-delay 1 --retry-connrefused --connect-timeout 30 --max-time 300 \
-    "${auth[@]}" -o "$2" -D "$3" -w '%{http_code}' -- "$1" \
-    || die "cannot reach $SHOWN_ENDPOINT (curl failed on $1); check your network or HF_ENDPOINT"
+    "${auth[@]}" -o "$2" -D "$3" -w '%{http_code}' -K <(curl_url_config "$1") \
+    || die "cannot reach $SHOWN_ENDPOINT (curl failed on $(without_userinfo "$1")); check your network or HF_ENDPOINT"
 }
 
 # explain_status CODE HEADERS WHAT: dies with a message a user can act on
@@ -575,7 +579,7 @@ resolve() {
   fi
   mapfile -t auth < <(curl_auth_args)
   out=$(curl -sS -I --retry 6 --retry-delay 1 --retry-connrefused --connect-timeout 30 --max-time 120 \
-    "${auth[@]}" -o /dev/null -w '%{http_code}\t%{redirect_url}' -- "$url") || return 1
+    "${auth[@]}" -o /dev/null -w '%{http_code}\t%{redirect_url}' -K <(curl_url_config "$url")) || return 1
   code=${out%%$'\t'*} target=${out#*$'\t'}
   case $code in
     200) printf '%s\tauth\n' "$url" ;;
@@ -617,7 +621,8 @@ download_batch() { # I...: fetch into STAGING
       say "[$k/$#] ${NAMES[$i]}"
       mkdir -p -- "$(dirname -- "$STAGING/${NAMES[$i]}")"
       run_downloader wget "${conf[@]}" "${progress[@]}" -c -O "$STAGING/${NAMES[$i]}" --tries=10 --waitretry="$RETRY_WAIT" \
-        --retry-connrefused --retry-on-http-error=429,500,502,503,504 --read-timeout=60 -- "$url" || true
+        --retry-connrefused --retry-on-http-error=429,500,502,503,504 --read-timeout=60 \
+        --input-file=<(printf '%s\n' "$url") || true
     done
   fi
 }

@@ -441,11 +441,21 @@ def test_credentials_in_hf_endpoint_are_never_shown_or_stored(
 ):
     # A mirror behind basic auth: HF_ENDPOINT=http://user:password@host. The user info reaches the server,
     # never a message, a log or a file of the download (as HF_TOKEN never does).
+    # Nor a command line, where `ps` shows it to every user: each downloader runs through a shim that
+    # writes its arguments to a file under tmp_path (checked with the others below), then runs the real one.
     secret = "pw-" + secrets.token_hex(6)
     out_dir = tmp_path / "out"
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    for name in ("curl", "wget", "aria2c"):
+        real = shutil.which(name)
+        if real is not None:
+            shim = shims / name
+            shim.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >>"{tmp_path}/argv.log"\nexec "{real}" "$@"\n')
+            shim.chmod(0o755)
     with serve_in_background(shard_repo_dir, REPO) as server:
         endpoint = server.endpoint.replace("http://", f"http://someone:{secret}@")
-        env = make_env(tmp_path, endpoint)
+        env = make_env(tmp_path, endpoint, path=f"{shims}{os.pathsep}{os.environ['PATH']}")
         runs = [
             run_hfd([REPO, "--dataset", "--tool", tool, "--local-dir", str(out_dir)], env),
             run_hfd(["testorg/nope", "--dataset", "--tool", tool, "--local-dir", str(tmp_path / "x")], env),
@@ -456,6 +466,8 @@ def test_credentials_in_hf_endpoint_are_never_shown_or_stored(
     assert f"not found at {server.endpoint}" in runs[1].stderr
     for r in runs:
         assert secret not in r.stdout + r.stderr
+    argv = (tmp_path / "argv.log").read_text().splitlines()
+    assert "-sS" in argv and ("--tries=10" if tool == "wget" else "--no-conf=true") in argv  # the shims ran
     stored = [p for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert stored == []
 

@@ -55,7 +55,9 @@ def project_torch_site() -> tuple[Path, str]:
     tests run), and that torch's version."""
     import torch
 
-    return Path(torch.__file__).parent.parent, torch.__version__
+    # Resolved: the same torch reached through a symlinked .venv (a second worktree) names one folder,
+    # so the venv's recipe, and with it the built venv, stays the same.
+    return Path(torch.__file__).resolve().parent.parent, torch.__version__
 
 
 def oracle_python(

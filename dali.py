@@ -26,8 +26,8 @@ from src.errors import flag_of
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Validate the DALI (or fallback) loader on real shards and measure its throughput.",
-        epilog="Input shards: --data takes a prefix (data/train -> data/train.rec + .idx), a .rec file, a folder "
-        "of *.rec/*.idx, or a quoted glob, and may be given several times. As in the how-to guide, "
+        epilog="Input shards: --data takes a prefix (data/train -> data/train.rec + .idx), a .rec file, a "
+        "folder of *.rec/*.idx, or a quoted glob, and may be given several times. As in the how-to guide, "
         "--data-dir DIR --rec-file NAME reads NAME from DIR (else from the working folder), with its .idx "
         "beside it; --data-dir alone reads every shard in DIR.\n"
         "Exit status: 0 all checks passed, 1 a check failed or a record could not be read or decoded, "

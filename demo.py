@@ -16,11 +16,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(
         prog="demo.py",
-        description="End-to-end demo with no GPU and no internet: generate a captioned synthetic-scene corpus "
-        "in the hub's parquet format, serve it from a local hub and download it with data/hfd.sh, convert "
-        "it with data2rec.py, smoke-test the DALI loader, train a small RWKV-CLIP with torchrun on 2 CPU "
-        "processes, then evaluate zero-shot classification and retrieval on held-out scenes against chance. "
-        "Everything goes under --output: summary.json, loss_curve.png, predictions.png, logs/.",
+        description="End-to-end demo with no GPU and no internet: generate a captioned synthetic-scene "
+        "corpus in the hub's parquet format, serve it from a local hub and download it with data/hfd.sh, "
+        "convert it with data2rec.py, smoke-test the DALI loader, train a small RWKV-CLIP with torchrun on 2 "
+        "CPU processes, then evaluate zero-shot classification and retrieval on held-out scenes against "
+        "chance. Everything goes under --output: summary.json, loss_curve.png, predictions.png, logs/.",
         allow_abbrev=False,
     )
     p.add_argument("--output", type=Path, default=Path("demo_out"), help="output folder (default: demo_out)")

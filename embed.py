@@ -12,12 +12,14 @@ from pathlib import Path
 
 from src.evaluation.cli import add_model_options, add_run_options
 
+# A backslash at a line's end joins the next source line: the help keeps the line as it was.
 EPILOG = """\
 inputs:
   --images DIR          every image under DIR (recursively, sorted by path; hidden files left out)
   --images LIST.txt     one image path per line; relative paths are relative to the list's folder
   --images FILE.csv|.tsv|.jsonl
-                        a manifest; the image column is image/filepath/path/file/filename/file_name or --image-column
+                        a manifest; the image column is image/filepath/path/file/filename/file_name \
+or --image-column
   --texts FILE          one text per line (UTF-8); blank lines are skipped
 Images that are missing or cannot be decoded are skipped and counted; so is any path named like an
 image that is no file to read (a FIFO, a device, a broken link, a folder named x.jpg), never read
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if skipped:
         print(
-            f"[embed] skipped {len(skipped)} unreadable image(s), e.g. {skipped[0]['item']}: {skipped[0]['error']}; "
+            f"[embed] skipped {len(skipped)} unreadable image(s), e.g. {skipped[0]['item']}: "
+            f"{skipped[0]['error']}; "
             'all are listed under "skipped" in the index'
         )
     if summary.get("blank_lines"):

@@ -69,7 +69,8 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         "--seed",
         type=int,
         default=SEED,
-        help="seed of the validation split held out of train, and clip_benchmark's seed (default %(default)s)",
+        help="seed of the validation split held out of train, and clip_benchmark's seed (default "
+        "%(default)s)",
     )
     p.add_argument(
         "--val-fraction",

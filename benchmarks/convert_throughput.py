@@ -221,8 +221,9 @@ def main() -> int:
         sizes = [len(c) for c in images]
         long_side = [max(jpeg_info(c)[:2]) for c in images]
         print(
-            f"corpus: {n} {what}, long side {min(long_side)}-{max(long_side)} px, mean {np.mean(sizes) / 1024:.1f} KB; "
-            f"{len(parquets)} parquet files; data2rec workers {args.workers or 'all'} on {os.cpu_count()} cores"
+            f"corpus: {n} {what}, long side {min(long_side)}-{max(long_side)} px, mean "
+            f"{np.mean(sizes) / 1024:.1f} KB; {len(parquets)} parquet files; data2rec workers "
+            f"{args.workers or 'all'} on {os.cpu_count()} cores"
         )
         out = work / "out"
         out.mkdir(exist_ok=True)
@@ -255,7 +256,8 @@ def main() -> int:
             paired = sorted(c / m for c, m in zip(runs["copy"], runs[key]))
             print(
                 f"{key:30s} {rate:10.0f} {rate * mean_mb:8.1f} {rate / rates['seed']:8.1f} "
-                f"{rates['copy'] / rate:12.2f} {float(np.median(paired)):12.2f} ({paired[0]:.2f}-{paired[-1]:.2f})"
+                f"{rates['copy'] / rate:12.2f} {float(np.median(paired)):12.2f} "
+                f"({paired[0]:.2f}-{paired[-1]:.2f})"
             )
     finally:
         if not args.workdir:

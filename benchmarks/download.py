@@ -110,7 +110,8 @@ def main() -> int:
         if shutil.which(tool) is None:
             p.exit(
                 1,
-                f"download.py: error: {tool} is not installed; apt-get install {'aria2' if tool == 'aria2c' else tool}\n",
+                f"download.py: error: {tool} is not installed; apt-get install "
+                f"{'aria2' if tool == 'aria2c' else tool}\n",
             )
 
     work = Path(tempfile.mkdtemp(prefix="bench-download-"))
@@ -176,7 +177,8 @@ def run_setting(work: Path, total: int, label: str, cap: float | None, a: argpar
     for name, dt in best.items():
         mbps = total / dt / 1e6
         print(
-            f"  {name:28s} {dt:7.2f} s  {mbps:8.1f} MB/s  ratio vs snapshot_download {total / dt / base:5.2f}x",
+            f"  {name:28s} {dt:7.2f} s  {mbps:8.1f} MB/s  ratio vs snapshot_download "
+            f"{total / dt / base:5.2f}x",
             flush=True,
         )
 

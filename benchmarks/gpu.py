@@ -319,7 +319,8 @@ def download(args: argparse.Namespace) -> int:
     size = sum(w.stat().st_size for w in wheels) / 2**20
     print(f"{len(wheels)} wheel(s), {size:.0f} MiB, in {folder}: " + ", ".join(w.name for w in wheels))
     print(
-        f"carry {folder} (git ignores .whl/) and run first on the GPU machine: {gpu_setup.install_line(str(folder))}"
+        f"carry {folder} (git ignores .whl/) and run first on the GPU machine: "
+        f"{gpu_setup.install_line(str(folder))}"
     )
     return 0
 

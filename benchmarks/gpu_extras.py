@@ -107,7 +107,8 @@ def section_dali(results: Results, budget: Budget, quick: bool = False) -> None:
     results.add_case("dali", case)
     results.set(
         "dali",
-        note="images/s within epochs after the first (warm-up); with_rebuilds includes each epoch's pipeline build",
+        note="images/s within epochs after the first (warm-up); with_rebuilds includes each epoch's pipeline "
+        "build",
     )
 
 

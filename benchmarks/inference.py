@@ -338,8 +338,8 @@ def print_report(
     )
     compiled = ", torch.compile (inductor) on both" if args.compile else ""
     print(
-        f"\nencode_image, {args.precision}{compiled}, {where}, torch {torch.__version__}, {args.clock} clock; "
-        f"median of {args.rounds} rounds, the models alternating in each"
+        f"\nencode_image, {args.precision}{compiled}, {where}, torch {torch.__version__}, {args.clock} "
+        f"clock; median of {args.rounds} rounds, the models alternating in each"
     )
     print(
         "model  px    tokens batch  RWKV img/s  ViT img/s  RWKV/ViT [rounds]"
@@ -360,7 +360,8 @@ def print_report(
             ("vit", f"ViT-{pair[0]}/{pair[1:]}"),
         ):
             steps = [
-                f"{a.size}->{b.size} {growth_exponent((a.tokens, b.tokens), (a.per_image(which), b.per_image(which))):.2f}"
+                f"{a.size}->{b.size} "
+                f"{growth_exponent((a.tokens, b.tokens), (a.per_image(which), b.per_image(which))):.2f}"
                 for a, b in zip(mine, mine[1:])
             ]
             if len(mine) > 2:
@@ -372,9 +373,10 @@ def print_report(
         rwkv, vit = text
         ratios = [v / r for r, v in zip(rwkv, vit)]
         print(
-            f"encode_text, batch {args.text_batch} x 77 tokens: RWKV-CLIP {args.text_batch / statistics.median(rwkv):.3g} "
-            f"texts/s, ViT-B/32's text transformer {args.text_batch / statistics.median(vit):.3g} texts/s, "
-            f"RWKV/ViT {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+            f"encode_text, batch {args.text_batch} x 77 tokens: RWKV-CLIP "
+            f"{args.text_batch / statistics.median(rwkv):.3g} texts/s, ViT-B/32's text transformer "
+            f"{args.text_batch / statistics.median(vit):.3g} texts/s, RWKV/ViT "
+            f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
         )
     print_goals(rows)
 
@@ -442,8 +444,8 @@ def measure_wkv(args: argparse.Namespace) -> None:
     )
     print(
         f"WKV alone, forward only, float32, {WKV_HEADS} heads of {WKV_HEAD_SIZE}, decay logits in "
-        f"[{DECAY_RANGE[0]:g}, {DECAY_RANGE[1]:g}], {where}, {args.clock} clock; median of {args.rounds} rounds, "
-        "the two forms alternating"
+        f"[{DECAY_RANGE[0]:g}, {DECAY_RANGE[1]:g}], {where}, {args.clock} clock; median of {args.rounds} "
+        "rounds, the two forms alternating"
     )
     print(
         "tokens batch  inference form us/token  autograd form us/token  speed-up [rounds]  max|diff|/max|y|"

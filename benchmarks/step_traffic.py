@@ -69,11 +69,13 @@ def render(report, top: int, baseline: dict | None) -> list[str]:
     ]
     for c in CLASSES:
         lines.append(
-            f"{c:<12} {_mb(report.per_pair(c))} {report.per_pair(c) * b / 1e9:9.2f} GB {_ms(report.per_pair(c) * b, bw)}"
+            f"{c:<12} {_mb(report.per_pair(c))} {report.per_pair(c) * b / 1e9:9.2f} GB "
+            f"{_ms(report.per_pair(c) * b, bw)}"
         )
     fusible = report.per_pair(*FUSIBLE)
     lines.append(
-        f"{'total':<12} {_mb(report.per_pair())} {report.per_pair() * b / 1e9:9.2f} GB {_ms(report.per_pair() * b, bw)}"
+        f"{'total':<12} {_mb(report.per_pair())} {report.per_pair() * b / 1e9:9.2f} GB "
+        f"{_ms(report.per_pair() * b, bw)}"
     )
     lines.append(f"element-wise + cast + copy: {_mb(fusible)} per pair, {_ms(fusible * b, bw)} per step")
     lines.append("")

@@ -113,9 +113,10 @@ def report(cost, args: argparse.Namespace) -> list[str]:
         named = sum(parts[t]["projections"] + parts[t]["patch_embed"] for t in parts) / 1e9
         lora = sum(parts[t]["lora"] for t in parts) / 1e9
         lines.append(
-            f"  vs the issue's ~{issue:.0f} GFLOP ({ISSUE_GFLOP['image']:.0f} image + {ISSUE_GFLOP['text']:.0f} text): "
-            f"its count matches the projections and the patch embedding alone ({named:.1f}); this one adds "
-            f"the token-shift and decay LoRAs ({lora:.2f}) and the WKV ({cost.wkv_flops_per_sample / 1e9:.2f})"
+            f"  vs the issue's ~{issue:.0f} GFLOP ({ISSUE_GFLOP['image']:.0f} image + "
+            f"{ISSUE_GFLOP['text']:.0f} text): its count matches the projections and the patch embedding "
+            f"alone ({named:.1f}); this one adds the token-shift and decay LoRAs ({lora:.2f}) and the WKV "
+            f"({cost.wkv_flops_per_sample / 1e9:.2f})"
         )
 
     lines += [
@@ -143,8 +144,9 @@ def report(cost, args: argparse.Namespace) -> list[str]:
         need = cost.step_bytes(b, 1, GPUS, cp)["total"]
         verdict = "fits" if need <= usable else "does NOT fit"
         lines.append(
-            f"Batch {b} per GPU on an {_gb(FIT_MEMORY)} GPU ({GPUS} GPUs){' with checkpointing' if cp else ''}: "
-            f"predicted peak {_gb(need)} of {_gb(usable)} usable: {verdict}"
+            f"Batch {b} per GPU on an {_gb(FIT_MEMORY)} GPU "
+            f"({GPUS} GPUs){' with checkpointing' if cp else ''}: predicted peak {_gb(need)} of "
+            f"{_gb(usable)} usable: {verdict}"
         )
     try:
         plan = plan_micro_batch(
@@ -170,8 +172,8 @@ def report(cost, args: argparse.Namespace) -> list[str]:
     if cost.name == "RWKV_CLIP_B32":
         paper_rate, mfu = implied_mfu(cost.flops_per_sample, PAPER_HOURS, paper)
         lines.append(
-            f"The paper's B/32 run ({PAPER_HOURS:.0f} h for {EPOCHS} epochs on {GPUS}x A100) is {paper_rate:,.0f} "
-            f"samples/s per GPU: MFU {mfu:.3f} at {paper.peak_flops / 1e12:.0f} TFLOP/s"
+            f"The paper's B/32 run ({PAPER_HOURS:.0f} h for {EPOCHS} epochs on {GPUS}x A100) is "
+            f"{paper_rate:,.0f} samples/s per GPU: MFU {mfu:.3f} at {paper.peak_flops / 1e12:.0f} TFLOP/s"
         )
     else:
         lines.append("(The paper's run time is for B/32: --config RWKV_CLIP_B32 prints the MFU it implies.)")

@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run (default cpu)")
     parser.add_argument(
         "--impls", nargs="+", choices=list(IMPLEMENTATIONS),
-        help="implementations to compare (default: every one that runs on the device; chunked is always added)",
+        help="implementations to compare (default: every one that runs on the device; chunked is always "
+        "added)",
     )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=5, help="timed forward+backward passes per case")
     parser.add_argument(
@@ -229,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--decay-range", nargs=2, type=float, default=list(DECAY_RANGE), metavar=("LO", "HI"),
-        help=f"decay logits are drawn uniformly from [LO, HI] (default {DECAY_RANGE[0]:g} {DECAY_RANGE[1]:g})",
+        help=f"decay logits are drawn uniformly from [LO, HI] (default {DECAY_RANGE[0]:g} "
+        f"{DECAY_RANGE[1]:g})",
     )  # fmt: skip
     parser.add_argument(
         "--dtype", default="float32", choices=list(DTYPES),

@@ -249,8 +249,8 @@ class BaseLoader:
                 )
             raise BadRecordLimitError(
                 f"rank {self.rank}: {count} unreadable or undecodable record(s), more than max_bad_records="
-                f"{self.max_bad_records} allows; the last: {where} ({reason}). {check[0].upper()}{check[1:]}, "
-                "or allow more (--max-bad-records)"
+                f"{self.max_bad_records} allows; the last: {where} ({reason}). "
+                f"{check[0].upper()}{check[1:]}, or allow more (--max-bad-records)"
             )
         LOG.warning(
             "rank %d: skipping %s: %s (%d skipped, at most %d allowed)",

@@ -271,9 +271,9 @@ class BatchReader:
         if read.error:
             self.close()
             raise ReaderDiedError(
-                f"the data loader's record reader: {read.error} in {pending.slot.folder}; give the machine or "
-                "container more shared memory (docker: --shm-size 8g or --ipc=host) or read in the training "
-                "process (--reader-workers 0)"
+                f"the data loader's record reader: {read.error} in {pending.slot.folder}; give the machine "
+                "or container more shared memory (docker: --shm-size 8g or --ipc=host) or read in the "
+                "training process (--reader-workers 0)"
             )
         if not read.bad:
             data = pending.slot.view(nbytes)

@@ -140,7 +140,10 @@ class RecordReader:
             raise BadRecord(str(e), _CAPTIONS_ADVICE) from None
         except RecordIOError as e:
             if "truncated" in str(e) or "shorter than" in str(e) or "only" in str(e):
-                what = f"the record there runs past byte {end}, where the index puts the next record or the file ends"
+                what = (
+                    f"the record there runs past byte {end}, where the index puts the next record or the "
+                    "file ends"
+                )
             else:
                 detail = str(e).split(": ", 1)[-1].split(" at byte offset")[0].split(" (expected")[0]
                 what = f"no record starts at this offset ({detail})"

@@ -46,8 +46,9 @@ def check_batch(images: torch.Tensor, tokens: torch.Tensor, batch_size: int, inp
             hi = img.amax(dim=(0, 2, 3))
             if (lo < _LOW).any() or (hi > _HIGH).any():
                 problems.append(
-                    f"image values per channel span {lo.tolist()}..{hi.tolist()}, outside the CLIP-normalised "
-                    f"range {_LOW.tolist()}..{_HIGH.tolist()} (wrong mean/std or pixel scale?)"
+                    f"image values per channel span {lo.tolist()}..{hi.tolist()}, outside the "
+                    f"CLIP-normalised range {_LOW.tolist()}..{_HIGH.tolist()} (wrong mean/std or pixel "
+                    "scale?)"
                 )
     if tokens.dtype != torch.int64:
         problems.append(f"tokens are {tokens.dtype}, expected torch.int64")

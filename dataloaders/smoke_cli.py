@@ -60,8 +60,8 @@ def _report(smoke, loader, args: argparse.Namespace) -> int:
     threads = max(1, args.workers)
     if smoke.timed_images:
         print(
-            f"the loader delivers {rate:.1f} images/s ({smoke.timed_images} images in {args.time_steps} batches "
-            f"after the first, timed back to back without the checks), {rate / threads:.1f} per "
+            f"the loader delivers {rate:.1f} images/s ({smoke.timed_images} images in {args.time_steps} "
+            f"batches after the first, timed back to back without the checks), {rate / threads:.1f} per "
             f"{'thread' if args.backend == 'dali' else 'worker'} ({threads})"
         )
     print(f"checked {smoke.images} images in {smoke.batches} batch(es)")

@@ -105,9 +105,9 @@ def cuda_torch_advice(python: str) -> str:
     """How to put a CUDA build of torch in place of the installed one, then complete the set-up."""
     return (
         f"replace torch with a CUDA build: `{pip_command(python, 'uninstall', '-y', 'torch')} && "
-        f"{pip_command(python, 'install', 'torch', '--index-url', TORCH_INDEX_CUDA13)}` (CUDA 13, driver R580 "
-        f"or later; {TORCH_INDEX_CUDA12} for older drivers), then run `make` in {REPO}, which keeps it and adds "
-        "the DALI for its CUDA version"
+        f"{pip_command(python, 'install', 'torch', '--index-url', TORCH_INDEX_CUDA13)}` (CUDA 13, driver "
+        f"R580 or later; {TORCH_INDEX_CUDA12} for older drivers), then run `make` in {REPO}, which keeps it "
+        "and adds the DALI for its CUDA version"
     )
 
 
@@ -135,7 +135,8 @@ def dali_problem(cuda: str | None, installed: list[str], python: str = sys.execu
     if cuda is not None and installed != [want]:
         return (
             f"torch is built for CUDA {cuda} but the installed DALI is {installed[0]}; replace it with `"
-            f"{pip_command(python, 'uninstall', '-y', installed[0])} && {install}`, or use --data-backend torch"
+            f"{pip_command(python, 'uninstall', '-y', installed[0])} && {install}`, or use --data-backend "
+            "torch"
         )
     return None  # one variant; on a CPU torch either variant's CPU pipelines work
 
@@ -167,9 +168,9 @@ def _torch_cuda(python: str) -> str | None:
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
         raise InstallError(
-            f"torch {_version('torch')} is installed in {sys.prefix} but does not import ({last}); reinstall it "
-            f"(README: Training on GPUs) or remove it with `{pip_command(python, 'uninstall', '-y', 'torch')}` "
-            "and run the set-up again"
+            f"torch {_version('torch')} is installed in {sys.prefix} but does not import ({last}); reinstall "
+            "it (README: Training on GPUs) or remove it with "
+            f"`{pip_command(python, 'uninstall', '-y', 'torch')}` and run the set-up again"
         )
     return proc.stdout.strip() or None
 
@@ -279,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         description=(
             "Install the toolkit's packages into this Python's environment. A torch already installed is "
             "kept (with the triton it brought); without one, the tested torch and triton are installed. "
-            "The DALI wheel is the one for torch's CUDA major version (nvidia-dali-cuda120 or -cuda130), never "
-            "both. The requirements are installed with torch and triton pinned to what is installed."
+            "The DALI wheel is the one for torch's CUDA major version (nvidia-dali-cuda120 or -cuda130), "
+            "never both. The requirements are installed with torch and triton pinned to what is installed."
         ),
     )
     parser.add_argument(

@@ -128,8 +128,8 @@ class OutputLock:
                     holder = read_holder(self.path)
                     if _alive_here(holder) is False:  # a process it left behind is still stopping
                         raise OutputLocked(
-                            f"{self.output} is still locked, but its {describe(holder, self.tool)} has exited; a "
-                            "process it started is stopping: wait a moment and rerun"
+                            f"{self.output} is still locked, but its {describe(holder, self.tool)} has "
+                            "exited; a process it started is stopping: wait a moment and rerun"
                         ) from None
                     raise OutputLocked(
                         f"{self.output} is being written by {describe(holder, self.tool)}; wait for it to "

@@ -442,9 +442,9 @@ class _Run:
         except UnreadableUnit as exc:
             # Not recorded as done and not deleted: the rows of a shard are never lost in silence.
             raise HubError(
-                f"{file.name} cannot be read ({exc.detail}); the {i} shard(s) before it are converted and its "
-                f"download is kept at {download.path}. Rerun the same command to try it again (delete that file "
-                "to download it anew)"
+                f"{file.name} cannot be read ({exc.detail}); the {i} shard(s) before it are converted and "
+                f"its download is kept at {download.path}. Rerun the same command to try it again (delete "
+                "that file to download it anew)"
             ) from None
         began = time.monotonic()
         part_opts = replace(

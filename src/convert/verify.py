@@ -209,8 +209,8 @@ def unfinished(output: str | Path) -> list[str]:
     if missing:
         parts = ", ".join(machine_prefix(out, m).name for m in missing)
         problems.append(
-            f"{out}: split over {expected} machines, but the parts of machine(s) {', '.join(map(str, missing))} "
-            f"({parts}) are not here; copy them here, or verify one part with "
+            f"{out}: split over {expected} machines, but the parts of machine(s) "
+            f"{', '.join(map(str, missing))} ({parts}) are not here; copy them here, or verify one part with "
             f"--verify {out}-{MACHINE_PLACEHOLDER}"
         )
     return problems

@@ -79,7 +79,8 @@ def write_hub_corpus(
     bar.close()
     (repo_dir / "README.md").write_text(
         "---\nlicense: cc0-1.0\n---\n# Synthetic scenes\n\nGenerated shapes with captions that describe them "
-        f"({num_samples} rows, seed {seed}, {image_size}px JPEG, {captions_per_row} tokenised captions per row).\n"
+        f"({num_samples} rows, seed {seed}, {image_size}px JPEG, {captions_per_row} tokenised captions per "
+        "row).\n"
     )
     return paths
 

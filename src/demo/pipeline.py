@@ -328,7 +328,10 @@ class Demo:
         if not checkpoints:
             raise DemoError(f"step 'train' finished without an epoch checkpoint in {run_dir / 'checkpoints'}")
         self.checkpoint = checkpoints[-1]
-        return f"{self.s.epochs} epochs x {steps_per_epoch} steps on {self.s.processes} processes -> {self.checkpoint.name}"
+        return (
+            f"{self.s.epochs} epochs x {steps_per_epoch} steps on {self.s.processes} processes -> "
+            f"{self.checkpoint.name}"
+        )
 
     def evaluate(self) -> str:
         from src.demo.corpus import write_classification_set, write_retrieval_set

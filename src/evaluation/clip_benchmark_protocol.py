@@ -91,8 +91,8 @@ def _pets_names(data: ClassificationData, num_classes: int) -> list[str]:
         by_label.setdefault(label, " ".join(part.title() for part in raw.split("_")))
     if sorted(by_label) != list(range(num_classes)):
         raise EvalDataError(
-            f"pets: annotations/test.txt names images of {len(by_label)} of the {num_classes} breeds; CLIP_benchmark "
-            "takes the class names from it, so it must be the complete file"
+            f"pets: annotations/test.txt names images of {len(by_label)} of the {num_classes} breeds; "
+            "CLIP_benchmark takes the class names from it, so it must be the complete file"
         )
     return [by_label[i] for i in range(num_classes)]
 

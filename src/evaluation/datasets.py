@@ -307,7 +307,8 @@ def _unpickle(path: Path, keys: Sequence[bytes]) -> dict:
         MemoryError,
     ) as exc:
         raise EvalDataError(
-            f"CIFAR file {path} is truncated or not a CIFAR pickle ({type(exc).__name__}: {exc}); re-download it"
+            f"CIFAR file {path} is truncated or not a CIFAR pickle ({type(exc).__name__}: {exc}); "
+            "re-download it"
         ) from None
     missing = [k.decode() for k in keys if not isinstance(data, dict) or k not in data]
     if missing:

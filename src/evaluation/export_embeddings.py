@@ -140,8 +140,8 @@ def read_images(path: Path, image_column: str | None = None) -> ImageInputs:
         raise EmbedError(f"--images {path} {why}; give a folder of images or a list of them")
     if path.suffix.lower() not in LIST_SUFFIXES + MANIFEST_SUFFIXES:
         raise EmbedError(
-            f"--images {path}: unknown list type {path.suffix!r}; use a folder, a .txt list (one path per line) "
-            "or a .csv/.tsv/.jsonl manifest"
+            f"--images {path}: unknown list type {path.suffix!r}; use a folder, a .txt list (one path per "
+            "line) or a .csv/.tsv/.jsonl manifest"
         )
     return read_image_list(path, image_column)
 

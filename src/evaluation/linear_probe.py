@@ -187,8 +187,8 @@ def _paper(
             }
         )
         log(
-            f"fit {len(sweep)}: lambda {log_lambda(lam)}, val {metric} {val[metric]:.2f}% (loss {val['loss']:.4f}), "
-            f"{fit.iterations} L-BFGS iterations, {fit.seconds:.2f} s"
+            f"fit {len(sweep)}: lambda {log_lambda(lam)}, val {metric} {val[metric]:.2f}% (loss "
+            f"{val['loss']:.4f}), {fit.iterations} L-BFGS iterations, {fit.seconds:.2f} s"
             + ("" if fit.converged else ", not converged")
         )
         return sweep_key(val, metric)

@@ -117,7 +117,10 @@ def write_classification_details(result: dict, output_dir: Path | str) -> dict[s
     )
     files["confusion_matrix"] = str(_write(_path(result, output_dir, ".confusion.csv"), out.getvalue()))
     if len(names) <= CONFUSION_MAX_CLASSES:
-        title = f"zero-shot {result['dataset']}: top-1 {result['metrics']['top1']:.1f}% over {result['num_images']} images"
+        title = (
+            f"zero-shot {result['dataset']}: top-1 {result['metrics']['top1']:.1f}% over "
+            f"{result['num_images']} images"
+        )
         picture = _path(result, output_dir, ".confusion.png")
         try:
             files["confusion_png"] = str(plot_confusion_matrix(matrix, names, picture, title))

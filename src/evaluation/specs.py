@@ -168,7 +168,8 @@ def load_classification_data(
     if names is not None and kind != "imagefolder":
         if len(names) != len(data.classnames):
             raise EvalDataError(
-                f"dataset {spec.name}: {len(names)} class names but the data has {len(data.classnames)} classes"
+                f"dataset {spec.name}: {len(names)} class names but the data has {len(data.classnames)} "
+                "classes"
             )
         data.classnames = list(names)
     data.name = spec.name

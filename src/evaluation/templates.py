@@ -73,6 +73,6 @@ def repeated_names(names: Sequence[str]) -> str | None:
         return None
     shown = ", ".join(f"{name!r} x{n}" for name, n in sorted(repeats, key=lambda r: -r[1])[:3])
     return (
-        f"class names repeat ({shown}{', ...' if len(repeats) > 3 else ''}): classes of one name get the same "
-        "text embedding, so the model cannot tell them apart; check the class names"
+        f"class names repeat ({shown}{', ...' if len(repeats) > 3 else ''}): classes of one name get the "
+        "same text embedding, so the model cannot tell them apart; check the class names"
     )

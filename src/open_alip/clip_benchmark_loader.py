@@ -38,7 +38,8 @@ def load_rwkv_clip(
     """
     if (pretrained is None or str(pretrained).strip() == "") and not is_hub_spec(str(model_name)):
         raise PretrainedError(
-            f"model {model_name}: no weights given; pass a .pt/.safetensors file or hf-hub:ORG/REPO[/FILE] as pretrained"
+            f"model {model_name}: no weights given; pass a .pt/.safetensors file or hf-hub:ORG/REPO[/FILE] "
+            "as pretrained"
         )
     model, _, preprocess_val = create_model_and_transforms(
         model_name, pretrained=pretrained, device=device, precision="fp32", cache_dir=cache_dir

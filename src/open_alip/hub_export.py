@@ -89,8 +89,8 @@ def model_card(
         f"# {title}",
         "",
         f"RWKV-CLIP, architecture {name}: input {config['input_size']} px, image tower "
-        f"{config['image_depth']} blocks x {config['image_embed_dims']}, text tower {config['n_layer']} blocks x "
-        f"{config['n_embd']}, context {config['ctx_len']} tokens.",
+        f"{config['image_depth']} blocks x {config['image_embed_dims']}, text tower {config['n_layer']} "
+        f"blocks x {config['n_embd']}, context {config['ctx_len']} tokens.",
         "",
         "```python",
         "from open_alip import create_model_and_transforms, get_tokenizer",

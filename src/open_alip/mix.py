@@ -124,7 +124,8 @@ def token_mix_op(
         with device_guard(a):
             _kernels().mix_forward_kernel[grid](
                 a, b, coef, a if m is None else m, *_pointers(outs), rows, channels,
-                K=mixes, HAS_M=m is not None, BLOCK_R=_BLOCK_R, BLOCK_C=_BLOCK_C, SPANS=spans, num_warps=NUM_WARPS,
+                K=mixes, HAS_M=m is not None, BLOCK_R=_BLOCK_R, BLOCK_C=_BLOCK_C, SPANS=spans,
+                num_warps=NUM_WARPS,
             )  # fmt: skip
     return outs
 

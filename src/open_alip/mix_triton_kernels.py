@@ -95,7 +95,8 @@ def mix_forward_kernel(
 
 @triton.jit
 def mix_backward_kernel(
-    g0_ptr, g1_ptr, g2_ptr, g3_ptr, g4_ptr, a_ptr, b_ptr, coef_ptr, m_ptr, da_ptr, db_ptr, dm_ptr, dcoef_ptr, R, C,
+    g0_ptr, g1_ptr, g2_ptr, g3_ptr, g4_ptr, a_ptr, b_ptr, coef_ptr, m_ptr,
+    da_ptr, db_ptr, dm_ptr, dcoef_ptr, R, C,
     K: tl.constexpr, K_PAD: tl.constexpr, HAS_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
     SPANS: tl.constexpr,
 ):  # fmt: skip

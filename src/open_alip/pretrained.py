@@ -81,7 +81,8 @@ def pick_weights_file(spec: str, files: list[str]) -> str:
     if not candidates:
         held = ", ".join(sorted(files)[:8]) or "nothing"
         raise WeightsNotFoundError(
-            f"{spec}: the repo has no weights file ({', '.join('*' + s for s in WEIGHT_SUFFIXES)}); it holds: {held}"
+            f"{spec}: the repo has no weights file ({', '.join('*' + s for s in WEIGHT_SUFFIXES)}); it "
+            f"holds: {held}"
         )
     shown = ", ".join(candidates[:6]) + (" ..." if len(candidates) > 6 else "")
     raise PretrainedError(f"{spec}: the repo has several weights files ({shown}); name one as {spec}/FILE")
@@ -150,8 +151,8 @@ def _hub_error(spec: str, endpoint: str, exc: Exception) -> PretrainedError:
     if isinstance(exc, hub_errors.HfHubHTTPError):
         return HubError(f"{spec}: {endpoint} answered {code}: {_one_line(exc, 160)}")
     return HubError(
-        f"{spec}: cannot reach {endpoint} ({type(exc).__name__}: {_one_line(exc, 160)}); check HF_ENDPOINT and the "
-        "network, or set HF_HUB_OFFLINE=1 to use files already in the hub cache"
+        f"{spec}: cannot reach {endpoint} ({type(exc).__name__}: {_one_line(exc, 160)}); check HF_ENDPOINT "
+        "and the network, or set HF_HUB_OFFLINE=1 to use files already in the hub cache"
     )
 
 
@@ -234,8 +235,9 @@ def download_from_hub(spec: str, cache_dir: str | os.PathLike | None = None) -> 
             if got != expected:
                 _drop_from_cache(path)
                 raise ChecksumError(
-                    f"{spec}: the downloaded {filename} has hash {got[:16]}..., the hub says {expected[:16]}...; "
-                    "removed it from the cache: retry, and check any proxy or mirror in between"
+                    f"{spec}: the downloaded {filename} has hash {got[:16]}..., the hub says "
+                    f"{expected[:16]}...; removed it from the cache: retry, and check any proxy or mirror in "
+                    "between"
                 )
         return path
     except PretrainedError:
@@ -284,7 +286,8 @@ def _from_cache(spec: str, repo_id: str, filename: str | None, cache: str | None
         )
     except (hub_errors.LocalEntryNotFoundError, FileNotFoundError):
         raise HubError(
-            f"{spec}: HF_HUB_OFFLINE is set and the file is not in the hub cache; unset HF_HUB_OFFLINE to download it"
+            f"{spec}: HF_HUB_OFFLINE is set and the file is not in the hub cache; unset HF_HUB_OFFLINE to "
+            "download it"
         ) from None
     expected = _expected_from_cache(path)
     if expected is not None and _content_id(path, expected) != expected:
@@ -321,8 +324,9 @@ def resolve_released(entry: ReleasedWeights, cache_dir: str | os.PathLike | None
         got = file_sha256(path)
         if got != entry.sha256:
             raise ChecksumError(
-                f"{entry.config}:{entry.tag} ({entry.hub_spec}): the hub's file has sha256 {got[:16]}..., the "
-                f"released one {entry.sha256[:16]}...; the repo was changed: name the file you trust instead"
+                f"{entry.config}:{entry.tag} ({entry.hub_spec}): the hub's file has sha256 {got[:16]}..., "
+                f"the released one {entry.sha256[:16]}...; the repo was changed: name the file you trust "
+                "instead"
             )
     return path
 
@@ -352,7 +356,8 @@ def read_weights(path: Path, label: str | None = None) -> Mapping[str, Any]:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for corrupt, truncated or unsafe files
         raise PretrainedError(
-            f"cannot read weights {label} with torch.load(weights_only=True): {type(exc).__name__}: {_one_line(exc, 200)}"
+            f"cannot read weights {label} with torch.load(weights_only=True): {type(exc).__name__}: "
+            f"{_one_line(exc, 200)}"
         ) from None
 
 

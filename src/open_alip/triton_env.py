@@ -60,7 +60,10 @@ def kernel_problem(
     try:
         kernel = load_kernel()
     except ImportError as exc:
-        return f"it needs {needs} (run `make` or `python -m src.install`; triton comes with a CUDA build of torch): {exc}"
+        return (
+            f"it needs {needs} (run `make` or `python -m src.install`; triton comes with a CUDA build of "
+            f"torch): {exc}"
+        )
     except Exception as exc:  # a broken install (e.g. a triton that the package does not support)
         first_line = (str(exc).splitlines() or [""])[0]
         return f"{package} failed to import ({type(exc).__name__}: {first_line})"

@@ -150,7 +150,8 @@ class VisionRWKV(nn.Module):
         super().__init__()
         if embed_dims % num_heads or (embed_dims // num_heads) % 4:
             raise ValueError(
-                f"image_embed_dims {embed_dims} must split into {num_heads} heads whose size is a multiple of 4"
+                f"image_embed_dims {embed_dims} must split into {num_heads} heads whose size is a multiple "
+                "of 4"
             )
         self.embed_dims = embed_dims
         self.num_heads = num_heads

@@ -119,7 +119,10 @@ def plan_micro_batch(
         for cp in cps:
             candidates += [(m, cp) for m in divisors[1:] if m >= floor]
     choice = next(((m, cp) for m, cp in candidates if need(m, cp) <= budget), None)
-    setting = f"{cost.name}, wkv {cost.wkv_impl}, {cost.precision}: {_gb(budget)} usable of {_gb(device_memory_bytes)}"
+    setting = (
+        f"{cost.name}, wkv {cost.wkv_impl}, {cost.precision}: {_gb(budget)} usable of "
+        f"{_gb(device_memory_bytes)}"
+    )
     if choice is None:
         raise CostModelError(
             f"even 1 sample per GPU{' with gradient checkpointing' if allow_checkpointing else ''} needs "

@@ -65,9 +65,9 @@ def check_same_data(shardset, env: DistEnv) -> None:
     raise TrainingError(
         f"ranks see different training data: {_where(0, first)} has {first['records']} records in "
         f"{len(first['shards'])} shard(s) (list hash {first['hash']}), {_where(r, views[r])} has "
-        f"{views[r]['records']} in {len(views[r]['shards'])} (hash {views[r]['hash']}); ranks differing from rank 0: "
-        f"{', '.join(map(str, odd))}; {'; '.join(diff)} (counting shards of another size too); give every node "
-        "the same data (a .rec without its .idx is left out)"
+        f"{views[r]['records']} in {len(views[r]['shards'])} (hash {views[r]['hash']}); ranks differing from "
+        f"rank 0: {', '.join(map(str, odd))}; {'; '.join(diff)} (counting shards of another size too); give "
+        "every node the same data (a .rec without its .idx is left out)"
     )
 
 

@@ -64,9 +64,9 @@ class BatchPlan:
         if self.requested is None or self.global_batch == self.requested:
             return None
         return (
-            f"the global batch is {self.global_batch}, not the --global-batch-size {self.requested} asked for: "
-            f"{self.requested} does not split into equal micro-batches over {self.world_size} process(es); "
-            "choose a global batch divisible by the number of processes to keep it exact"
+            f"the global batch is {self.global_batch}, not the --global-batch-size {self.requested} asked "
+            f"for: {self.requested} does not split into equal micro-batches over {self.world_size} "
+            "process(es); choose a global batch divisible by the number of processes to keep it exact"
         )
 
 
@@ -96,8 +96,9 @@ def plan_batches(
         micro = per_process // accum_freq
         if micro < 1:
             raise TrainingError(
-                f"--accum-freq {accum_freq} splits the {per_process} samples per process of --global-batch-size "
-                f"{global_batch} into empty micro-batches; lower --accum-freq or leave it out"
+                f"--accum-freq {accum_freq} splits the {per_process} samples per process of "
+                f"--global-batch-size {global_batch} into empty micro-batches; lower --accum-freq or leave "
+                "it out"
             )
         return BatchPlan(micro, accum_freq, world_size, global_batch)
     count = _even_split(per_process, per_process_max)

@@ -232,8 +232,8 @@ def find_resume_checkpoint(resume: str | None, output: str | os.PathLike) -> tup
         return path, warnings
     if warnings:
         raise TrainingError(
-            f"--resume latest: no checkpoint in {checkpoint_dir(output)} can be read ({'; '.join(warnings)}); "
-            "start a new run with another --output"
+            f"--resume latest: no checkpoint in {checkpoint_dir(output)} can be read "
+            f"({'; '.join(warnings)}); start a new run with another --output"
         )
     return None, []
 

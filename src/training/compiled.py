@@ -47,8 +47,8 @@ def describe(exc: BaseException) -> str:
 def warn_compile_failed(failure: BaseException | str, backend: str, where: str = "") -> None:
     text = failure if isinstance(failure, str) else describe(failure)
     LOG.warning(
-        "WARNING: torch.compile (backend %s) failed%s: %s. Training continues EAGERLY%s, several times slower "
-        "per step; fix the compiler (see the error) or pass --no-compile to silence this.",
+        "WARNING: torch.compile (backend %s) failed%s: %s. Training continues EAGERLY%s, several times "
+        "slower per step; fix the compiler (see the error) or pass --no-compile to silence this.",
         backend,
         where,
         text,

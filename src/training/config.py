@@ -204,8 +204,8 @@ class TrainConfig:
         group=BATCH,
         metavar="N",
         check=AT_LEAST_1,
-        help=f"samples per optimizer step over all processes (the recipes: {_PAPER_B32['global_batch_size']} = "
-        f"{PAPER_PER_GPU_BATCH} x {PAPER_GPUS} GPUs)",
+        help=f"samples per optimizer step over all processes (the recipes: {_PAPER_B32['global_batch_size']} "
+        f"= {PAPER_PER_GPU_BATCH} x {PAPER_GPUS} GPUs)",
     )
     accum_freq: int | None = setting(
         None,
@@ -274,17 +274,18 @@ class TrainConfig:
         "auto",
         group=SPEED,
         choices=WKV_IMPL_CHOICES,
-        help="WKV implementation (src/open_alip/wkv.py): auto takes fla's Triton kernels on CUDA when fla-core "
-        "imports, else chunked (PyTorch); reference is the slow exact recurrence; bi_triton is our own kernel "
-        "pair for both directions (reads bf16, less memory traffic; opt-in until timed against fla)",
+        help="WKV implementation (src/open_alip/wkv.py): auto takes fla's Triton kernels on CUDA when "
+        "fla-core imports, else chunked (PyTorch); reference is the slow exact recurrence; bi_triton is our "
+        "own kernel pair for both directions (reads bf16, less memory traffic; opt-in until timed against "
+        "fla)",
     )
     mix_impl: str = setting(
         "torch",
         group=SPEED,
         choices=MIX_IMPLS,
-        help="token-shift mixes (src/open_alip/mix.py): torch runs them as eager ops; triton fuses each mix site "
-        "into one kernel pair (CUDA; 2.6x less element-wise traffic per B/32 pair by benchmarks/step_traffic.py; "
-        "opt-in until timed on a GPU)",
+        help="token-shift mixes (src/open_alip/mix.py): torch runs them as eager ops; triton fuses each mix "
+        "site into one kernel pair (CUDA; 2.6x less element-wise traffic per B/32 pair by "
+        "benchmarks/step_traffic.py; opt-in until timed on a GPU)",
     )
     compile: bool = setting(
         False,
@@ -306,16 +307,16 @@ class TrainConfig:
         "fp32",
         group=MODEL,
         choices=DECAY_DTYPES,
-        help="storage of the text tower's time_decay/time_faaaa: fp32 master copies, cast to the compute dtype "
-        "in the forward pass (they train); bf16 reproduces the original exactly, where AdamW steps round "
-        "away and the decays stay frozen at their initial values",
+        help="storage of the text tower's time_decay/time_faaaa: fp32 master copies, cast to the compute "
+        "dtype in the forward pass (they train); bf16 reproduces the original exactly, where AdamW steps "
+        "round away and the decays stay frozen at their initial values",
     )
     # checkpoints, logging, evaluation, processes
     resume: str | None = setting(
         None,
         group=RUN,
-        help="'latest' (newest readable checkpoint in --output, if any) or a .pt path; the run continues with "
-        "the optimizer and schedule settings given now",
+        help="'latest' (newest readable checkpoint in --output, if any) or a .pt path; the run continues "
+        "with the optimizer and schedule settings given now",
     )
     save_every_n_steps: int = setting(
         2000, group=RUN, check=NOT_NEGATIVE, help="step checkpoint interval (0: epochs only)"

@@ -160,17 +160,17 @@ def count_gpus(environ: Mapping[str, str], config: TrainConfig, *, needed: bool 
     if cuda is None:
         if listed:
             raise LaunchError(
-                f"this node has {listed} GPU(s) (nvidia-smi -L) but {sys.executable} has torch {torch.__version__}, "
-                f"a CPU-only build: {install.cuda_torch_advice(sys.executable)}; or pass --device cpu to train "
-                "on the CPU"
+                f"this node has {listed} GPU(s) (nvidia-smi -L) but {sys.executable} has torch "
+                f"{torch.__version__}, a CPU-only build: {install.cuda_torch_advice(sys.executable)}; or "
+                "pass --device cpu to train on the CPU"
             )
         return 0
     count = torch.cuda.device_count()
     hidden = environ.get("CUDA_VISIBLE_DEVICES") is not None
     if count == 0 and listed and not hidden:
         raise LaunchError(
-            f"torch {torch.__version__} (CUDA {cuda}) sees none of the {listed} GPU(s) nvidia-smi lists; check "
-            "that the driver supports CUDA " + cuda + " (nvidia-smi shows the highest it supports)"
+            f"torch {torch.__version__} (CUDA {cuda}) sees none of the {listed} GPU(s) nvidia-smi lists; "
+            "check that the driver supports CUDA " + cuda + " (nvidia-smi shows the highest it supports)"
         )
     if count and config.data_backend == "dali":
         try:
@@ -334,9 +334,9 @@ def check_gpu_node(gpus: int, config: TrainConfig) -> None:
         else "torch sees no GPU (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them)"
     )
     raise LaunchError(
-        f"this node has no GPU to train on ({why}); run the script on a GPU node (README: Training on GPUs), or "
-        "pass --device cpu to train on the CPU on purpose (for a small run: python train.py --config RWKV_CLIP_tiny, "
-        "docs/training.md)"
+        f"this node has no GPU to train on ({why}); run the script on a GPU node (README: Training on GPUs), "
+        "or pass --device cpu to train on the CPU on purpose (for a small run: python train.py --config "
+        "RWKV_CLIP_tiny, docs/training.md)"
     )
 
 
@@ -376,7 +376,8 @@ def run_torchrun(cmd: Sequence[str], environ: Mapping[str, str], prog: str) -> i
         else:
             ranks = ", ".join(str(r) for r, _ in failures)
             print(
-                f"{prog}: train.py failed on rank(s) {ranks} (exit status {first.exitcode}); its output is above",
+                f"{prog}: train.py failed on rank(s) {ranks} (exit status {first.exitcode}); its output is "
+                "above",
                 file=sys.stderr,
             )
         return code

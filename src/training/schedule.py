@@ -132,5 +132,11 @@ class Schedule:
                 f"{self.peak_lr / _DIV_FACTOR / _FINAL_DIV_FACTOR:.3g}; beta1 cycles 0.95 -> 0.85 -> 0.95"
             )
         if self.kind == "linear":
-            return f"linear: lr {self.peak_lr:.3g} -> 0 over {self.total_steps} steps, no warmup (the original's)"
-        return f"{self.kind}: {self.warmup_steps} warmup steps to lr {self.peak_lr:.3g}, {self.total_steps} in all"
+            return (
+                f"linear: lr {self.peak_lr:.3g} -> 0 over {self.total_steps} steps, no warmup (the "
+                "original's)"
+            )
+        return (
+            f"{self.kind}: {self.warmup_steps} warmup steps to lr {self.peak_lr:.3g}, {self.total_steps} "
+            "in all"
+        )

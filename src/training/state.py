@@ -127,10 +127,10 @@ class TrainState:
         now = (plan.micro_batch, plan.accum_freq, self.env.world_size)
         if saved != now:
             raise TrainingError(
-                f"--resume {where}: the checkpoint was trained with micro-batches of {saved[0]} x accumulation "
-                f"{saved[1]} on {saved[2]} process(es), this run has {now[0]} x {now[1]} on {now[2]}; resume with "
-                "the same split (--batch-size, --accum-freq, --global-batch-size and number of processes), "
-                "or start a new run from it with --pretrained"
+                f"--resume {where}: the checkpoint was trained with micro-batches of {saved[0]} x "
+                f"accumulation {saved[1]} on {saved[2]} process(es), this run has {now[0]} x {now[1]} on "
+                f"{now[2]}; resume with the same split (--batch-size, --accum-freq, --global-batch-size and "
+                "number of processes), or start a new run from it with --pretrained"
             )
 
 

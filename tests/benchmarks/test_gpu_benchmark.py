@@ -76,7 +76,9 @@ def _wheel(folder: Path, name: str, version: str) -> Path:
     contents = {
         f"{name.replace('-', '_')}/__init__.py": f"__version__ = {version!r}\n",
         f"{stem}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{stem}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{stem}.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
     }
     record = []
     for path, text in contents.items():

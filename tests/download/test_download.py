@@ -501,7 +501,8 @@ def test_a_bad_retry_wait_is_refused_before_any_request(tmp_path: Path, wait: st
     )
     assert r.returncode == 1 and not (tmp_path / "out").exists()
     assert r.stderr.splitlines() == [
-        f"hfd.sh: error: HFD_RETRY_WAIT '{wait}' is not a number of seconds from 1 to 600; unset it for the default 2"
+        f"hfd.sh: error: HFD_RETRY_WAIT '{wait}' is not a number of seconds from 1 to 600; unset it for the "
+        "default 2"
     ]
 
 

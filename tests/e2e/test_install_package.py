@@ -207,7 +207,10 @@ def test_pip_install_then_editable_install_import_from_any_folder(scratch):
     assert got["library"] == str(repo / "src" / "open_alip")  # edits in the checkout take effect
     _check_use(got, user)
     # Only open_alip is mapped: the toolkit's other modules under src/ stay out of sys.path.
-    probe = "import importlib.util as u; print([n for n in ('devices', 'training', 'recordio') if u.find_spec(n)])"
+    probe = (
+        "import importlib.util as u; print([n for n in ('devices', 'training', 'recordio') if "
+        "u.find_spec(n)])"
+    )
     assert _run([str(python), "-c", probe], user).stdout.strip() == "[]"
 
     # From the repository root the guide's spelling still works; using both names in one process

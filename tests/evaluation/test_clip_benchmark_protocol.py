@@ -192,7 +192,8 @@ def _clip_benchmark_annotations(root: Path) -> dict:
     }
     (root / "coco_test_karpathy.json").write_text(json.dumps(coco))
     (root / "flickr30k_test_karpathy.txt").write_text(
-        "image,caption\n1001.jpg,a green, bright picture\n1000.jpg,red\n1001.jpg,green again\n\n1002.jpg,blue\n"
+        "image,caption\n1001.jpg,a green, bright picture\n1000.jpg,red\n1001.jpg,green again\n\n"
+        "1002.jpg,blue\n"
     )
     return coco
 

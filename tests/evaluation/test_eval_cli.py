@@ -274,7 +274,8 @@ def test_labels_need_two_or_more_and_may_come_from_a_file(micro, tmp_path, capsy
         ("cat", "--labels 'cat' gives 1 label; give two or more, comma-separated"),
         (
             str(tmp_path / "labels.txt"),
-            f"(to read labels from the file {tmp_path / 'labels.txt'}, pass --labels @{tmp_path / 'labels.txt'})",
+            f"(to read labels from the file {tmp_path / 'labels.txt'}, pass --labels "
+            f"@{tmp_path / 'labels.txt'})",
         ),
         (f"@{tmp_path / 'none.txt'}", "cannot read the label file"),
     ]:

@@ -48,7 +48,8 @@ def _cuda13_requires(cudnn: str, nccl: str, triton: str) -> list[str]:
     linux, before_315 = 'platform_system == "Linux"', 'platform_system == "Linux" and python_version < "3.15"'
     return [
         *_TORCH_COMMON_REQUIRES,
-        f"cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3; {linux}",
+        "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]"
+        f"==13.0.3; {linux}",
         f"cuda-bindings<14,>=13.0.3; {before_315}",
         f"nvidia-cudnn-cu13=={cudnn}; {linux}",
         f"nvidia-cusparselt-cu13==0.8.1; {linux}",

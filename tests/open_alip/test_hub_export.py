@@ -105,7 +105,8 @@ def test_a_repo_without_a_config_and_an_export_without_one(tmp_path, tiny_weight
         monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
         with pytest.raises(
             ModelConfigError,
-            match=f"the repo has no open_clip_config.json; pass a config name .* and pretrained=hf-hub:{REPO}",
+            match="the repo has no open_clip_config.json; pass a config name .* and "
+            f"pretrained=hf-hub:{REPO}",
         ):
             create_model_and_transforms(f"hf-hub:{REPO}")
         model, _, _ = create_model_and_transforms(

@@ -98,9 +98,10 @@ def test_cpu_without_the_interpreter_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="unknown mix implementation 'fast'; choose one of torch, triton"):
         model.set_mix_impl("fast")
     proc = subprocess.run(
-        [sys.executable, "train.py", "--config", "RWKV_CLIP_tiny", "--train-data", "nowhere", "--output", "out",
-         "--device", "cpu", "--mix-impl", "triton"],
-        cwd=REPO, capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+        [sys.executable, "train.py", "--config", "RWKV_CLIP_tiny", "--train-data", "nowhere",
+         "--output", "out", "--device", "cpu", "--mix-impl", "triton"],
+        cwd=REPO, capture_output=True, text=True,
+        env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
     )  # fmt: skip
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "--mix-impl triton: it runs on CUDA tensors" in proc.stderr and "--mix-impl torch" in proc.stderr

@@ -132,7 +132,8 @@ def test_a_second_writer_of_one_output_is_refused_naming_the_first(tmp_path, cap
             sys.executable,
             "-c",
             "import sys, time; from pathlib import Path; from src.lock import OutputLock\n"
-            f"OutputLock(Path({str(output)!r}), tool='train.py', path=Path({str(output / 'train.lock')!r})).acquire()\n"
+            f"OutputLock(Path({str(output)!r}), tool='train.py', "
+            f"path=Path({str(output / 'train.lock')!r})).acquire()\n"
             "print('held', flush=True); time.sleep(120)",
         ],
         cwd=REPO,
@@ -170,7 +171,8 @@ def _holder(output: Path, then: str) -> subprocess.Popen:
     prints what it printed and 'held', and waits to be killed."""
     code = (
         "import os, subprocess, sys, time; from pathlib import Path; from src.lock import OutputLock\n"
-        f"lock = OutputLock(Path({str(output)!r}), tool='train.py', path=Path({str(output / 'train.lock')!r}))\n"
+        f"lock = OutputLock(Path({str(output)!r}), tool='train.py', "
+        f"path=Path({str(output / 'train.lock')!r}))\n"
         f"lock.acquire()\n{then}\nprint('held', flush=True); time.sleep(120)"
     )
     return subprocess.Popen(

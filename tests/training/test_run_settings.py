@@ -254,5 +254,6 @@ def test_a_run_recorded_before_the_recipes_still_compares_on_resume(tmp_path):
     # params.json / a checkpoint's "run" of the previous version: no "recipe", "given" only for warmup/beta1.
     before = {k: v for k, v in cfg.to_json().items() if k != "recipe"} | {"given": ["warmup"], "lr": 1e-3}
     assert train_main._setting_changes({"run": before}, cfg, schedule, 10) == [
-        f"changed on resume, in effect from step 11 (lr there {schedule.lr_at(10):.4g}): --lr 0.0001 (was 0.001)"
+        f"changed on resume, in effect from step 11 (lr there {schedule.lr_at(10):.4g}): --lr 0.0001 "
+        "(was 0.001)"
     ]

@@ -334,8 +334,8 @@ def test_gpus_are_counted_by_torch_so_cuda_visible_devices_holds(monkeypatch):
         launch.count_gpus({}, _config())
     assert str(wrong.value) == (
         "torch is built for CUDA 13.0 but the installed DALI is nvidia-dali-cuda120; replace it with "
-        f"`{py} -m pip uninstall -y nvidia-dali-cuda120 && {py} -m pip install 'nvidia-dali-cuda130>=2.4.0'`, "
-        "or use --data-backend torch"
+        f"`{py} -m pip uninstall -y nvidia-dali-cuda120 && {py} -m pip install "
+        "'nvidia-dali-cuda130>=2.4.0'`, or use --data-backend torch"
     )
     assert launch.count_gpus({}, _config("--data-backend", "torch")) == 8
     # Both variants share nvidia/dali: the advice removes both, then installs the one for torch.

@@ -120,8 +120,9 @@ def expand(
             found = sorted(p for p in (path / n for n in names) if p.is_file() and not exclude(p))
             if notes is not None:  # a FIFO, device or broken link named like an input: never opened, but said
                 notes.extend(
-                    f"{p}: {'not a regular file (a FIFO, socket or device)' if p.exists() else 'a broken link'}"
-                    "; not read"
+                    f"{p}: "
+                    f"{'not a regular file (a FIFO, socket or device)' if p.exists() else 'a broken link'}; "
+                    "not read"
                     for p in sorted(path / n for n in names)
                     if not p.is_file()
                 )

@@ -75,7 +75,10 @@ def _input_problem(a: argparse.Namespace) -> str | None:
     if not 0 <= a.port <= 65535:
         return f"--port {a.port} is out of range 0-65535"
     if a.port_file is not None and not a.port_file.parent.is_dir():
-        return f"--port-file {a.port_file}: folder {a.port_file.parent} does not exist; create it or give another path"
+        return (
+            f"--port-file {a.port_file}: folder {a.port_file.parent} does not exist; create it or give "
+            "another path"
+        )
     return None
 
 

@@ -62,7 +62,9 @@ class RepoFile:
         return self.sha256 is not None
 
     def pointer(self) -> bytes:
-        return f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\nsize {self.size}\n".encode()
+        return (
+            f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\nsize {self.size}\n"
+        ).encode()
 
     @classmethod
     def in_memory(cls, rfilename: str, data: bytes) -> RepoFile:

@@ -1,7 +1,9 @@
 """Zero-shot image<->text retrieval with an RWKV-CLIP checkpoint (R@1/5/10 both ways).
 
-    python retrieval.py --model-name RWKV_CLIP_B32 --model-weight RWKV-CLIP-B32-YFCC15M.pt --protocol original \
-        --datasets coco=data/coco/coco_test.json flickr30k=data/flickr30k/flickr30k_test.json --output-dir results
+    python retrieval.py --model-name RWKV_CLIP_B32 --model-weight RWKV-CLIP-B32-YFCC15M.pt \
+        --protocol original \
+        --datasets coco=data/coco/coco_test.json flickr30k=data/flickr30k/flickr30k_test.json \
+        --output-dir results
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ prints images per split, extraction and probe seconds, fits and seconds per fit,
 and their ratio, and writes them to --output (JSON).
 
   python -m benchmarks.linear_probe_time --model-weight demo_out/train/checkpoints/epoch_008.pt
-  python -m benchmarks.linear_probe_time --model-weight W --model-name RWKV_CLIP_B32 --datasets dtd,flowers --scale 0.1
+  python -m benchmarks.linear_probe_time --model-weight W --model-name RWKV_CLIP_B32 \
+      --datasets dtd,flowers --scale 0.1
   python -m benchmarks.linear_probe_time --solver 1281167x640x1000 --device cuda
 """
 
@@ -356,9 +357,10 @@ def solver(args: argparse.Namespace) -> int:
         after, peak = _anonymous_kb()
         size_gb = rows * dim * 4 / 1e9
         print(
-            f"[bench] solver: {rows:,} x {dim} features ({size_gb:.2f} GB, memory-mapped), {classes} classes, "
-            f"on {device}: placed in {placed_s:.1f} s; {fit.iterations} L-BFGS iterations, {fit.evaluations} "
-            f"evaluations in {fit.seconds:.1f} s ({fit.seconds / max(fit.evaluations, 1):.2f} s per evaluation)"
+            f"[bench] solver: {rows:,} x {dim} features ({size_gb:.2f} GB, memory-mapped), {classes} "
+            f"classes, on {device}: placed in {placed_s:.1f} s; {fit.iterations} L-BFGS iterations, "
+            f"{fit.evaluations} evaluations in {fit.seconds:.1f} s "
+            f"({fit.seconds / max(fit.evaluations, 1):.2f} s per evaluation)"
         )
         if device.type == "cuda":
             print(f"[bench] solver: peak GPU memory {torch.cuda.max_memory_allocated(device) / 1e9:.2f} GB")
@@ -494,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
                 ]
             )
             print(
-                f"[bench] {name}: first run {first_wall:.1f} s ({first_cpu:.1f} CPU s), from the cache {cached} s",
+                f"[bench] {name}: first run {first_wall:.1f} s ({first_cpu:.1f} CPU s), from the cache "
+                f"{cached} s",
                 flush=True,
             )
     finally:

@@ -1,19 +1,19 @@
 #!/usr/bin/env python
 """Images/s of the DALI CPU training pipeline against the PyTorch fallback, same files, same run.
 
-Both loaders read the same shards with the same number of CPU workers (DALI
-threads vs DataLoader processes), apply the training transform (random-resized
-crop, resize, flip, normalise) and pick captions. The DALI loader runs twice: as
-the CPU backend runs it (DALI decodes only each crop's window, torch resizes it) and
-as the `mixed` pipeline runs (whole-image decodes, DALI's resize), so the CPU
-pipeline's gain comes from the same run. `--stages` times each step of the transform on one thread. Each loader's first batch pays
-for its start-up and is not timed (as in dali.py); the rest of `--epochs` whole
-epochs is, epoch changes included. CPU time (this process and its reaped workers)
-is reported beside wall time, as it is the steadier figure on a machine shared
-with other jobs. `--vs-dali-py` also runs `dali.py` on the same shards with the
-same settings and prints its rate beside this one's: the two must agree.
-Without --data it writes synthetic photo-like JPEGs (YFCC-like size) to a
-temporary folder (or to --synthetic-out, kept).
+Both loaders read the same shards with the same number of CPU workers (DALI threads vs
+DataLoader processes), apply the training transform (random-resized crop, resize, flip,
+normalise) and pick captions. The DALI loader runs twice: as the CPU backend runs it
+(DALI decodes only each crop's window, torch resizes it) and as the `mixed` pipeline
+runs (whole-image decodes, DALI's resize), so the CPU pipeline's gain comes from the
+same run. `--stages` times each step of the transform on one thread. Each loader's first
+batch pays for its start-up and is not timed (as in dali.py); the rest of `--epochs`
+whole epochs is, epoch changes included. CPU time (this process and its reaped workers)
+is reported beside wall time, as it is the steadier figure on a machine shared with
+other jobs. `--vs-dali-py` also runs `dali.py` on the same shards with the same settings
+and prints its rate beside this one's: the two must agree. Without --data it writes
+synthetic photo-like JPEGs (YFCC-like size) to a temporary folder (or to
+--synthetic-out, kept).
 
   python -m benchmarks.loader                      # synthetic shards
   python -m benchmarks.loader --data /data/rec/    # your shards
@@ -392,10 +392,10 @@ def reader_report(data, cache: Path, args: argparse.Namespace) -> None:
     w = args.reader_workers
     print(
         f"median records/s beside a busy Python thread: in a thread {med[(0, True)]:,.0f} (keeps "
-        f"{np.median(kept[0]):.0%}), in {w} processes {med[(w, True)]:,.0f} (keeps {np.median(kept[w]):.0%}); "
-        f"ratio processes / thread: {med[(w, True)] / med[(0, True)]:.1f}x; alone: {med[(0, False)]:,.0f} and "
-        f"{med[(w, False)]:,.0f}; goal >= 12,000 beside it (batch {args.batch_size}, {args.reader_records} "
-        "records per run)"
+        f"{np.median(kept[0]):.0%}), in {w} processes {med[(w, True)]:,.0f} (keeps "
+        f"{np.median(kept[w]):.0%}); ratio processes / thread: {med[(w, True)] / med[(0, True)]:.1f}x; "
+        f"alone: {med[(0, False)]:,.0f} and {med[(w, False)]:,.0f}; goal >= 12,000 beside it (batch "
+        f"{args.batch_size}, {args.reader_records} records per run)"
     )
 
 
@@ -418,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--reader",
         action="store_true",
-        help="time only the record reader (no decoding), in a thread vs processes, alone and beside a busy thread",
+        help="time only the record reader (no decoding), in a thread vs processes, alone and beside a busy "
+        "thread",
     )
     p.add_argument("--reader-workers", type=int, default=2, help="reader processes for --reader (default 2)")
     p.add_argument(
@@ -493,8 +494,9 @@ def main(argv: list[str] | None = None) -> int:
             dali, full, fallback = (float(np.median(table[b])) for b in names)
             print(
                 f"median {unit}: DALI CPU {dali:.1f}, PyTorch fallback {fallback:.1f}; "
-                f"ratio DALI / fallback ({name}): {dali / fallback:.2f}x; the mixed way on the CPU (whole decodes, "
-                f"DALI's resize) {full:.1f}, {full / fallback:.2f}x (the CPU pipeline gains {dali / full:.2f}x)"
+                f"ratio DALI / fallback ({name}): {dali / fallback:.2f}x; the mixed way on the CPU (whole "
+                f"decodes, DALI's resize) {full:.1f}, {full / fallback:.2f}x (the CPU pipeline gains "
+                f"{dali / full:.2f}x)"
             )
         if cli:
             bench = float(np.median(wall["dali"]))

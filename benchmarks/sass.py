@@ -114,7 +114,8 @@ def tool(name: str) -> Path:
 
 
 def disassemble(cubin: bytes) -> tuple[list[Instruction], dict[str, int]]:
-    """(instructions, resource usage) of a one-kernel cubin: REG, SHARED, LOCAL, STACK as cuobjdump reports them."""
+    """(instructions, resource usage) of a one-kernel cubin: REG, SHARED, LOCAL, STACK as cuobjdump
+    reports them."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)

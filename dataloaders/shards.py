@@ -178,7 +178,8 @@ class ShardSet:
         return f"{shard.rec} record key {key} at byte {offset}"
 
     def span(self, record: int) -> tuple[int, int, int]:
-        """(shard number, first byte, end byte) of record `record`: up to the next record or the file's end."""
+        """(shard number, first byte, end byte) of record `record`: up to the next record or the file's
+        end."""
         shard = self.shard_of(record)
         end = int(self.offsets[record + 1]) if record + 1 < self.starts[shard + 1] else int(self.sizes[shard])
         return shard, int(self.offsets[record]), end

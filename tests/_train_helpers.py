@@ -19,7 +19,8 @@ DIM, VOCAB, SIDE = 8, 40, 4
 
 
 class ToyClip(nn.Module):
-    """Same call shape as RWKV_CLIP: (images, tokens, normalize) -> (image_emb, text_emb, exp(logit_scale))."""
+    """Same call shape as RWKV_CLIP: (images, tokens, normalize) -> (image_emb, text_emb,
+    exp(logit_scale))."""
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__()

@@ -4,9 +4,10 @@ compiled code holds, as JSON:
     python -m tests._wkv_bi_triton_compile [image|text]
 
 Triton's interpreter runs the kernels' Python, not their GPU lowering; this compiles them
-the way a launch at the B/32 training shapes of one tower (default image) would (benchmarks/kernel_static.py: Triton's
-compiler and the ptxas in its wheel) and reads registers, spills, barriers per token in the
-serial loops and the estimate off the machine code. TRITON_INTERPRET must not be set.
+the way a launch at the B/32 training shapes of one tower (default image) would
+(benchmarks/kernel_static.py: Triton's compiler and the ptxas in its wheel) and reads
+registers, spills, barriers per token in the serial loops and the estimate off the machine
+code. TRITON_INTERPRET must not be set.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """What the evaluation CLIs (zero_shot.py, retrieval.py) share: their common options (the model and
-run options embed.py takes too), loading the model, and recording each dataset's result. Their runs are src/evaluation/commands.py.
+run options embed.py takes too), loading the model, and recording each dataset's result. Their runs
+are src/evaluation/commands.py.
 
 Torch and the model code are imported only once a run starts, so that `--help` answers at once.
 """

@@ -55,7 +55,8 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 
 def listing_digest(data: ClassificationData) -> str:
-    """sha256 over the split's image sources and labels, in order (CIFAR's in-memory images by their pixels)."""
+    """sha256 over the split's image sources and labels, in order (CIFAR's in-memory images by their
+    pixels)."""
     digest = hashlib.sha256()
     for image, label in zip(data.images, data.labels):
         if isinstance(image, np.ndarray):

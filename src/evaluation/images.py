@@ -101,8 +101,8 @@ class SkippingImages(ImageDataset):
 
 @dataclass
 class Batch:
-    """Preprocessed images (one stacked float tensor), their labels and positions in the input list, and the (position, reason)
-    pairs of the items of this batch that could not be read."""
+    """Preprocessed images (one stacked float tensor), their labels and positions in the input list,
+    and the (position, reason) pairs of the items of this batch that could not be read."""
 
     images: torch.Tensor | None
     labels: torch.Tensor

@@ -530,7 +530,8 @@ def find_paper_dataset(name: str) -> PaperDataset | None:
 def read_paper_dataset(
     entry: PaperDataset, path: Path, split: str = "test"
 ) -> tuple[ClassificationData, list[str]]:
-    """One split of the dataset (the test split unless said) with the original's class names, and its templates."""
+    """One split of the dataset (the test split unless said) with the original's class names, and its
+    templates."""
     path = Path(path)
     if not path.exists():
         raise EvalDataError(f"{entry.name}: {path} does not exist")
@@ -540,7 +541,8 @@ def read_paper_dataset(
     classnames, templates = load_metadata(entry.name)
     if len(data.classnames) != entry.num_classes or len(classnames) != entry.num_classes:
         raise EvalDataError(
-            f"{entry.name}: {folder} defines {len(data.classnames)} classes, the dataset has {entry.num_classes}"
+            f"{entry.name}: {folder} defines {len(data.classnames)} classes, the dataset has "
+            f"{entry.num_classes}"
         )
     known = [label for label in data.labels if label >= 0]
     if known and not 0 <= min(known) <= max(known) < entry.num_classes:

@@ -33,9 +33,10 @@ class WeightsNotFoundError(PretrainedError):
 class WeightsMismatchError(PretrainedError):
     """Weights made for another architecture (missing, unexpected or mis-shaped tensors).
 
-    `detail` says what differs (a few tensor names; `summary` only counts them); `fits` names the config the weights do fit, if one is known (the
-    one they record, else the one shipped config of their shapes), and `recorded` whether they
-    hold their own config: a command line turns these into advice about its own flags."""
+    `detail` says what differs (a few tensor names; `summary` only counts them); `fits` names the
+    config the weights do fit, if one is known (the one they record, else the one shipped config of
+    their shapes), and `recorded` whether they hold their own config: a command line turns these
+    into advice about its own flags."""
 
     def __init__(
         self,

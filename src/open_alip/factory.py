@@ -232,7 +232,8 @@ def _is_tag(name_or_json: Any, pretrained: str | os.PathLike) -> bool:
 def _hub_repo_config(
     pretrained: str | os.PathLike | None, cache_dir: str | os.PathLike | None
 ) -> Path | None:
-    """The config file of the hub repo `pretrained` names (hf-hub:ORG/REPO or ORG/REPO/FILE), if it has one."""
+    """The config file of the hub repo `pretrained` names (hf-hub:ORG/REPO or ORG/REPO/FILE), if it
+    has one."""
     if pretrained is None or not is_hub_spec(str(pretrained)):
         return None
     repo_id, _ = parse_hub_spec(str(pretrained))
@@ -298,8 +299,8 @@ def load_config_and_weights(
     if name_or_json is None:
         if weights is None:
             raise ModelConfigError(
-                f"no model config given and no weights were given; pass a config name ({', '.join(list_models())}) "
-                "or a JSON file"
+                "no model config given and no weights were given; pass a config name "
+                f"({', '.join(list_models())}) or a JSON file"
             )
         found, model_label = _config_of_weights(weights, label, pretrained, cache_dir)
         config = resolve_config(found, **overrides)

@@ -79,8 +79,8 @@ class ClipLoss(nn.Module):
     """CLIP loss; call with *unnormalised or normalised* features and exp()'d logit scale.
 
     ``normalize=True`` L2-normalises the features first, in float32 (the trainer passes the
-    model's raw embeddings, ``model(images, tokens, normalize=False)``). ``rank``/``world_size`` default to the initialised process group, or a
-    single process when there is none.
+    model's raw embeddings, ``model(images, tokens, normalize=False)``). ``rank``/``world_size``
+    default to the initialised process group, or a single process when there is none.
     """
 
     def __init__(

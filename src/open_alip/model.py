@@ -553,7 +553,8 @@ def check_fits(
 ) -> None:
     """Raise CheckpointMismatchError unless `checkpoint` (anything load_checkpoint takes in memory)
     loads into RWKV_CLIP(config), without building it: the shapes come from a model on the meta
-    device, which allocates and initialises nothing (benchmarks/config_check.py: 61x faster than building a B/32)."""
+    device, which allocates and initialises nothing (benchmarks/config_check.py: 61x faster than
+    building a B/32)."""
     state = strip_wrapper_prefixes(_extract_state_dict(checkpoint, where))
     with torch.device("meta"), _SkipRandomInit():
         own = RWKV_CLIP(config).state_dict()

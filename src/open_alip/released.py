@@ -1,6 +1,6 @@
 """The released RWKV-CLIP weights, by open_clip-style (config, tag) pairs.
 
-    list_pretrained()                      # [("RWKV_CLIP_B16", "laion10m"), ("RWKV_CLIP_B32", "laion10m"), ...]
+    list_pretrained()  # [("RWKV_CLIP_B16", "laion10m"), ("RWKV_CLIP_B32", "laion10m"), ...]
     create_model_and_transforms("RWKV_CLIP_B32", pretrained="yfcc15m")
 
 The authors publish each model as `model_31.pt` (the last of 32 epochs) in its own hub repo

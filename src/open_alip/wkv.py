@@ -35,8 +35,8 @@ Five implementations compute the same numbers:
   fla under the interpreter.
 
 `wkv(..., impl="auto")` takes "fla" for CUDA tensors when fla imports and "chunked"
-otherwise (never "bi_triton" until a GPU measurement shows it faster); `resolve_wkv_impl` says which implementation a name means on a device, or
-why it cannot run there.
+otherwise (never "bi_triton" until a GPU measurement shows it faster); `resolve_wkv_impl` says
+which implementation a name means on a device, or why it cannot run there.
 """
 
 from __future__ import annotations
@@ -186,8 +186,9 @@ def wkv_chunked(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, chunk: in
 
     When no gradient is wanted (no input requires one, or grad mode is off) this is the
     forward-only form of `wkv_inference.py`, matmuls instead of [L, L, N] products, 6-13x faster
-    on CPU (`python -m benchmarks.inference --wkv`); otherwise the autograd form below. `chunk` fixes the chunk length (default:
-    DEFAULT_CHUNK for the autograd form, chosen from the decays for the forward-only one).
+    on CPU (`python -m benchmarks.inference --wkv`); otherwise the autograd form below. `chunk`
+    fixes the chunk length (default: DEFAULT_CHUNK for the autograd form, chosen from the decays for
+    the forward-only one).
     """
     _check(r, k, v, w, u)
     if not _needs_grad(r, k, v, w, u):

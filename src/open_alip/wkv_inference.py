@@ -51,7 +51,8 @@ STEP_FLOOR = -40.0
 
 
 def chunk_length(time: int, chunk: int) -> int:
-    """As few chunks as `chunk` allows, then as short as possible: T=196, chunk 64 -> 4 x 49, not 3 x 64 + 4."""
+    """As few chunks as `chunk` allows, then as short as possible: T=196, chunk 64 -> 4 x 49, not
+    3 x 64 + 4."""
     n_chunks = -(-time // chunk)
     return -(-time // n_chunks)
 

@@ -1,4 +1,5 @@
-"""benchmarks/loader.py: the reader's figures (--reader), and the loaders' and their stages', come out and add up."""
+"""benchmarks/loader.py: the reader's figures (--reader), and the loaders' and their stages', come out
+and add up."""
 
 from __future__ import annotations
 

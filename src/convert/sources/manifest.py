@@ -2,9 +2,9 @@
 
 Several caption columns (or a JSONL list of strings) give up to K captions per record:
 an empty or missing cell costs that caption only, a row keeps the ones that say
-something. A UTF-8 byte-order mark (Excel's "CSV UTF-8") is dropped. Relative image paths are resolved against `--image-root`
-(default: the manifest's folder) and may not escape it; absolute paths are taken as
-written, since the user wrote them.
+something. A UTF-8 byte-order mark (Excel's "CSV UTF-8") is dropped. Relative image
+paths are resolved against `--image-root` (default: the manifest's folder) and may not
+escape it; absolute paths are taken as written, since the user wrote them.
 """
 
 from __future__ import annotations
@@ -99,14 +99,16 @@ class ManifestSource(Source):
             caps = self.options.caption_columns or tuple(c for c in CAPTION_COLUMNS if c in names)[:1]
             if not image or image not in names:
                 raise InputError(
-                    f"{path}: no image column {'(' + image + ')' if image else 'among ' + ', '.join(IMAGE_COLUMNS)}"
-                    f" in header [{', '.join(names)}]; name it with --image-column"
+                    f"{path}: no image column "
+                    f"{'(' + image + ')' if image else 'among ' + ', '.join(IMAGE_COLUMNS)} in header "
+                    f"[{', '.join(names)}]; name it with --image-column"
                 )
             missing = [c for c in caps if c not in names]
             if not caps or missing:
                 raise InputError(
-                    f"{path}: caption column(s) {', '.join(missing) or 'among ' + ', '.join(CAPTION_COLUMNS)} "
-                    f"not in header [{', '.join(names)}]; name them with --caption-columns"
+                    f"{path}: caption column(s) "
+                    f"{', '.join(missing) or 'among ' + ', '.join(CAPTION_COLUMNS)} not in header "
+                    f"[{', '.join(names)}]; name them with --caption-columns"
                 )
             self._columns[key] = (image, tuple(caps))
         return self._columns[key]

@@ -5,13 +5,26 @@ protocol on CLIP_benchmark 1.6.2's dataset definitions (src/evaluation/clip_benc
 `original` and `standard` use the same datasets, splits, class names, templates, metrics and
 ranks; they differ only in what docs/evaluation.md lists as the original's quirks:
 
-| | original | standard | clip_benchmark |
-|---|---|---|---|
-| classification logits | 100 x cosine written into an int64 tensor (truncated toward zero), top-k on CPU | float | float |
-| ImageNet preprocessing | DALI: triangular resize of the shorter side to 256/224 x size, centre crop | open_clip eval transform | open_clip eval transform |
-| ImageNet zero rows | the original's 8 ranks x batch 120 leave 880 zero rows, counted with target 0 | none | none |
-| retrieval captions | "a photo of " + caption | caption | caption |
-| dataset definitions | the original's | the original's | CLIP_benchmark's |
+classification logits
+    original: 100 x cosine written into an int64 tensor (truncated toward zero), top-k on CPU
+    standard: float
+    clip_benchmark: float
+ImageNet preprocessing
+    original: DALI: triangular resize of the shorter side to 256/224 x size, centre crop
+    standard: open_clip eval transform
+    clip_benchmark: open_clip eval transform
+ImageNet zero rows
+    original: the original's 8 ranks x batch 120 leave 880 zero rows, counted with target 0
+    standard: none
+    clip_benchmark: none
+retrieval captions
+    original: "a photo of " + caption
+    standard: caption
+    clip_benchmark: caption
+dataset definitions
+    original: the original's
+    standard: the original's
+    clip_benchmark: CLIP_benchmark's
 """
 
 from __future__ import annotations

@@ -354,7 +354,8 @@ for rec in sys.argv[1:]:
     r = recordio.MXIndexedRecordIO(rec[:-4] + ".idx", rec, "r")
     for key in r.keys:
         h, payload = recordio.unpack(r.read_idx(key))
-        out.append([key, int(h.id), int(h.id2), [float(v) for v in h.label], hashlib.sha256(payload).hexdigest()])
+        digest = hashlib.sha256(payload).hexdigest()
+        out.append([key, int(h.id), int(h.id2), [float(v) for v in h.label], digest])
 print(json.dumps(out))
 """
     got = json.loads(run_oracle(mxnet_python(), code, *map(str, shards)).stdout)

@@ -52,8 +52,8 @@ use_compatible_accuracy(zc)
 out["fp32"] = zc.evaluate(model, loader, tokenizer, Tiny.classes, templates, "cpu", amp=False)
 out["amp"] = zc.evaluate(model, loader, tokenizer, Tiny.classes, templates, "cpu", amp=True)
 with torch.no_grad():
-    classifier = build_class_embeddings(model, Tiny.classes, [t.replace("{c}", "{}") for t in templates], "cpu",
-                                        tokenizer=tokenizer)
+    prompts = [t.replace("{c}", "{}") for t in templates]
+    classifier = build_class_embeddings(model, Tiny.classes, prompts, "cpu", tokenizer=tokenizer)
     features = F.normalize(model.encode_image(images), dim=-1)
 out["ours"] = classification_metrics(100.0 * features @ classifier, labels, 6)
 
@@ -64,8 +64,9 @@ class Pairs(torch.utils.data.Dataset):
     def __getitem__(self, i):
         return images[i], captions[i]
 
-pairs = torch.utils.data.DataLoader(Pairs(), batch_size=5, collate_fn=lambda b: (torch.stack([x for x, _ in b]),
-                                                                               [t for _, t in b]))
+pairs = torch.utils.data.DataLoader(
+    Pairs(), batch_size=5, collate_fn=lambda b: (torch.stack([x for x, _ in b]), [t for _, t in b])
+)
 out["retrieval"] = zr.evaluate(model, pairs, tokenizer, "cpu", amp=False, recall_k_list=[1, 5])
 with torch.no_grad():
     texts = F.normalize(model.encode_text(tokenizer([t for ts in captions for t in ts])), dim=-1)

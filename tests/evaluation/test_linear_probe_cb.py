@@ -40,7 +40,8 @@ feature_dir = os.path.join(root, "features", "model")
 os.makedirs(feature_dir)
 for split, folder in folders.items():  # our cache entries, as its own cache files
     meta = json.load(open(os.path.join(folder, "meta.json")))
-    x = np.fromfile(os.path.join(folder, "features.f32"), dtype=np.float32).reshape(meta["count"], meta["dim"])
+    x = np.fromfile(os.path.join(folder, "features.f32"), dtype=np.float32)
+    x = x.reshape(meta["count"], meta["dim"])
     y = np.fromfile(os.path.join(folder, "labels.i64"), dtype=np.int64)
     torch.save(torch.from_numpy(x), os.path.join(feature_dir, f"features_{split}.pt"))
     torch.save(torch.from_numpy(y), os.path.join(feature_dir, f"targets_{split}.pt"))
@@ -61,7 +62,8 @@ from sklearn.linear_model import LogisticRegression
 data = np.load(sys.argv[1])
 out = {}
 for lam in json.loads(sys.argv[2]):
-    clf = LogisticRegression(C=1.0 / lam, max_iter=10000, tol=1e-10).fit(data["x"].astype(np.float64), data["y"])
+    clf = LogisticRegression(C=1.0 / lam, max_iter=10000, tol=1e-10)
+    clf.fit(data["x"].astype(np.float64), data["y"])
     out[str(lam)] = {"coef": clf.coef_.tolist(), "intercept": clf.intercept_.tolist(),
                      "proba": clf.predict_proba(data["test"].astype(np.float64)).tolist()}
 print(json.dumps(out))

@@ -37,7 +37,8 @@ except OpenAlipError as exc:
     raise SystemExit(1)
 expected = load_file(sys.argv[2])
 own = model.state_dict()
-print("SAME" if own.keys() == expected.keys() and all(torch.equal(own[k], expected[k]) for k in own) else "DIFFERENT")
+same = own.keys() == expected.keys() and all(torch.equal(own[k], expected[k]) for k in own)
+print("SAME" if same else "DIFFERENT")
 """
 
 

@@ -45,6 +45,10 @@ Tensor = torch.Tensor
 
 BLOCK = 16  # tokens per program: tl.dot's smallest tile; the pairs inside a block cost more per token as it grows
 LEVELS = BLOCK.bit_length() - 1  # levels of the in-block pair hierarchy (log2 BLOCK)
+# Channels a kernel works on at a time (tl.dot's smallest side): an exact float32 product holds,
+# in each thread, its rows' share of both operands' whole reduced dimension, and 64-channel
+# operands made the dr and dk kernels spill at two warps.
+CHANNELS = 16
 # The matrix products in exact float32 (FMA). tf32 would round the decayed factors to 10 bits,
 # and tf32x3 (three tf32 products), compiled, came out slower here than FMA at these 16-row tiles.
 DOT_PRECISION = "ieee"
@@ -90,18 +94,12 @@ def _problem_for(device_type: str) -> str | None:
     return _problems[device_type]
 
 
-def split_head_size(size: int) -> tuple[int, int]:
-    """Two powers of two NA + NB >= `size`, each at least 16 (tl.dot's smallest side), that the
-    kernels tile a head with.
-
-    NA is the largest power of two below `size` and NB the smallest that covers the rest:
-    80 = 64 + 16 and 64 = 32 + 32 exactly; other sizes mask the lanes past `size`.
-    """
+def channel_chunks(size: int) -> int:
+    """Chunks of CHANNELS channels that the kernels cover a head of `size` with (the last one's
+    lanes past `size` masked): 5 for 80, 4 for 64."""
     if size < 1:
         raise ValueError(f"head size must be positive, got {size}")
-    first = 1 if size == 1 else 1 << ((size - 1).bit_length() - 1)
-    rest = max(size - first, 1)
-    return max(first, 16), max(1 << (rest - 1).bit_length(), 16)
+    return -(-size // CHANNELS)
 
 
 def blocks(time: int) -> int:
@@ -126,12 +124,12 @@ def wkv_bi_triton_op(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, w_ma
     r, k, v, w, u = (t.contiguous() for t in (r, k, v, w, u))
     y = torch.empty(r.shape, dtype=torch.float32, device=r.device)
     if batch * heads * time:  # an empty grid does not launch
-        first, rest = split_head_size(size)
         nblk = blocks(time)
         with device_guard(r):
             _kernels().wkv_bi_forward_kernel[(batch * heads * nblk,)](
                 r, k, v, w, u, y, time, nblk, w_max,
-                H=heads, N=size, NA=first, NB=rest, BLOCK=BLOCK, LEVELS=LEVELS, DOT=DOT_PRECISION, num_warps=NUM_WARPS,
+                H=heads, N=size, CW=CHANNELS, NC=channel_chunks(size), BLOCK=BLOCK, LEVELS=LEVELS, DOT=DOT_PRECISION,
+                num_warps=NUM_WARPS,
                 num_stages=STAGES,
             )  # fmt: skip
     return y
@@ -153,12 +151,12 @@ def wkv_bi_triton_backward_op(
     nblk = blocks(time)
     du_part = torch.zeros(batch * heads, nblk, size, dtype=torch.float32, device=r.device)
     if batch * heads * time:
-        first, rest = split_head_size(size)
         # Each token's two terms of the log-decay gradient, summed over the sequence by the dw kernel.
         terms = torch.empty((2, *r.shape), dtype=torch.float32, device=r.device)
         with device_guard(r):
             grid = (batch * heads * nblk,)
-            meta = dict(H=heads, N=size, NA=first, NB=rest, BLOCK=BLOCK, LEVELS=LEVELS, DOT=DOT_PRECISION, num_stages=STAGES)
+            meta = dict(H=heads, N=size, CW=CHANNELS, NC=channel_chunks(size), BLOCK=BLOCK, LEVELS=LEVELS,
+                        DOT=DOT_PRECISION, num_stages=STAGES)
             _kernels().wkv_bi_backward_dr_kernel[grid](
                 k, v, w, u, grad, r, dr, terms[0], terms[1], time, nblk, w_max, num_warps=NUM_WARPS, **meta
             )  # fmt: skip
@@ -241,9 +239,8 @@ def static_launches(batch: int, time: int, heads: int, size: int, dtype: str, w_
     of the compiled code, tokens one program walks in them). `dtype` is the Triton type of r, k, v and
     their gradients ("bf16"), `w_dtype` that of w, u and theirs."""
     k = _kernels()
-    first, rest = split_head_size(size)
     nblk = blocks(time)
-    const = {"H": heads, "N": size, "NA": first, "NB": rest, "BLOCK": BLOCK, "LEVELS": LEVELS,
+    const = {"H": heads, "N": size, "CW": CHANNELS, "NC": channel_chunks(size), "BLOCK": BLOCK, "LEVELS": LEVELS,
              "DOT": DOT_PRECISION}
     const = {name: ("constexpr", value) for name, value in const.items()}
     # u is a parameter next to w: float32 where w is (the image tower), else in r's dtype.

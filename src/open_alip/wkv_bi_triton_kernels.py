@@ -34,9 +34,15 @@ log D(s, t) = E_t + E_s with E_x the log-decays between x and m (running sums in
 segment, again of rows loaded one row shifted). One [BLOCK, BLOCK] product per level, masked
 to its pairs; every pair of distinct rows belongs to exactly one level.
 
-The head size N is held as two power-of-two parts NA + NB >= N, each at least 16 (80 = 64 + 16,
-64 = 32 + 32); lanes at or past N are masked to zero. The products are exact float32
-(input_precision "ieee"): the decayed factors are float32 values that tf32 would round.
+Channels in chunks. A head's N channels are handled CW at a time (NC = ceil(N / CW) chunks,
+lanes at or past N masked to zero), each chunk a [BLOCK, CW] tile, and a row's several chunks
+a tuple of tiles. Everything but the sums over channels (the pair weights, v . g, r u k) is
+per channel, so a kernel walks the chunks one after another (tl.static_range) and keeps live
+only the chunk it works on and its accumulators. This is for registers: an exact float32
+product (FMA) holds, in every thread, its output rows' share of the whole reduced dimension of
+both operands, so a 64-channel operand costs four times the registers of a 16-channel one.
+The products are exact float32 (input_precision "ieee"): the decayed factors are float32
+values that tf32 would round.
 
 The backward is four kernels: dr (its rows as targets), dk (as sources), dv, then dw, a running
 sum along time of per-token terms that the dr and dk kernels leave in float32 (see
@@ -62,71 +68,268 @@ _helper = (lambda fn: fn) if interpreter_requested() else triton.jit
 # helper called at the top of a kernel (before any jitted call) does not have yet.
 _sum = tl.sum.fn if interpreter_requested() else tl.sum
 _cumsum = tl.cumsum
+# What a masked load of w reads: its log-decay -exp(-inf) is -0, a decay of 1.
+_NO_DECAY = tl.constexpr(float("-inf"))
 
 
 @_helper
-def _program(T, NBLK, H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr):
+def _program(T, NBLK, H: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr):
     """This program's (batch * H + head) index, its block, the offset of the head's t = 0 row,
-    the row stride, the two parts' channel offsets and masks, and the block's rows."""
+    the row stride and the block's rows."""
     pid = tl.program_id(0)
     block = pid % NBLK
     bh = pid // NBLK
     row = H * N
     base = (bh // H).to(tl.int64) * T * row + (bh % H) * N
-    oa = tl.arange(0, NA)
-    ob = NA + tl.arange(0, NB)
-    rows = block * BLOCK + tl.arange(0, BLOCK)
-    if NA + NB == N:  # both parts full (80 = 64 + 16, 64 = 32 + 32): constant masks, folded away
-        return bh, block, base, row, oa, ob, tl.full([NA], 1, tl.int1), tl.full([NB], 1, tl.int1), rows
-    return bh, block, base, row, oa, ob, oa < N, ob < N, rows
+    return bh, block, base, row, block * BLOCK + tl.arange(0, BLOCK)
+
+
+# ------------------------------------------------------------------ tiles: a row's channels in chunks
 
 
 @_helper
-def _rows(ptr, base, row, rows, ok, oa, ob, ma, mb):
-    """Rows `rows` (where `ok`) of one head as its two channel parts, in float32. Offsets inside
-    one sequence are 32-bit (T * H * N < 2^31); `base`, the sequence's, is 64-bit."""
-    at = ptr + base
-    line = rows[:, None] * row
-    a = tl.load(at + (line + oa[None, :]), mask=ok[:, None] & ma[None, :], other=0.0).to(tl.float32)
-    b = tl.load(at + (line + ob[None, :]), mask=ok[:, None] & mb[None, :], other=0.0).to(tl.float32)
-    return a, b
+def _live(c: tl.constexpr, N: tl.constexpr, CW: tl.constexpr):
+    """Which of chunk c's CW lanes are inside the head."""
+    if (c + 1) * CW <= N:  # a full chunk (all of them at 80 and 64): a constant mask, folded away
+        return tl.full([CW], 1, tl.int1)
+    return c * CW + tl.arange(0, CW) < N
 
 
 @_helper
-def _store_rows(ptr, base, row, rows, ok, oa, ob, ma, mb, a, b):
-    at = ptr + base
-    line = rows[:, None] * row
-    tl.store(at + (line + oa[None, :]), a.to(ptr.dtype.element_ty), mask=ok[:, None] & ma[None, :])
-    tl.store(at + (line + ob[None, :]), b.to(ptr.dtype.element_ty), mask=ok[:, None] & mb[None, :])
+def _at(ptr, base, row, rows, c: tl.constexpr, CW: tl.constexpr):
+    """Addresses of chunk c of rows `rows`: the chunk's first lane as a scalar (one for the whole
+    program), plus offsets that are the same for every chunk and every input, so the compiler
+    keeps one set of them. Offsets inside one sequence are 32-bit (T * H * N < 2^31); `base`,
+    the sequence's, is 64-bit."""
+    return (ptr + (base + c * CW)) + (rows[:, None] * row + tl.arange(0, CW)[None, :])
 
 
 @_helper
-def _log_decay(w, w_max):
-    # exp(-exp(w)) is 0 in float32 beyond w_max, and so is its gradient there.
-    return -tl.exp(tl.minimum(w, w_max))
+def _tile(ptr, base, row, rows, ok, c: tl.constexpr, N: tl.constexpr, CW: tl.constexpr, other=0.0):
+    """Chunk c of rows `rows` (where `ok`) of one head, a float32 tile [rows, CW]."""
+    x = tl.load(_at(ptr, base, row, rows, c, CW), mask=ok[:, None] & _live(c, N, CW)[None, :], other=other)
+    return x.to(tl.float32)
 
 
 @_helper
-def _log_decays(w, base, row, rows, ok, oa, ob, ma, mb, w_max):
-    """The log-decays of rows `rows`, 0 where not `ok` (a decay of 1: no effect on any sum)."""
-    wa, wb = _rows(w, base, row, rows, ok, oa, ob, ma, mb)
-    la = tl.where(ok[:, None] & ma[None, :], _log_decay(wa, w_max), 0.0)
-    lb = tl.where(ok[:, None] & mb[None, :], _log_decay(wb, w_max), 0.0)
-    return la, lb
+def _tiles(ptr, base, row, rows, ok, N: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, other=0.0):
+    """Rows `rows` (where `ok`) of one head as NC tiles (`_tile`)."""
+    out = ()
+    for c in tl.static_range(NC):
+        out = out + (_tile(ptr, base, row, rows, ok, c, N, CW, other),)
+    return out
 
 
 @_helper
-def _pair_dot(xa, xb, ya, yb, DOT: tl.constexpr):
-    """[rows of x, rows of y]: sum over channels of x * y, from their two parts."""
-    out = tl.dot(xa, tl.trans(ya), input_precision=DOT)
-    return tl.dot(xb, tl.trans(yb), acc=out, input_precision=DOT)
+def _store_tile(ptr, base, row, rows, ok, c: tl.constexpr, N: tl.constexpr, CW: tl.constexpr, x):
+    tl.store(_at(ptr, base, row, rows, c, CW), x.to(ptr.dtype.element_ty), mask=ok[:, None] & _live(c, N, CW)[None, :])
 
 
 @_helper
-def _shifted(w, base, row, rows, step: tl.constexpr, first, end, oa, ob, ma, mb, w_max):
-    """The log-decays of rows `rows + step`, 0 outside [first, end) (both parts)."""
-    at = rows + step
-    return _log_decays(w, base, row, at, (at >= first) & (at < end), oa, ob, ma, mb, w_max)
+def _store_tiles(ptr, base, row, rows, ok, N: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, x):
+    for c in tl.static_range(NC):
+        _store_tile(ptr, base, row, rows, ok, c, N, CW, x[c])
+
+
+@_helper
+def _u(u, bh, H: tl.constexpr, c: tl.constexpr, N: tl.constexpr, CW: tl.constexpr):
+    """Chunk c of this head's bonus u."""
+    return tl.load(u + ((bh % H) * N + c * CW) + tl.arange(0, CW), mask=_live(c, N, CW), other=0.0).to(tl.float32)
+
+
+@_helper
+def _bonus(a, u, b, bh, H: tl.constexpr, N: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr):
+    """sum over channels of a * u * b, per row: the bonus u's weight of each token on itself."""
+    out = tl.zeros([a[0].shape[0]], dtype=tl.float32)
+    for c in tl.static_range(NC):
+        uc = _u(u, bh, H, c, N, CW)
+        out += _sum(a[c] * uc[None, :] * b[c], 1)
+    return out
+
+
+@_helper
+def _times(a, b, NC: tl.constexpr):
+    out = ()
+    for c in tl.static_range(NC):
+        out = out + (a[c] * b[c],)
+    return out
+
+
+@_helper
+def _plus(a, b, NC: tl.constexpr):
+    out = ()
+    for c in tl.static_range(NC):
+        out = out + (a[c] + b[c],)
+    return out
+
+
+@_helper
+def _exp(x, NC: tl.constexpr):
+    out = ()
+    for c in tl.static_range(NC):
+        out = out + (tl.exp(x[c]),)
+    return out
+
+
+@_helper
+def _zeros(NC: tl.constexpr, ROWS: tl.constexpr, CW: tl.constexpr):
+    out = ()
+    for _ in tl.static_range(NC):
+        out = out + (tl.zeros([ROWS, CW], dtype=tl.float32),)
+    return out
+
+
+@_helper
+def _zero_lanes(NC: tl.constexpr, CW: tl.constexpr):
+    out = ()
+    for _ in tl.static_range(NC):
+        out = out + (tl.zeros([CW], dtype=tl.float32),)
+    return out
+
+
+@_helper
+def _dot_rows(a, b, NC: tl.constexpr):
+    """sum over channels of a * b, per row."""
+    out = _sum(a[0] * b[0], 1)
+    for c in tl.static_range(1, NC):
+        out += _sum(a[c] * b[c], 1)
+    return out
+
+
+@_helper
+def _pair(a, b, NC: tl.constexpr, DOT: tl.constexpr):
+    """[rows of a, rows of b]: sum over channels of a * b, one product per chunk."""
+    out = tl.dot(a[0], tl.trans(b[0]), input_precision=DOT)
+    for c in tl.static_range(1, NC):
+        out = tl.dot(a[c], tl.trans(b[c]), acc=out, input_precision=DOT)
+    return out
+
+
+@_helper
+def _spread(pair, b, acc, NC: tl.constexpr, DOT: tl.constexpr):
+    """acc + pair @ b, tile by tile."""
+    out = ()
+    for c in tl.static_range(NC):
+        out = out + (tl.dot(pair, b[c], acc=acc[c], input_precision=DOT),)
+    return out
+
+
+# Sums along the rows of several tiles at once. Compiled, one scan or reduction of a tuple of
+# tiles crosses the program's warps once for all of them (one exchange through shared memory,
+# one barrier) where a scan per tile crosses them once per tile; its combine function takes two
+# groups of as many scalars as there are tiles, hence one function per count (head sizes up to
+# 8 chunks). Triton's interpreter runs such a combine function element by element in Python, so
+# there each tile is summed on its own, by numpy: the same sums.
+@triton.jit
+def _add1(a0, b0):
+    return a0 + b0
+
+
+@triton.jit
+def _add2(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
+def _add3(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, a2 + b2
+
+
+@triton.jit
+def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+@triton.jit
+def _add5(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4
+
+
+@triton.jit
+def _add6(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5
+
+
+@triton.jit
+def _add7(a0, a1, a2, a3, a4, a5, a6, b0, b1, b2, b3, b4, b5, b6):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6
+
+
+@triton.jit
+def _add8(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7
+
+
+MAX_CHUNKS = 8  # the combine functions above
+
+
+@triton.jit
+def _scan_all(x, NC: tl.constexpr, AXIS: tl.constexpr, REVERSE: tl.constexpr):
+    if NC == 1:
+        return tl.associative_scan(x, AXIS, _add1, reverse=REVERSE)
+    elif NC == 2:
+        return tl.associative_scan(x, AXIS, _add2, reverse=REVERSE)
+    elif NC == 3:
+        return tl.associative_scan(x, AXIS, _add3, reverse=REVERSE)
+    elif NC == 4:
+        return tl.associative_scan(x, AXIS, _add4, reverse=REVERSE)
+    elif NC == 5:
+        return tl.associative_scan(x, AXIS, _add5, reverse=REVERSE)
+    elif NC == 6:
+        return tl.associative_scan(x, AXIS, _add6, reverse=REVERSE)
+    elif NC == 7:
+        return tl.associative_scan(x, AXIS, _add7, reverse=REVERSE)
+    else:
+        return tl.associative_scan(x, AXIS, _add8, reverse=REVERSE)
+
+
+@triton.jit
+def _reduce_all(x, NC: tl.constexpr):
+    if NC == 1:
+        return tl.reduce(x, 0, _add1)
+    elif NC == 2:
+        return tl.reduce(x, 0, _add2)
+    elif NC == 3:
+        return tl.reduce(x, 0, _add3)
+    elif NC == 4:
+        return tl.reduce(x, 0, _add4)
+    elif NC == 5:
+        return tl.reduce(x, 0, _add5)
+    elif NC == 6:
+        return tl.reduce(x, 0, _add6)
+    elif NC == 7:
+        return tl.reduce(x, 0, _add7)
+    else:
+        return tl.reduce(x, 0, _add8)
+
+
+def _scan_rows_interpreted(x, NC, SEG, REVERSE):
+    return tuple(_segmented(t, SEG, REVERSE) for t in x)
+
+
+def _sum_rows_interpreted(x, NC):
+    return tuple(_sum(t, 0) for t in x)
+
+
+@triton.jit
+def _scan_rows_compiled(x, NC: tl.constexpr, SEG: tl.constexpr, REVERSE: tl.constexpr):
+    rows: tl.constexpr = x[0].shape[0]
+    cols: tl.constexpr = x[0].shape[1]
+    if SEG == rows:
+        return _scan_all(x, NC, 0, REVERSE)
+    split = ()
+    for c in tl.static_range(NC):
+        split = split + (tl.reshape(x[c], [rows // SEG, SEG, cols]),)
+    split = _scan_all(split, NC, 1, REVERSE)
+    out = ()
+    for c in tl.static_range(NC):
+        out = out + (tl.reshape(split[c], [rows, cols]),)
+    return out
+
+
+@triton.jit
+def _sum_rows_compiled(x, NC: tl.constexpr):
+    return _reduce_all(x, NC)
 
 
 @_helper
@@ -140,130 +343,252 @@ def _segmented(x, SEG: tl.constexpr, REVERSE: tl.constexpr):
     return tl.reshape(seg, [rows, cols])
 
 
-@_helper
-def _level(half: tl.constexpr, prev_a, prev_b, next_a, next_b, BLOCK: tl.constexpr):
-    """One level of the in-block hierarchy: (exp(E) by part, the level's pairs [t, s]).
+# _scan_rows(tiles, NC, SEG, REVERSE): running sums down each tile's rows (up with REVERSE),
+# restarting every SEG rows; _sum_rows(tiles, NC): each tile's column sums.
+_scan_rows = _scan_rows_interpreted if interpreter_requested() else _scan_rows_compiled
+_sum_rows = _sum_rows_interpreted if interpreter_requested() else _sum_rows_compiled
 
-    Rows fall into segments of 2 * half; a segment's middle m is its start + half. The level's
-    pairs are those of one segment on either side of m, and for them log D(s, t) = E_t + E_s
-    with E_x the log-decays between x and m: from m to before x for x >= m (a running sum of
-    the log-decays one row back, restarting at m), after x to before m for x < m (one row
-    ahead, summed upwards, restarting before m). Halving `half` from BLOCK / 2 down to 1 gives
-    every pair of distinct rows once. prev / next: the block's log-decays one row back / ahead,
-    0 across the block's edges.
-    """
-    t = tl.arange(0, BLOCK)
-    s = tl.arange(0, BLOCK)[None, :]
-    upper = (t // half) % 2 == 1
-    pairs = ((t[:, None] // (2 * half)) == (s // (2 * half))) & (upper[:, None] != ((s // half) % 2 == 1))
-    if half == 1:
-        return tl.full(prev_a.shape, 1.0, tl.float32), tl.full(prev_b.shape, 1.0, tl.float32), pairs
-    starts = (t % half != 0)[:, None]  # a row past its half-segment's first: a step back stays inside
-    ends = ((t + 1) % half != 0)[:, None]  # a row before its half-segment's last
-    ua = _segmented(tl.where(starts, prev_a, 0.0), half, False)
-    ub = _segmented(tl.where(starts, prev_b, 0.0), half, False)
-    la = _segmented(tl.where(ends, next_a, 0.0), half, True)
-    lb = _segmented(tl.where(ends, next_b, 0.0), half, True)
-    return tl.exp(tl.where(upper[:, None], ua, la)), tl.exp(tl.where(upper[:, None], ub, lb)), pairs
+
+# ------------------------------------------------------------------ decays
 
 
 @_helper
-def _sources_left(w, base, row, j0, offs, oa, ob, ma, mb, w_max, gap_a, gap_b):
-    """A block left of the program's block (rows j0 + offs, all inside the sequence): its rows,
-    which are inside the sequence, exp(log-decays after each row to the block's end + gap), and
-    gap grown by the block."""
+def _log_decay(w, w_max):
+    # exp(-exp(w)) is 0 in float32 beyond w_max, and so is its gradient there.
+    return -tl.exp(tl.minimum(w, w_max))
+
+
+@_helper
+def _decays(w, base, row, rows, ok, N: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, w_max):
+    """The log-decays of rows `rows` as tiles, -0 where not `ok` (a decay of 1: no effect on any
+    sum): masked lanes load as -inf, whose log-decay -exp(-inf) is -0."""
+    x = _tiles(w, base, row, rows, ok, N, CW, NC, _NO_DECAY)
+    out = ()
+    for c in tl.static_range(NC):
+        out = out + (_log_decay(x[c], w_max),)
+    return out
+
+
+@_helper
+def _shifted(w, base, row, rows, step: tl.constexpr, first, end, N: tl.constexpr, CW: tl.constexpr,
+             NC: tl.constexpr, w_max):
+    """The log-decays of rows `rows + step`, 0 outside [first, end)."""
+    at = rows + step
+    return _decays(w, base, row, at, (at >= first) & (at < end), N, CW, NC, w_max)
+
+
+@_helper
+def _edge(w, base, row, rows, first, end, step: tl.constexpr, N: tl.constexpr, CW: tl.constexpr,
+          NC: tl.constexpr, w_max):
+    """exp of the log-decays from the block's start to before each row (step -1), or from after
+    each row to the block's end (step 1): this block's rows' factors against other blocks."""
+    x = _shifted(w, base, row, rows, step, first, end, N, CW, NC, w_max)
+    return _exp(_scan_rows(x, NC, rows.shape[0], step == 1), NC)
+
+
+@_helper
+def _left(w, base, row, j0, offs, N: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, w_max, gap):
+    """A block left of the program's block (rows j0 + offs, all inside the sequence): exp(log-decays
+    after each row to the block's end + gap), and gap grown by the block."""
     src = j0 + offs
-    fa, fb = _shifted(w, base, row, src, 1, j0, j0 + offs.shape[0], oa, ob, ma, mb, w_max)
-    fa = tl.exp(_cumsum(fa, 0, reverse=True) + gap_a[None, :])
-    fb = tl.exp(_cumsum(fb, 0, reverse=True) + gap_b[None, :])
-    la, lb = _log_decays(w, base, row, src, src >= 0, oa, ob, ma, mb, w_max)
-    return src, src >= 0, fa, fb, gap_a + _sum(la, 0), gap_b + _sum(lb, 0)
+    after = _scan_rows(_shifted(w, base, row, src, 1, j0, j0 + offs.shape[0], N, CW, NC, w_max), NC,
+                       offs.shape[0], True)
+    f = ()
+    for c in tl.static_range(NC):
+        f = f + (tl.exp(after[c] + gap[c][None, :]),)
+    grown = _sum_rows(_decays(w, base, row, src, src >= 0, N, CW, NC, w_max), NC)
+    return f, _plus(gap, grown, NC)
 
 
 @_helper
-def _sources_right(w, base, row, j0, offs, T, oa, ob, ma, mb, w_max, gap_a, gap_b):
-    """A block right of the program's block: its rows, which are inside the sequence,
+def _right(w, base, row, j0, offs, T, N: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, w_max, gap):
+    """A block right of the program's block (rows j0 + offs, those < T inside the sequence):
     exp(log-decays from the block's start to before each row + gap), and gap grown by the block."""
     src = j0 + offs
     inside = src < T
-    fa, fb = _shifted(w, base, row, src, -1, j0, tl.minimum(j0 + offs.shape[0], T), oa, ob, ma, mb, w_max)
-    fa = tl.exp(_cumsum(fa, 0) + gap_a[None, :])
-    fb = tl.exp(_cumsum(fb, 0) + gap_b[None, :])
-    la, lb = _log_decays(w, base, row, src, inside, oa, ob, ma, mb, w_max)
-    return src, inside, fa, fb, gap_a + _sum(la, 0), gap_b + _sum(lb, 0)
+    before = _scan_rows(_shifted(w, base, row, src, -1, j0, tl.minimum(j0 + offs.shape[0], T), N, CW, NC, w_max),
+                        NC, offs.shape[0], False)
+    f = ()
+    for c in tl.static_range(NC):
+        f = f + (tl.exp(before[c] + gap[c][None, :]),)
+    grown = _sum_rows(_decays(w, base, row, src, inside, N, CW, NC, w_max), NC)
+    return f, _plus(gap, grown, NC)
 
 
 @_helper
-def _edges(w, base, row, rows, first, end, oa, ob, ma, mb, w_max):
-    """exp of the log-decays from the block's start to before each row, and from after each row
-    to the block's end (the factors of this block's rows against other blocks)."""
-    pa, pb = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
-    na, nb = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
-    return (tl.exp(_cumsum(pa, 0)), tl.exp(_cumsum(pb, 0)),
-            tl.exp(_cumsum(na, 0, reverse=True)), tl.exp(_cumsum(nb, 0, reverse=True)))
+def _after(w, base, row, j0, offs, N: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, w_max):
+    """exp(log-decays after each row to the end of the block at j0), a block left of the program's."""
+    x = _shifted(w, base, row, j0 + offs, 1, j0, j0 + offs.shape[0], N, CW, NC, w_max)
+    return _exp(_scan_rows(x, NC, offs.shape[0], True), NC)
+
+
+@_helper
+def _before(w, base, row, j0, offs, T, N: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, w_max):
+    """exp(log-decays from the start of the block at j0 to before each row), a block right of the
+    program's."""
+    x = _shifted(w, base, row, j0 + offs, -1, j0, tl.minimum(j0 + offs.shape[0], T), N, CW, NC, w_max)
+    return _exp(_scan_rows(x, NC, offs.shape[0], False), NC)
+
+
+@_helper
+def _through(w, base, row, src, ok, N: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, w_max):
+    """exp of each channel's log-decays summed over rows `src` (where `ok`): the decay through a block."""
+    return _exp(_sum_rows(_decays(w, base, row, src, ok, N, CW, NC, w_max), NC), NC)
+
+
+@_helper
+def _decayed(acc, through, NC: tl.constexpr):
+    out = ()
+    for c in tl.static_range(NC):
+        out = out + (acc[c] * through[c][None, :],)
+    return out
+
+
+# ------------------------------------------------------------------ the pairs inside a block
+
+
+@_helper
+def _level_pairs(half: tl.constexpr, BLOCK: tl.constexpr):
+    """The pairs of one level of the in-block hierarchy, a symmetric [BLOCK, BLOCK] mask.
+
+    Rows fall into segments of 2 * half; a segment's middle m is its start + half. The level's
+    pairs are those of one segment on either side of m. Halving `half` from BLOCK / 2 down to 1
+    gives every pair of distinct rows once.
+    """
+    t = tl.arange(0, BLOCK)[:, None]
+    s = tl.arange(0, BLOCK)[None, :]
+    return ((t // (2 * half)) == (s // (2 * half))) & (((t // half) % 2 == 1) != ((s // half) % 2 == 1))
+
+
+@_helper
+def _level_factor(half: tl.constexpr, w, base, row, rows, first, end, c: tl.constexpr, N: tl.constexpr,
+                  CW: tl.constexpr, w_max):
+    """exp(E) of chunk c of the block's rows at one level: for the level's pairs log D(s, t) =
+    E_t + E_s with E_x the log-decays between x and the middle m of x's segment: from m to before
+    x for x >= m (a running sum of the log-decays one row back, restarting at m), after x to
+    before m for x < m (one row ahead, summed upwards, restarting before m).
+
+    Chunk by chunk, and the shifted log-decays read for each level with its masks (zero where a
+    step back or ahead leaves the half-segment): held across chunks and levels they would take
+    as many registers as the kernels' accumulators. The running sums stay inside half a block,
+    which one warp holds: no barrier.
+    """
+    BLOCK: tl.constexpr = rows.shape[0]
+    if half == 1:  # pairs of neighbours: nothing between them
+        return tl.full([BLOCK, CW], 1.0, tl.float32)
+    t = tl.arange(0, BLOCK)
+    at = rows - 1
+    up = _tile(w, base, row, at, (at >= first) & (at < end) & (t % half != 0), c, N, CW, _NO_DECAY)
+    at = rows + 1
+    down = _tile(w, base, row, at, (at >= first) & (at < end) & ((t + 1) % half != 0), c, N, CW, _NO_DECAY)
+    up = _segmented(_log_decay(up, w_max), half, False)
+    down = _segmented(_log_decay(down, w_max), half, True)
+    return tl.exp(tl.where(((t // half) % 2 == 1)[:, None], up, down))
+
+
+@_helper
+def _own_pair_weights(ap, bp, w, base, row, rows, ok, first, end, N: tl.constexpr, CW: tl.constexpr,
+                      NC: tl.constexpr, w_max, LEVELS: tl.constexpr, DOT: tl.constexpr):
+    """[rows, rows]: sum over channels of a_x D(x, y) b_y for the block's distinct rows x, y
+    (a, b its rows of `ap` and `bp`), level by level, each level's product masked to its pairs."""
+    BLOCK: tl.constexpr = rows.shape[0]
+    out = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+    for level in tl.static_range(LEVELS):
+        weights = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+        for c in tl.static_range(NC):
+            e = _level_factor(BLOCK >> (level + 1), w, base, row, rows, first, end, c, N, CW, w_max)
+            a = _tile(ap, base, row, rows, ok, c, N, CW) * e
+            b = _tile(bp, base, row, rows, ok, c, N, CW) * e
+            weights = tl.dot(a, tl.trans(b), acc=weights, input_precision=DOT)
+        out += tl.where(_level_pairs(BLOCK >> (level + 1), BLOCK), weights, 0.0)
+    return out
+
+
+if interpreter_requested():
+    def _opaque(x):
+        return x
+else:
+    @triton.jit
+    def _opaque(x):
+        """x, through a copy the compiler may not merge with another: a value derived from it is
+        computed again where it is used instead of once and held (in registers) in between."""
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=False, pack=1)
+
+
+@_helper
+def _own_sides(d, x, w, base, row, rows, first, end, c: tl.constexpr, N: tl.constexpr, CW: tl.constexpr, w_max,
+               below, above, LEVELS: tl.constexpr, DOT: tl.constexpr):
+    """Chunk c: below + sum over the block's rows y < row of d[row, y] D(row, y) x_y, and above +
+    the same over y > row, level by level (x: the block's tile c of some input).
+
+    At every level a row's partners are all on one side of it: the other half of its segment,
+    below it for a row in the upper half. So each level is one product, its rows added to
+    `below` or to `above` by their half.
+    """
+    BLOCK: tl.constexpr = rows.shape[0]
+    offs = tl.arange(0, BLOCK)
+    for level in tl.static_range(LEVELS):
+        tl.debug_barrier()
+        e = _level_factor(BLOCK >> (level + 1), w, base, row, rows, first, end, c, N, CW, w_max)
+        pairs = tl.where(_level_pairs(BLOCK >> (level + 1), BLOCK), _opaque(d), 0.0)
+        q = e * tl.dot(pairs, x * e, input_precision=DOT)
+        upper = ((offs // (BLOCK >> (level + 1))) % 2 == 1)[:, None]
+        below += tl.where(upper, q, 0.0)
+        above += tl.where(upper, 0.0, q)
+    return below, above
+
+
+# ------------------------------------------------------------------ the kernels
 
 
 @triton.jit
 def wkv_bi_forward_kernel(
     r, k, v, w, u, y,  # r, k, v, w: [B, T, H*N] in any float dtype; u: [H, N]; y: [B, T, H*N] float32
     T, NBLK, w_max,
-    H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+    H: tl.constexpr, N: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, BLOCK: tl.constexpr,
     LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    bh, i, base, row, oa, ob, ma, mb, rows = _program(T, NBLK, H, N, NA, NB, BLOCK)
+    bh, i, base, row, rows = _program(T, NBLK, H, N, BLOCK)
     first = i * BLOCK
     end = tl.minimum(first + BLOCK, T)
     ok = rows < T
     offs = tl.arange(0, BLOCK)
-    pa, pb, sa, sb = _edges(w, base, row, rows, first, end, oa, ob, ma, mb, w_max)
-    ya = tl.zeros([BLOCK, NA], dtype=tl.float32)
-    yb = tl.zeros([BLOCK, NB], dtype=tl.float32)
+    acc = _zeros(NC, BLOCK, CW)
 
     # Sources left of the block: log D = (after s, to its block's end) + gap + (block start to before t).
     # The pair weights come out as [s, t], the block's own rows the loop-invariant second operand:
     # Triton keeps that in shared memory and loads its operand layout in each step, where as the
-    # first operand each thread would hold its rows' 64 channels across the loop.
-    ra, rb = _rows(r, base, row, rows, ok, oa, ob, ma, mb)
-    xa, xb = ra * pa, rb * pb
-    gap_a = tl.zeros([NA], dtype=tl.float32)  # the log-decays of the blocks in between
-    gap_b = tl.zeros([NB], dtype=tl.float32)
+    # first operand each thread would hold its rows' channels across the loop.
+    x = _times(_tiles(r, base, row, rows, ok, N, CW, NC), _edge(w, base, row, rows, first, end, -1, N, CW, NC, w_max), NC)
+    gap = _zero_lanes(NC, CW)  # the log-decays of the blocks in between
     for back in range(0, i):
-        src, inside, fa, fb, gap_a, gap_b = _sources_left(w, base, row, (i - 1 - back) * BLOCK, offs,
-                                                          oa, ob, ma, mb, w_max, gap_a, gap_b)
-        oka, okb = _rows(k, base, row, src, inside, oa, ob, ma, mb)
-        ova, ovb = _rows(v, base, row, src, inside, oa, ob, ma, mb)
-        pair = tl.trans(_pair_dot(oka * fa, okb * fb, xa, xb, DOT))
-        ya = tl.dot(pair, ova, acc=ya, input_precision=DOT)
-        yb = tl.dot(pair, ovb, acc=yb, input_precision=DOT)
+        j0 = (i - 1 - back) * BLOCK
+        src = j0 + offs
+        f, gap = _left(w, base, row, j0, offs, N, CW, NC, w_max, gap)
+        pair = tl.trans(_pair(_times(_tiles(k, base, row, src, src >= 0, N, CW, NC), f, NC), x, NC, DOT))
+        acc = _spread(pair, _tiles(v, base, row, src, src >= 0, N, CW, NC), acc, NC, DOT)
 
     # Sources right of the block: log D = (after t, to the block's end) + gap + (its block start to before s).
-    xa, xb = ra * sa, rb * sb
-    gap_a = tl.zeros([NA], dtype=tl.float32)
-    gap_b = tl.zeros([NB], dtype=tl.float32)
+    x = _times(_tiles(r, base, row, rows, ok, N, CW, NC), _edge(w, base, row, rows, first, end, 1, N, CW, NC, w_max), NC)
+    gap = _zero_lanes(NC, CW)
     for j in range(i + 1, NBLK):
-        src, inside, fa, fb, gap_a, gap_b = _sources_right(w, base, row, j * BLOCK, offs, T,
-                                                           oa, ob, ma, mb, w_max, gap_a, gap_b)
-        oka, okb = _rows(k, base, row, src, inside, oa, ob, ma, mb)
-        ova, ovb = _rows(v, base, row, src, inside, oa, ob, ma, mb)
-        pair = tl.trans(_pair_dot(oka * fa, okb * fb, xa, xb, DOT))
-        ya = tl.dot(pair, ova, acc=ya, input_precision=DOT)
-        yb = tl.dot(pair, ovb, acc=yb, input_precision=DOT)
+        src = j * BLOCK + offs
+        inside = src < T
+        f, gap = _right(w, base, row, j * BLOCK, offs, T, N, CW, NC, w_max, gap)
+        pair = tl.trans(_pair(_times(_tiles(k, base, row, src, inside, N, CW, NC), f, NC), x, NC, DOT))
+        acc = _spread(pair, _tiles(v, base, row, src, inside, N, CW, NC), acc, NC, DOT)
 
-    # Pairs inside the block, level by level, and the bonus u on the token itself.
-    ka, kb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
-    va, vb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
-    prev_a, prev_b = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
-    next_a, next_b = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
-    pair = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
-    for level in tl.static_range(LEVELS):
-        ea, eb, pairs = _level(BLOCK >> (level + 1), prev_a, prev_b, next_a, next_b, BLOCK)
-        pair += tl.where(pairs, _pair_dot(ra * ea, rb * eb, ka * ea, kb * eb, DOT), 0.0)
-    ya = tl.dot(pair, va, acc=ya, input_precision=DOT)
-    yb = tl.dot(pair, vb, acc=yb, input_precision=DOT)
-    ua = tl.load(u + (bh % H) * N + oa, mask=ma, other=0.0).to(tl.float32)
-    ub = tl.load(u + (bh % H) * N + ob, mask=mb, other=0.0).to(tl.float32)
-    ruk = _sum(ra * ua[None, :] * ka, 1) + _sum(rb * ub[None, :] * kb, 1)
-    _store_rows(y, base, row, rows, ok, oa, ob, ma, mb, ya + ruk[:, None] * va, yb + ruk[:, None] * vb)
+    # Pairs inside the block, and the bonus u on the token itself.
+    pair = _own_pair_weights(r, k, w, base, row, rows, ok, first, end, N, CW, NC, w_max, LEVELS, DOT)
+    rt = _tiles(r, base, row, rows, ok, N, CW, NC)
+    kt = _tiles(k, base, row, rows, ok, N, CW, NC)
+    ruk = _bonus(rt, u, kt, bh, H, N, CW, NC)
+    vt = _tiles(v, base, row, rows, ok, N, CW, NC)
+    acc = _spread(pair, vt, acc, NC, DOT)
+    out = ()
+    for c in tl.static_range(NC):
+        out = out + (acc[c] + ruk[:, None] * vt[c],)
+    _store_tiles(y, base, row, rows, ok, N, CW, NC, out)
 
 
 @triton.jit
@@ -272,73 +597,61 @@ def wkv_bi_backward_dr_kernel(
     r, dr,  # r and its gradient (r's dtype)
     xs, ys,  # [B, T, H*N] float32: the terms r drR and r drL of the log-decay gradient
     T, NBLK, w_max,
-    H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+    H: tl.constexpr, N: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, BLOCK: tl.constexpr,
     LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """dr of one block, its rows as targets (the math: `wkv_bi_backward_dk_kernel`)."""
-    bh, i, base, row, oa, ob, ma, mb, rows = _program(T, NBLK, H, N, NA, NB, BLOCK)
+    bh, i, base, row, rows = _program(T, NBLK, H, N, BLOCK)
     first = i * BLOCK
     end = tl.minimum(first + BLOCK, T)
     ok = rows < T
     offs = tl.arange(0, BLOCK)
 
+    # The block's own g, the loop-invariant operand below; dA[t, s] = g_t . v_s of the block's
+    # own pairs and v_t . g_t for the bonus, taken first so the loops leave only accumulators live.
+    gt = _tiles(gy, base, row, rows, ok, N, CW, NC)
+
     # Sources in the other blocks: dr_t = e^{in-block sum to t} * sum_s dA[t, s] k_s e^{...}, with
     # dA = g v^T taken as [s, t] (this block's g the loop-invariant second operand; see the forward).
-    ga, gb = _rows(gy, base, row, rows, ok, oa, ob, ma, mb)
-    acc_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
-    gap_a = tl.zeros([NA], dtype=tl.float32)
-    gap_b = tl.zeros([NB], dtype=tl.float32)
-    for back in range(0, i):
-        src, inside, fa, fb, gap_a, gap_b = _sources_left(w, base, row, (i - 1 - back) * BLOCK, offs,
-                                                          oa, ob, ma, mb, w_max, gap_a, gap_b)
-        ova, ovb = _rows(v, base, row, src, inside, oa, ob, ma, mb)
-        oka, okb = _rows(k, base, row, src, inside, oa, ob, ma, mb)
-        d_in = tl.trans(_pair_dot(ova, ovb, ga, gb, DOT))  # dA[t in block, s in j]
-        acc_a = tl.dot(d_in, oka * fa, acc=acc_a, input_precision=DOT)
-        acc_b = tl.dot(d_in, okb * fb, acc=acc_b, input_precision=DOT)
-    left_a, left_b = acc_a, acc_b
-    acc_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
-    gap_a = tl.zeros([NA], dtype=tl.float32)
-    gap_b = tl.zeros([NB], dtype=tl.float32)
-    for j in range(i + 1, NBLK):
-        src, inside, fa, fb, gap_a, gap_b = _sources_right(w, base, row, j * BLOCK, offs, T,
-                                                           oa, ob, ma, mb, w_max, gap_a, gap_b)
-        ova, ovb = _rows(v, base, row, src, inside, oa, ob, ma, mb)
-        oka, okb = _rows(k, base, row, src, inside, oa, ob, ma, mb)
-        d_in = tl.trans(_pair_dot(ova, ovb, ga, gb, DOT))
-        acc_a = tl.dot(d_in, oka * fa, acc=acc_a, input_precision=DOT)
-        acc_b = tl.dot(d_in, okb * fb, acc=acc_b, input_precision=DOT)
-    pa, pb, sa, sb = _edges(w, base, row, rows, first, end, oa, ob, ma, mb, w_max)
-    drl_a, drl_b = left_a * pa, left_b * pb
-    drr_a, drr_b = acc_a * sa, acc_b * sb
+    # The blocks are walked from the farthest in: the sum so far is decayed through each block it
+    # passes (a factor per channel, which the products leave alone), so no sum of the log-decays
+    # between is carried along.
+    left = _zeros(NC, BLOCK, CW)
+    for j in range(0, i):
+        src = j * BLOCK + offs
+        d_in = tl.trans(_pair(_tiles(v, base, row, src, src >= 0, N, CW, NC), gt, NC, DOT))  # dA[t in block, s in j]
+        left = _decayed(left, _through(w, base, row, src, src >= 0, N, CW, NC, w_max), NC)
+        ks = _times(_tiles(k, base, row, src, src >= 0, N, CW, NC), _after(w, base, row, j * BLOCK, offs, N, CW, NC, w_max), NC)
+        left = _spread(d_in, ks, left, NC, DOT)
+    right = _zeros(NC, BLOCK, CW)
+    for back in range(0, NBLK - 1 - i):
+        j0 = (NBLK - 1 - back) * BLOCK
+        src = j0 + offs
+        inside = src < T
+        d_in = tl.trans(_pair(_tiles(v, base, row, src, inside, N, CW, NC), gt, NC, DOT))
+        right = _decayed(right, _through(w, base, row, src, inside, N, CW, NC, w_max), NC)
+        ks = _times(_tiles(k, base, row, src, inside, N, CW, NC), _before(w, base, row, j0, offs, T, N, CW, NC, w_max), NC)
+        right = _spread(d_in, ks, right, NC, DOT)
 
-    # Pairs inside the block, level by level: drL from sources s < t, drR from s > t.
-    ka, kb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
-    va, vb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
-    prev_a, prev_b = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
-    next_a, next_b = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
-    d_in = _pair_dot(ga, gb, va, vb, DOT)  # dA[t, s]
-    later = offs[:, None] > offs[None, :]
-    for level in tl.static_range(LEVELS):
-        ea, eb, pairs = _level(BLOCK >> (level + 1), prev_a, prev_b, next_a, next_b, BLOCK)
-        kxa, kxb = ka * ea, kb * eb
-        left = tl.where(pairs & later, d_in, 0.0)
-        right = tl.where(pairs & ~later, d_in, 0.0)
-        drl_a += ea * tl.dot(left, kxa, input_precision=DOT)
-        drl_b += eb * tl.dot(left, kxb, input_precision=DOT)
-        drr_a += ea * tl.dot(right, kxa, input_precision=DOT)
-        drr_b += eb * tl.dot(right, kxb, input_precision=DOT)
-
-    ra, rb = _rows(r, base, row, rows, ok, oa, ob, ma, mb)
-    _store_rows(xs, base, row, rows, ok, oa, ob, ma, mb, ra * drr_a, rb * drr_b)
-    _store_rows(ys, base, row, rows, ok, oa, ob, ma, mb, ra * drl_a, rb * drl_b)
-    ua = tl.load(u + (bh % H) * N + oa, mask=ma, other=0.0).to(tl.float32)
-    ub = tl.load(u + (bh % H) * N + ob, mask=mb, other=0.0).to(tl.float32)
-    vg = _sum(va * ga, 1) + _sum(vb * gb, 1)
-    _store_rows(dr, base, row, rows, ok, oa, ob, ma, mb,
-                drl_a + drr_a + ua[None, :] * ka * vg[:, None], drl_b + drr_b + ub[None, :] * kb * vg[:, None])
+    # The other blocks' sums decayed to each row, then the pairs inside the block: drL from
+    # sources s < t, drR from s > t.
+    vt = _tiles(v, base, row, rows, ok, N, CW, NC)
+    gt = _tiles(gy, base, row, rows, ok, N, CW, NC)  # read again: held, it would take registers across the loops
+    d_own = _pair(gt, vt, NC, DOT)
+    vg = _dot_rows(vt, gt, NC)
+    drl = _times(left, _edge(w, base, row, rows, first, end, -1, N, CW, NC, w_max), NC)
+    drr = _times(right, _edge(w, base, row, rows, first, end, 1, N, CW, NC, w_max), NC)
+    # Chunk by chunk, each behind a barrier: the compiler would otherwise load the next chunks'
+    # product operands early and run out of registers.
+    for c in tl.static_range(NC):
+        tl.debug_barrier()
+        kc = _tile(k, base, row, rows, ok, c, N, CW)
+        lo, hi = _own_sides(d_own, kc, w, base, row, rows, first, end, c, N, CW, w_max, drl[c], drr[c], LEVELS, DOT)
+        rc = _tile(r, base, row, rows, ok, c, N, CW)
+        _store_tile(xs, base, row, rows, ok, c, N, CW, rc * hi)
+        _store_tile(ys, base, row, rows, ok, c, N, CW, rc * lo)
+        uc = _u(u, bh, H, c, N, CW)
+        _store_tile(dr, base, row, rows, ok, c, N, CW, lo + hi + uc[None, :] * kc * vg[:, None])
 
 
 @triton.jit
@@ -347,7 +660,7 @@ def wkv_bi_backward_dk_kernel(
     dk,  # k's gradient, in k's dtype
     xs, ys,  # [B, T, H*N] float32: the dr kernel's terms, to which k dkR and k dkL are added
     T, NBLK, w_max,
-    H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+    H: tl.constexpr, N: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, BLOCK: tl.constexpr,
     LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """dk of one block, its rows as sources, and the rest of the terms of dlogd.
@@ -368,71 +681,51 @@ def wkv_bi_backward_dk_kernel(
     leaves r drR and r drL in the float32 buffers xs and ys, this kernel adds k dkR and k dkL,
     and `wkv_bi_dw_kernel` takes the running sum over the sequence.
     """
-    bh, i, base, row, oa, ob, ma, mb, rows = _program(T, NBLK, H, N, NA, NB, BLOCK)
+    bh, i, base, row, rows = _program(T, NBLK, H, N, BLOCK)
     first = i * BLOCK
     end = tl.minimum(first + BLOCK, T)
     ok = rows < T
     offs = tl.arange(0, BLOCK)
-    pa, pb, sa, sb = _edges(w, base, row, rows, first, end, oa, ob, ma, mb, w_max)
+
+    # The block's own v, the loop-invariant operand below; dA of the block's own pairs as [s, t]
+    # and v_s . g_s for the bonus, taken first.
+    vt = _tiles(v, base, row, rows, ok, N, CW, NC)
 
     # Targets in the other blocks: dk_s = e^{in-block sum to s} * sum_t dA[t, s] r_t e^{...}, dA
     # taken as [s, t] (this block's v the loop-invariant second operand; see the forward kernel).
-    va, vb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
-    acc_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
-    gap_a = tl.zeros([NA], dtype=tl.float32)
-    gap_b = tl.zeros([NB], dtype=tl.float32)
-    for back in range(0, i):
-        src, inside, fa, fb, gap_a, gap_b = _sources_left(w, base, row, (i - 1 - back) * BLOCK, offs,
-                                                          oa, ob, ma, mb, w_max, gap_a, gap_b)
-        ora, orb = _rows(r, base, row, src, inside, oa, ob, ma, mb)
-        oga, ogb = _rows(gy, base, row, src, inside, oa, ob, ma, mb)
-        d_out = tl.trans(_pair_dot(oga, ogb, va, vb, DOT))  # dA[t in j, s in block], as [s, t]
-        acc_a = tl.dot(d_out, ora * fa, acc=acc_a, input_precision=DOT)
-        acc_b = tl.dot(d_out, orb * fb, acc=acc_b, input_precision=DOT)
-    left_a, left_b = acc_a, acc_b
-    acc_a = tl.zeros([BLOCK, NA], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK, NB], dtype=tl.float32)
-    gap_a = tl.zeros([NA], dtype=tl.float32)
-    gap_b = tl.zeros([NB], dtype=tl.float32)
-    for j in range(i + 1, NBLK):
-        src, inside, fa, fb, gap_a, gap_b = _sources_right(w, base, row, j * BLOCK, offs, T,
-                                                           oa, ob, ma, mb, w_max, gap_a, gap_b)
-        ora, orb = _rows(r, base, row, src, inside, oa, ob, ma, mb)
-        oga, ogb = _rows(gy, base, row, src, inside, oa, ob, ma, mb)
-        d_out = tl.trans(_pair_dot(oga, ogb, va, vb, DOT))
-        acc_a = tl.dot(d_out, ora * fa, acc=acc_a, input_precision=DOT)
-        acc_b = tl.dot(d_out, orb * fb, acc=acc_b, input_precision=DOT)
-    dkl_a, dkl_b = left_a * pa, left_b * pb
-    dkr_a, dkr_b = acc_a * sa, acc_b * sb
+    left = _zeros(NC, BLOCK, CW)
+    for j in range(0, i):  # from the farthest in, as in the dr kernel
+        src = j * BLOCK + offs
+        d_out = tl.trans(_pair(_tiles(gy, base, row, src, src >= 0, N, CW, NC), vt, NC, DOT))  # dA[t in j, s], as [s, t]
+        left = _decayed(left, _through(w, base, row, src, src >= 0, N, CW, NC, w_max), NC)
+        rs = _times(_tiles(r, base, row, src, src >= 0, N, CW, NC), _after(w, base, row, j * BLOCK, offs, N, CW, NC, w_max), NC)
+        left = _spread(d_out, rs, left, NC, DOT)
+    right = _zeros(NC, BLOCK, CW)
+    for back in range(0, NBLK - 1 - i):
+        j0 = (NBLK - 1 - back) * BLOCK
+        src = j0 + offs
+        inside = src < T
+        d_out = tl.trans(_pair(_tiles(gy, base, row, src, inside, N, CW, NC), vt, NC, DOT))
+        right = _decayed(right, _through(w, base, row, src, inside, N, CW, NC, w_max), NC)
+        rs = _times(_tiles(r, base, row, src, inside, N, CW, NC), _before(w, base, row, j0, offs, T, N, CW, NC, w_max), NC)
+        right = _spread(d_out, rs, right, NC, DOT)
 
-    # Pairs inside the block, level by level: dkR from targets t > s, dkL from t < s.
-    ra, rb = _rows(r, base, row, rows, ok, oa, ob, ma, mb)
-    ga, gb = _rows(gy, base, row, rows, ok, oa, ob, ma, mb)
-    prev_a, prev_b = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
-    next_a, next_b = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
-    d_in = _pair_dot(va, vb, ga, gb, DOT)  # dA[t, s] as [s, t]
-    later = offs[:, None] < offs[None, :]  # [s, t]: t > s
-    for level in tl.static_range(LEVELS):
-        ea, eb, pairs = _level(BLOCK >> (level + 1), prev_a, prev_b, next_a, next_b, BLOCK)
-        rxa, rxb = ra * ea, rb * eb
-        left = tl.where(pairs & later, d_in, 0.0)
-        right = tl.where(pairs & ~later, d_in, 0.0)
-        dkr_a += ea * tl.dot(left, rxa, input_precision=DOT)
-        dkr_b += eb * tl.dot(left, rxb, input_precision=DOT)
-        dkl_a += ea * tl.dot(right, rxa, input_precision=DOT)
-        dkl_b += eb * tl.dot(right, rxb, input_precision=DOT)
-
-    ka, kb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
-    xa, xb = _rows(xs, base, row, rows, ok, oa, ob, ma, mb)
-    _store_rows(xs, base, row, rows, ok, oa, ob, ma, mb, xa + ka * dkr_a, xb + kb * dkr_b)
-    xa, xb = _rows(ys, base, row, rows, ok, oa, ob, ma, mb)
-    _store_rows(ys, base, row, rows, ok, oa, ob, ma, mb, xa + ka * dkl_a, xb + kb * dkl_b)
-    ua = tl.load(u + (bh % H) * N + oa, mask=ma, other=0.0).to(tl.float32)
-    ub = tl.load(u + (bh % H) * N + ob, mask=mb, other=0.0).to(tl.float32)
-    vg = _sum(va * ga, 1) + _sum(vb * gb, 1)
-    _store_rows(dk, base, row, rows, ok, oa, ob, ma, mb,
-                dkl_a + dkr_a + ua[None, :] * ra * vg[:, None], dkl_b + dkr_b + ub[None, :] * rb * vg[:, None])
+    # As in the dr kernel: dkL from targets t < s, dkR from t > s.
+    gt = _tiles(gy, base, row, rows, ok, N, CW, NC)
+    vt = _tiles(v, base, row, rows, ok, N, CW, NC)  # read again: held, it would take registers across the loops
+    d_own = _pair(vt, gt, NC, DOT)
+    vg = _dot_rows(vt, gt, NC)
+    dkl = _times(left, _edge(w, base, row, rows, first, end, -1, N, CW, NC, w_max), NC)
+    dkr = _times(right, _edge(w, base, row, rows, first, end, 1, N, CW, NC, w_max), NC)
+    for c in tl.static_range(NC):  # chunk by chunk, as in the dr kernel
+        tl.debug_barrier()
+        rc = _tile(r, base, row, rows, ok, c, N, CW)
+        lo, hi = _own_sides(d_own, rc, w, base, row, rows, first, end, c, N, CW, w_max, dkl[c], dkr[c], LEVELS, DOT)
+        kc = _tile(k, base, row, rows, ok, c, N, CW)
+        _store_tile(xs, base, row, rows, ok, c, N, CW, _tile(xs, base, row, rows, ok, c, N, CW) + kc * hi)
+        _store_tile(ys, base, row, rows, ok, c, N, CW, _tile(ys, base, row, rows, ok, c, N, CW) + kc * lo)
+        uc = _u(u, bh, H, c, N, CW)
+        _store_tile(dk, base, row, rows, ok, c, N, CW, lo + hi + uc[None, :] * rc * vg[:, None])
 
 
 @triton.jit
@@ -441,67 +734,55 @@ def wkv_bi_backward_dv_kernel(
     dv,  # v's gradient, in v's dtype
     du_part,  # [B * H, NBLK, N] float32: this block's sum of the bonus gradient
     T, NBLK, w_max,
-    H: tl.constexpr, N: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+    H: tl.constexpr, N: tl.constexpr, CW: tl.constexpr, NC: tl.constexpr, BLOCK: tl.constexpr,
     LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """dv_s = sum_t A[t, s] g_t of one block, its rows as sources, and its share of du (see
     `wkv_bi_backward_dk_kernel`)."""
-    bh, i, base, row, oa, ob, ma, mb, rows = _program(T, NBLK, H, N, NA, NB, BLOCK)
+    bh, i, base, row, rows = _program(T, NBLK, H, N, BLOCK)
     first = i * BLOCK
     end = tl.minimum(first + BLOCK, T)
     ok = rows < T
     offs = tl.arange(0, BLOCK)
-    pa, pb, sa, sb = _edges(w, base, row, rows, first, end, oa, ob, ma, mb, w_max)
-    dva = tl.zeros([BLOCK, NA], dtype=tl.float32)
-    dvb = tl.zeros([BLOCK, NB], dtype=tl.float32)
+    acc = _zeros(NC, BLOCK, CW)
 
     # Targets in the other blocks, A taken as [s, t] (this block's k, decayed to the block's edge,
     # the loop-invariant second operand; see the forward kernel).
-    ka, kb = _rows(k, base, row, rows, ok, oa, ob, ma, mb)
-    kxa, kxb = ka * pa, kb * pb
-    gap_a = tl.zeros([NA], dtype=tl.float32)
-    gap_b = tl.zeros([NB], dtype=tl.float32)
+    x = _times(_tiles(k, base, row, rows, ok, N, CW, NC), _edge(w, base, row, rows, first, end, -1, N, CW, NC, w_max), NC)
+    gap = _zero_lanes(NC, CW)
     for back in range(0, i):
-        src, inside, fa, fb, gap_a, gap_b = _sources_left(w, base, row, (i - 1 - back) * BLOCK, offs,
-                                                          oa, ob, ma, mb, w_max, gap_a, gap_b)
-        ora, orb = _rows(r, base, row, src, inside, oa, ob, ma, mb)
-        oga, ogb = _rows(gy, base, row, src, inside, oa, ob, ma, mb)
-        a_out = tl.trans(_pair_dot(ora * fa, orb * fb, kxa, kxb, DOT))  # A[t in j, s in block], as [s, t]
-        dva = tl.dot(a_out, oga, acc=dva, input_precision=DOT)
-        dvb = tl.dot(a_out, ogb, acc=dvb, input_precision=DOT)
-    kxa, kxb = ka * sa, kb * sb
-    gap_a = tl.zeros([NA], dtype=tl.float32)
-    gap_b = tl.zeros([NB], dtype=tl.float32)
+        j0 = (i - 1 - back) * BLOCK
+        src = j0 + offs
+        f, gap = _left(w, base, row, j0, offs, N, CW, NC, w_max, gap)
+        a_out = tl.trans(_pair(_times(_tiles(r, base, row, src, src >= 0, N, CW, NC), f, NC), x, NC, DOT))  # A[t in j, s], as [s, t]
+        acc = _spread(a_out, _tiles(gy, base, row, src, src >= 0, N, CW, NC), acc, NC, DOT)
+    x = _times(_tiles(k, base, row, rows, ok, N, CW, NC), _edge(w, base, row, rows, first, end, 1, N, CW, NC, w_max), NC)
+    gap = _zero_lanes(NC, CW)
     for j in range(i + 1, NBLK):
-        src, inside, fa, fb, gap_a, gap_b = _sources_right(w, base, row, j * BLOCK, offs, T,
-                                                           oa, ob, ma, mb, w_max, gap_a, gap_b)
-        ora, orb = _rows(r, base, row, src, inside, oa, ob, ma, mb)
-        oga, ogb = _rows(gy, base, row, src, inside, oa, ob, ma, mb)
-        a_out = tl.trans(_pair_dot(ora * fa, orb * fb, kxa, kxb, DOT))
-        dva = tl.dot(a_out, oga, acc=dva, input_precision=DOT)
-        dvb = tl.dot(a_out, ogb, acc=dvb, input_precision=DOT)
+        src = j * BLOCK + offs
+        inside = src < T
+        f, gap = _right(w, base, row, j * BLOCK, offs, T, N, CW, NC, w_max, gap)
+        a_out = tl.trans(_pair(_times(_tiles(r, base, row, src, inside, N, CW, NC), f, NC), x, NC, DOT))
+        acc = _spread(a_out, _tiles(gy, base, row, src, inside, N, CW, NC), acc, NC, DOT)
 
-    # Pairs inside the block, level by level, then the bonus u on each token.
-    ra, rb = _rows(r, base, row, rows, ok, oa, ob, ma, mb)
-    ga, gb = _rows(gy, base, row, rows, ok, oa, ob, ma, mb)
-    prev_a, prev_b = _shifted(w, base, row, rows, -1, first, end, oa, ob, ma, mb, w_max)
-    next_a, next_b = _shifted(w, base, row, rows, 1, first, end, oa, ob, ma, mb, w_max)
-    pair = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)  # A as [s, t]
-    for level in tl.static_range(LEVELS):
-        ea, eb, pairs = _level(BLOCK >> (level + 1), prev_a, prev_b, next_a, next_b, BLOCK)
-        pair += tl.where(pairs, _pair_dot(ka * ea, kb * eb, ra * ea, rb * eb, DOT), 0.0)
-    dva = tl.dot(pair, ga, acc=dva, input_precision=DOT)
-    dvb = tl.dot(pair, gb, acc=dvb, input_precision=DOT)
-
-    va, vb = _rows(v, base, row, rows, ok, oa, ob, ma, mb)
-    ua = tl.load(u + (bh % H) * N + oa, mask=ma, other=0.0).to(tl.float32)
-    ub = tl.load(u + (bh % H) * N + ob, mask=mb, other=0.0).to(tl.float32)
-    vg = _sum(va * ga, 1) + _sum(vb * gb, 1)
-    ruk = _sum(ra * ua[None, :] * ka, 1) + _sum(rb * ub[None, :] * kb, 1)
-    _store_rows(dv, base, row, rows, ok, oa, ob, ma, mb, dva + ruk[:, None] * ga, dvb + ruk[:, None] * gb)
+    # Pairs inside the block (A as [s, t]), then the bonus u on each token.
+    pair = _own_pair_weights(k, r, w, base, row, rows, ok, first, end, N, CW, NC, w_max, LEVELS, DOT)
+    rt = _tiles(r, base, row, rows, ok, N, CW, NC)
+    kt = _tiles(k, base, row, rows, ok, N, CW, NC)
+    ruk = _bonus(rt, u, kt, bh, H, N, CW, NC)
+    gt = _tiles(gy, base, row, rows, ok, N, CW, NC)
+    vg = _dot_rows(_tiles(v, base, row, rows, ok, N, CW, NC), gt, NC)
+    acc = _spread(pair, gt, acc, NC, DOT)
+    out = ()
+    rkg = ()
+    for c in tl.static_range(NC):
+        out = out + (acc[c] + ruk[:, None] * gt[c],)
+        rkg = rkg + (rt[c] * kt[c] * vg[:, None],)
+    _store_tiles(dv, base, row, rows, ok, N, CW, NC, out)
+    du = _sum_rows(rkg, NC)
     part = du_part + (bh * NBLK + i) * N
-    tl.store(part + oa, _sum(ra * ka * vg[:, None], 0), mask=ma)
-    tl.store(part + ob, _sum(rb * kb * vg[:, None], 0), mask=mb)
+    for c in tl.static_range(NC):
+        tl.store(part + c * CW + tl.arange(0, CW), du[c], mask=_live(c, N, CW))
 
 
 @triton.jit

@@ -214,6 +214,16 @@ def _spread(pair, b, acc, NC: tl.constexpr, DOT: tl.constexpr):
     return out
 
 
+@_helper
+def _spread_apart(pair, b, acc, NC: tl.constexpr, DOT: tl.constexpr):
+    """acc + pair @ b, tile by tile, each product behind a barrier."""
+    out = ()
+    for c in tl.static_range(NC):
+        tl.debug_barrier()
+        out = out + (tl.dot(pair, b[c], acc=acc[c], input_precision=DOT),)
+    return out
+
+
 # Sums along the rows of several tiles at once. Compiled, one scan or reduction of a tuple of
 # tiles crosses the program's warps once for all of them (one exchange through shared memory,
 # one barrier) where a scan per tile crosses them once per tile; its combine function takes two
@@ -496,6 +506,7 @@ def _own_pair_weights(ap, bp, w, base, row, rows, ok, first, end, N: tl.constexp
     for level in tl.static_range(LEVELS):
         weights = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
         for c in tl.static_range(NC):
+            tl.debug_barrier()
             e = _level_factor(BLOCK >> (level + 1), w, base, row, rows, first, end, c, N, CW, w_max)
             a = _tile(ap, base, row, rows, ok, c, N, CW) * e
             b = _tile(bp, base, row, rows, ok, c, N, CW) * e
@@ -566,7 +577,7 @@ def wkv_bi_forward_kernel(
         src = j0 + offs
         f, gap = _left(w, base, row, j0, offs, N, CW, NC, w_max, gap)
         pair = tl.trans(_pair(_times(_tiles(k, base, row, src, src >= 0, N, CW, NC), f, NC), x, NC, DOT))
-        acc = _spread(pair, _tiles(v, base, row, src, src >= 0, N, CW, NC), acc, NC, DOT)
+        acc = _spread_apart(pair, _tiles(v, base, row, src, src >= 0, N, CW, NC), acc, NC, DOT)
 
     # Sources right of the block: log D = (after t, to the block's end) + gap + (its block start to before s).
     x = _times(_tiles(r, base, row, rows, ok, N, CW, NC), _edge(w, base, row, rows, first, end, 1, N, CW, NC, w_max), NC)
@@ -576,7 +587,7 @@ def wkv_bi_forward_kernel(
         inside = src < T
         f, gap = _right(w, base, row, j * BLOCK, offs, T, N, CW, NC, w_max, gap)
         pair = tl.trans(_pair(_times(_tiles(k, base, row, src, inside, N, CW, NC), f, NC), x, NC, DOT))
-        acc = _spread(pair, _tiles(v, base, row, src, inside, N, CW, NC), acc, NC, DOT)
+        acc = _spread_apart(pair, _tiles(v, base, row, src, inside, N, CW, NC), acc, NC, DOT)
 
     # Pairs inside the block, and the bonus u on the token itself.
     pair = _own_pair_weights(r, k, w, base, row, rows, ok, first, end, N, CW, NC, w_max, LEVELS, DOT)
@@ -622,7 +633,7 @@ def wkv_bi_backward_dr_kernel(
         d_in = tl.trans(_pair(_tiles(v, base, row, src, src >= 0, N, CW, NC), gt, NC, DOT))  # dA[t in block, s in j]
         left = _decayed(left, _through(w, base, row, src, src >= 0, N, CW, NC, w_max), NC)
         ks = _times(_tiles(k, base, row, src, src >= 0, N, CW, NC), _after(w, base, row, j * BLOCK, offs, N, CW, NC, w_max), NC)
-        left = _spread(d_in, ks, left, NC, DOT)
+        left = _spread_apart(d_in, ks, left, NC, DOT)
     right = _zeros(NC, BLOCK, CW)
     for back in range(0, NBLK - 1 - i):
         j0 = (NBLK - 1 - back) * BLOCK
@@ -631,7 +642,7 @@ def wkv_bi_backward_dr_kernel(
         d_in = tl.trans(_pair(_tiles(v, base, row, src, inside, N, CW, NC), gt, NC, DOT))
         right = _decayed(right, _through(w, base, row, src, inside, N, CW, NC, w_max), NC)
         ks = _times(_tiles(k, base, row, src, inside, N, CW, NC), _before(w, base, row, j0, offs, T, N, CW, NC, w_max), NC)
-        right = _spread(d_in, ks, right, NC, DOT)
+        right = _spread_apart(d_in, ks, right, NC, DOT)
 
     # The other blocks' sums decayed to each row, then the pairs inside the block: drL from
     # sources s < t, drR from s > t.
@@ -699,7 +710,7 @@ def wkv_bi_backward_dk_kernel(
         d_out = tl.trans(_pair(_tiles(gy, base, row, src, src >= 0, N, CW, NC), vt, NC, DOT))  # dA[t in j, s], as [s, t]
         left = _decayed(left, _through(w, base, row, src, src >= 0, N, CW, NC, w_max), NC)
         rs = _times(_tiles(r, base, row, src, src >= 0, N, CW, NC), _after(w, base, row, j * BLOCK, offs, N, CW, NC, w_max), NC)
-        left = _spread(d_out, rs, left, NC, DOT)
+        left = _spread_apart(d_out, rs, left, NC, DOT)
     right = _zeros(NC, BLOCK, CW)
     for back in range(0, NBLK - 1 - i):
         j0 = (NBLK - 1 - back) * BLOCK
@@ -708,7 +719,7 @@ def wkv_bi_backward_dk_kernel(
         d_out = tl.trans(_pair(_tiles(gy, base, row, src, inside, N, CW, NC), vt, NC, DOT))
         right = _decayed(right, _through(w, base, row, src, inside, N, CW, NC, w_max), NC)
         rs = _times(_tiles(r, base, row, src, inside, N, CW, NC), _before(w, base, row, j0, offs, T, N, CW, NC, w_max), NC)
-        right = _spread(d_out, rs, right, NC, DOT)
+        right = _spread_apart(d_out, rs, right, NC, DOT)
 
     # As in the dr kernel: dkL from targets t < s, dkR from t > s.
     gt = _tiles(gy, base, row, rows, ok, N, CW, NC)
@@ -755,7 +766,7 @@ def wkv_bi_backward_dv_kernel(
         src = j0 + offs
         f, gap = _left(w, base, row, j0, offs, N, CW, NC, w_max, gap)
         a_out = tl.trans(_pair(_times(_tiles(r, base, row, src, src >= 0, N, CW, NC), f, NC), x, NC, DOT))  # A[t in j, s], as [s, t]
-        acc = _spread(a_out, _tiles(gy, base, row, src, src >= 0, N, CW, NC), acc, NC, DOT)
+        acc = _spread_apart(a_out, _tiles(gy, base, row, src, src >= 0, N, CW, NC), acc, NC, DOT)
     x = _times(_tiles(k, base, row, rows, ok, N, CW, NC), _edge(w, base, row, rows, first, end, 1, N, CW, NC, w_max), NC)
     gap = _zero_lanes(NC, CW)
     for j in range(i + 1, NBLK):
@@ -763,7 +774,7 @@ def wkv_bi_backward_dv_kernel(
         inside = src < T
         f, gap = _right(w, base, row, j * BLOCK, offs, T, N, CW, NC, w_max, gap)
         a_out = tl.trans(_pair(_times(_tiles(r, base, row, src, inside, N, CW, NC), f, NC), x, NC, DOT))
-        acc = _spread(a_out, _tiles(gy, base, row, src, inside, N, CW, NC), acc, NC, DOT)
+        acc = _spread_apart(a_out, _tiles(gy, base, row, src, inside, N, CW, NC), acc, NC, DOT)
 
     # Pairs inside the block (A as [s, t]), then the bonus u on each token.
     pair = _own_pair_weights(k, r, w, base, row, rows, ok, first, end, N, CW, NC, w_max, LEVELS, DOT)

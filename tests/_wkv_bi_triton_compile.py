@@ -1,13 +1,13 @@
 """Compiles the bi_triton kernels for an H100/H200 (sm_90) without a GPU and prints what the
 compiled code holds, as JSON:
 
-    python -m tests._wkv_bi_triton_compile [image|text]
+    python -m tests._wkv_bi_triton_compile [image] [text]
 
 Triton's interpreter runs the kernels' Python, not their GPU lowering; this compiles them
-the way a launch at the B/32 training shapes of one tower (default image) would
-(benchmarks/kernel_static.py: Triton's compiler and the ptxas in its wheel) and reads
-registers, spills, barriers per token in the serial loops and the estimate off the machine
-code. TRITON_INTERPRET must not be set.
+the way a launch at the B/32 training shapes of the named towers (default both) would
+(benchmarks/kernel_static.py: Triton's compiler and the ptxas in its wheel) and reads registers,
+spills, barriers per token in the serial loops and the estimate off the machine code, by tower
+and kernel. TRITON_INTERPRET must not be set.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ def resources(
 
 
 def main() -> int:
-    wanted = sys.argv[1] if len(sys.argv) > 1 else "image"
-    report = {}
+    wanted = sys.argv[1:] or ["image", "text"]
+    report: dict[str, dict] = {}
     for tower in kernel_static.towers(512):
-        if tower.name != wanted:
+        if tower.name not in wanted:
             continue
         for launch in kernel_static.bi_triton_launches(tower):
             row = kernel_static.measure(launch).to_json()
-            report[launch.kernel] = {
+            report.setdefault(tower.name, {})[launch.kernel] = {
                 key: row[key]
                 for key in (
                     "registers",

@@ -49,11 +49,14 @@ LEVELS = BLOCK.bit_length() - 1  # levels of the in-block pair hierarchy (log2 B
 # in each thread, its rows' share of both operands' whole reduced dimension, and 64-channel
 # operands made the dr and dk kernels spill at two warps.
 CHANNELS = 16
+# Chunks a head may have: the kernels' scans over several tiles at once have combine functions
+# for up to 8 (heads of up to 128 channels).
+MAX_CHUNKS = 8
 # The matrix products in exact float32 (FMA). tf32 would round the decayed factors to 10 bits,
 # and tf32x3 (three tf32 products), compiled, came out slower here than FMA at these 16-row tiles.
 DOT_PRECISION = "ieee"
-# Two warps a program: more programs share an SM and hide each other's latency; with four the
-# 64-channel products' operands take fewer registers a thread, but only two programs fit an SM.
+# Two warps a program: more programs share an SM and hide each other's latency (5 or 6 at these
+# kernels' registers); at four the registers a thread hardly fell and only two programs fit an SM.
 NUM_WARPS = 2
 # No software pipelining: a loop step's loads are a few rows, and the pipeliner's shared-memory
 # stages cost more instructions than the latency they hide.
@@ -99,7 +102,11 @@ def channel_chunks(size: int) -> int:
     lanes past `size` masked): 5 for 80, 4 for 64."""
     if size < 1:
         raise ValueError(f"head size must be positive, got {size}")
-    return -(-size // CHANNELS)
+    chunks = -(-size // CHANNELS)
+    if chunks > MAX_CHUNKS:
+        raise ValueError(f"bi_triton takes heads of up to {MAX_CHUNKS * CHANNELS} channels, got {size}; "
+                         "use --wkv-impl fla or chunked")
+    return chunks
 
 
 def blocks(time: int) -> int:

@@ -216,7 +216,13 @@ def _spread(pair, b, acc, NC: tl.constexpr, DOT: tl.constexpr):
 
 @_helper
 def _spread_apart(pair, b, acc, NC: tl.constexpr, DOT: tl.constexpr):
-    """acc + pair @ b, tile by tile, each product behind a barrier."""
+    """acc + pair @ b, tile by tile, each product behind a barrier.
+
+    For the loops over other blocks. Unrolled without barriers, the compiler starts every
+    chunk's product at once (each thread's share of both operands of all of them live) and
+    the dr and dk kernels spilled; a barrier, which no load or shared-memory access crosses,
+    keeps one chunk's product live at a time, for one barrier per chunk and block walked
+    (about NC / BLOCK more per token walked)."""
     out = ()
     for c in tl.static_range(NC):
         tl.debug_barrier()
@@ -270,11 +276,9 @@ def _add8(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
     return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7
 
 
-MAX_CHUNKS = 8  # the combine functions above
-
-
 @triton.jit
 def _scan_all(x, NC: tl.constexpr, AXIS: tl.constexpr, REVERSE: tl.constexpr):
+    tl.static_assert(NC <= 8, "a head of more than 8 chunks (wkv_bi_triton.MAX_CHUNKS)")
     if NC == 1:
         return tl.associative_scan(x, AXIS, _add1, reverse=REVERSE)
     elif NC == 2:
@@ -506,7 +510,7 @@ def _own_pair_weights(ap, bp, w, base, row, rows, ok, first, end, N: tl.constexp
     for level in tl.static_range(LEVELS):
         weights = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
         for c in tl.static_range(NC):
-            tl.debug_barrier()
+            tl.debug_barrier()  # one chunk's product live at a time (see _spread_apart): else the forward spilled
             e = _level_factor(BLOCK >> (level + 1), w, base, row, rows, first, end, c, N, CW, w_max)
             a = _tile(ap, base, row, rows, ok, c, N, CW) * e
             b = _tile(bp, base, row, rows, ok, c, N, CW) * e

@@ -207,6 +207,7 @@ def traffic_bytes(
 
     For r, k, v, u of `itemsize` bytes and w of `w_itemsize` (the gradients have their
     input's size), y and its gradient float32. Each program reads its own block's rows once
+    (the kernels read them again, chunk by chunk and level by level, from L1: not counted again)
     and every other block's rows of the same head once (blocks - 1 times each in all):
     those re-reads are of one head's rows, a few tens of KB that the head's programs read
     while they run together, so they are mostly L2 hits, but every load is counted, so this

@@ -53,15 +53,9 @@ demo: demo-tools $(STAMP)
 test: test-tools $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The bi_triton WKV files wait for the WKV spill work (rewritten on its branch) before they are
-# formatted and wrapped; pyproject.toml's per-file-ignores keeps E501 off them until then.
-# --extend-exclude, not --exclude: the latter would replace ruff's default excludes.
-WKV_SPILL_FILES := src/open_alip/wkv_bi_triton.py src/open_alip/wkv_bi_triton_kernels.py \
-                   tests/open_alip/test_wkv_bi_triton.py
-
 lint: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m ruff format --check $(addprefix --extend-exclude ,$(WKV_SPILL_FILES)) .
+	$(PY) -m ruff format --check .
 
 clean:
 	rm -rf $(VENV) .cache $(DEMO_OUT)

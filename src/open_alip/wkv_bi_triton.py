@@ -43,7 +43,9 @@ from .triton_env import constant_under_compile, device_guard, kernel_problem
 Tensor = torch.Tensor
 
 
-BLOCK = 16  # tokens per program: tl.dot's smallest tile; the pairs inside a block cost more per token as it grows
+BLOCK = (
+    16  # tokens per program: tl.dot's smallest tile; the pairs inside a block cost more per token as it grows
+)
 LEVELS = BLOCK.bit_length() - 1  # levels of the in-block pair hierarchy (log2 BLOCK)
 # Channels a kernel works on at a time (tl.dot's smallest side): an exact float32 product holds,
 # in each thread, its rows' share of both operands' whole reduced dimension, and 64-channel
@@ -104,8 +106,10 @@ def channel_chunks(size: int) -> int:
         raise ValueError(f"head size must be positive, got {size}")
     chunks = -(-size // CHANNELS)
     if chunks > MAX_CHUNKS:
-        raise ValueError(f"bi_triton takes heads of up to {MAX_CHUNKS * CHANNELS} channels, got {size}; "
-                         "use --wkv-impl fla or chunked")
+        raise ValueError(
+            f"bi_triton takes heads of up to {MAX_CHUNKS * CHANNELS} channels, got {size}; "
+            "use --wkv-impl fla or chunked"
+        )
     return chunks
 
 
@@ -135,9 +139,8 @@ def wkv_bi_triton_op(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, w_ma
         with device_guard(r):
             _kernels().wkv_bi_forward_kernel[(batch * heads * nblk,)](
                 r, k, v, w, u, y, time, nblk, w_max,
-                H=heads, N=size, CW=CHANNELS, NC=channel_chunks(size), BLOCK=BLOCK, LEVELS=LEVELS, DOT=DOT_PRECISION,
-                num_warps=NUM_WARPS,
-                num_stages=STAGES,
+                H=heads, N=size, CW=CHANNELS, NC=channel_chunks(size), BLOCK=BLOCK, LEVELS=LEVELS,
+                DOT=DOT_PRECISION, num_warps=NUM_WARPS, num_stages=STAGES,
             )  # fmt: skip
     return y
 
@@ -162,8 +165,16 @@ def wkv_bi_triton_backward_op(
         terms = torch.empty((2, *r.shape), dtype=torch.float32, device=r.device)
         with device_guard(r):
             grid = (batch * heads * nblk,)
-            meta = dict(H=heads, N=size, CW=CHANNELS, NC=channel_chunks(size), BLOCK=BLOCK, LEVELS=LEVELS,
-                        DOT=DOT_PRECISION, num_stages=STAGES)
+            meta = dict(
+                H=heads,
+                N=size,
+                CW=CHANNELS,
+                NC=channel_chunks(size),
+                BLOCK=BLOCK,
+                LEVELS=LEVELS,
+                DOT=DOT_PRECISION,
+                num_stages=STAGES,
+            )
             _kernels().wkv_bi_backward_dr_kernel[grid](
                 k, v, w, u, grad, r, dr, terms[0], terms[1], time, nblk, w_max, num_warps=NUM_WARPS, **meta
             )  # fmt: skip
@@ -175,7 +186,8 @@ def wkv_bi_triton_backward_op(
             )  # fmt: skip
             channels = heads * size
             _kernels().wkv_bi_dw_kernel[(batch, -(-channels // DW_COLS))](
-                w, terms[0], terms[1], dw, time, channels, w_max, ROWS=DW_ROWS, COLS=DW_COLS, num_warps=DW_WARPS,
+                w, terms[0], terms[1], dw, time, channels, w_max,
+                ROWS=DW_ROWS, COLS=DW_COLS, num_warps=DW_WARPS,
             )  # fmt: skip
     # A fixed order over batch and blocks: du is the same on every run (atomics would not be).
     du = du_part.reshape(batch, heads, nblk, size).sum((0, 2))
@@ -231,7 +243,8 @@ def traffic_bytes(
         "backward/dv: own rows r k v g, w twice; other blocks r g, w twice": e * (4 + 3 * isz + 2 * wsz)
         + others * (isz + 4 + 2 * wsz),
         "backward/dv and du (per block and head, summed over batch and blocks)": e * isz
-        + 2 * 4 * per_head * blocks(time) + _cast(heads * size, isz),
+        + 2 * 4 * per_head * blocks(time)
+        + _cast(heads * size, isz),
         "backward/dw: the terms read, w read, dw written": e * (8 + 2 * wsz),
     }
 
@@ -248,31 +261,100 @@ def static_launches(batch: int, time: int, heads: int, size: int, dtype: str, w_
     their gradients ("bf16"), `w_dtype` that of w, u and theirs."""
     k = _kernels()
     nblk = blocks(time)
-    const = {"H": heads, "N": size, "CW": CHANNELS, "NC": channel_chunks(size), "BLOCK": BLOCK, "LEVELS": LEVELS,
-             "DOT": DOT_PRECISION}
+    const = {
+        "H": heads,
+        "N": size,
+        "CW": CHANNELS,
+        "NC": channel_chunks(size),
+        "BLOCK": BLOCK,
+        "LEVELS": LEVELS,
+        "DOT": DOT_PRECISION,
+    }
     const = {name: ("constexpr", value) for name, value in const.items()}
     # u is a parameter next to w: float32 where w is (the image tower), else in r's dtype.
-    inputs = {name: (f"*{dtype}", None) for name in ("r", "k", "v")} | {n: (f"*{w_dtype}", None) for n in ("w", "u")}
+    inputs = {name: (f"*{dtype}", None) for name in ("r", "k", "v")} | {
+        n: (f"*{w_dtype}", None) for n in ("w", "u")
+    }
     scalars = {"T": ("i32", time), "NBLK": ("i32", nblk), "w_max": ("fp32", 1.0)}
     forward = inputs | {"y": ("*fp32", None)} | scalars | const
     grads = {"gy": ("*fp32", None), "xs": ("*fp32", None), "ys": ("*fp32", None)}
     backward_dr = inputs | grads | {"dr": (f"*{dtype}", None)} | scalars | const
     backward_dk = inputs | grads | {"dk": (f"*{dtype}", None)} | scalars | const
-    backward_dv = inputs | {"gy": ("*fp32", None), "dv": (f"*{dtype}", None), "du_part": ("*fp32", None)} | scalars | const
+    backward_dv = (
+        inputs
+        | {"gy": ("*fp32", None), "dv": (f"*{dtype}", None), "du_part": ("*fp32", None)}
+        | scalars
+        | const
+    )
     channels = heads * size
-    dw = ({"w": (f"*{w_dtype}", None), "xs": ("*fp32", None), "ys": ("*fp32", None), "dw": (f"*{w_dtype}", None),
-           "T": ("i32", time), "C": ("i32", channels), "w_max": ("fp32", 1.0)}
-          | {"ROWS": ("constexpr", DW_ROWS), "COLS": ("constexpr", DW_COLS)})
+    dw = {
+        "w": (f"*{w_dtype}", None),
+        "xs": ("*fp32", None),
+        "ys": ("*fp32", None),
+        "dw": (f"*{w_dtype}", None),
+        "T": ("i32", time),
+        "C": ("i32", channels),
+        "w_max": ("fp32", 1.0),
+    } | {"ROWS": ("constexpr", DW_ROWS), "COLS": ("constexpr", DW_COLS)}
     programs = batch * heads * nblk
     # A program walks the other blocks: on the left in one loop, on the right in the other; on
     # average half of them each (every program walks nblk - 1 blocks in all).
     half = (nblk - 1) / 2
     walked = (nblk - 1) * BLOCK
     return [
-        ("forward", "fwd", k.wkv_bi_forward_kernel, forward, NUM_WARPS, STAGES, programs, [half, half], walked),
-        ("backward_dr", "bwd", k.wkv_bi_backward_dr_kernel, backward_dr, NUM_WARPS, STAGES, programs, [half, half], walked),
-        ("backward_dk", "bwd", k.wkv_bi_backward_dk_kernel, backward_dk, NUM_WARPS, STAGES, programs, [half, half], walked),
-        ("backward_dv", "bwd", k.wkv_bi_backward_dv_kernel, backward_dv, NUM_WARPS, STAGES, programs, [half, half], walked),
-        ("backward_dw", "bwd", k.wkv_bi_dw_kernel, dw, DW_WARPS, 3, batch * -(-channels // DW_COLS),
-         [-(-time // DW_ROWS)], time),
+        (
+            "forward",
+            "fwd",
+            k.wkv_bi_forward_kernel,
+            forward,
+            NUM_WARPS,
+            STAGES,
+            programs,
+            [half, half],
+            walked,
+        ),
+        (
+            "backward_dr",
+            "bwd",
+            k.wkv_bi_backward_dr_kernel,
+            backward_dr,
+            NUM_WARPS,
+            STAGES,
+            programs,
+            [half, half],
+            walked,
+        ),
+        (
+            "backward_dk",
+            "bwd",
+            k.wkv_bi_backward_dk_kernel,
+            backward_dk,
+            NUM_WARPS,
+            STAGES,
+            programs,
+            [half, half],
+            walked,
+        ),
+        (
+            "backward_dv",
+            "bwd",
+            k.wkv_bi_backward_dv_kernel,
+            backward_dv,
+            NUM_WARPS,
+            STAGES,
+            programs,
+            [half, half],
+            walked,
+        ),
+        (
+            "backward_dw",
+            "bwd",
+            k.wkv_bi_dw_kernel,
+            dw,
+            DW_WARPS,
+            3,
+            batch * -(-channels // DW_COLS),
+            [-(-time // DW_ROWS)],
+            time,
+        ),
     ]

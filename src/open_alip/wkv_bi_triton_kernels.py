@@ -122,7 +122,11 @@ def _tiles(ptr, base, row, rows, ok, N: tl.constexpr, CW: tl.constexpr, NC: tl.c
 
 @_helper
 def _store_tile(ptr, base, row, rows, ok, c: tl.constexpr, N: tl.constexpr, CW: tl.constexpr, x):
-    tl.store(_at(ptr, base, row, rows, c, CW), x.to(ptr.dtype.element_ty), mask=ok[:, None] & _live(c, N, CW)[None, :])
+    tl.store(
+        _at(ptr, base, row, rows, c, CW),
+        x.to(ptr.dtype.element_ty),
+        mask=ok[:, None] & _live(c, N, CW)[None, :],
+    )
 
 
 @_helper
@@ -134,7 +138,9 @@ def _store_tiles(ptr, base, row, rows, ok, N: tl.constexpr, CW: tl.constexpr, NC
 @_helper
 def _u(u, bh, H: tl.constexpr, c: tl.constexpr, N: tl.constexpr, CW: tl.constexpr):
     """Chunk c of this head's bonus u."""
-    return tl.load(u + ((bh % H) * N + c * CW) + tl.arange(0, CW), mask=_live(c, N, CW), other=0.0).to(tl.float32)
+    return tl.load(u + ((bh % H) * N + c * CW) + tl.arange(0, CW), mask=_live(c, N, CW), other=0.0).to(
+        tl.float32
+    )
 
 
 @_helper
@@ -384,16 +390,38 @@ def _decays(w, base, row, rows, ok, N: tl.constexpr, CW: tl.constexpr, NC: tl.co
 
 
 @_helper
-def _shifted(w, base, row, rows, step: tl.constexpr, first, end, N: tl.constexpr, CW: tl.constexpr,
-             NC: tl.constexpr, w_max):
+def _shifted(
+    w,
+    base,
+    row,
+    rows,
+    step: tl.constexpr,
+    first,
+    end,
+    N: tl.constexpr,
+    CW: tl.constexpr,
+    NC: tl.constexpr,
+    w_max,
+):
     """The log-decays of rows `rows + step`, 0 outside [first, end)."""
     at = rows + step
     return _decays(w, base, row, at, (at >= first) & (at < end), N, CW, NC, w_max)
 
 
 @_helper
-def _edge(w, base, row, rows, first, end, step: tl.constexpr, N: tl.constexpr, CW: tl.constexpr,
-          NC: tl.constexpr, w_max):
+def _edge(
+    w,
+    base,
+    row,
+    rows,
+    first,
+    end,
+    step: tl.constexpr,
+    N: tl.constexpr,
+    CW: tl.constexpr,
+    NC: tl.constexpr,
+    w_max,
+):
     """exp of the log-decays from the block's start to before each row (step -1), or from after
     each row to the block's end (step 1): this block's rows' factors against other blocks."""
     x = _shifted(w, base, row, rows, step, first, end, N, CW, NC, w_max)
@@ -405,8 +433,9 @@ def _left(w, base, row, j0, offs, N: tl.constexpr, CW: tl.constexpr, NC: tl.cons
     """A block left of the program's block (rows j0 + offs, all inside the sequence): exp(log-decays
     after each row to the block's end + gap), and gap grown by the block."""
     src = j0 + offs
-    after = _scan_rows(_shifted(w, base, row, src, 1, j0, j0 + offs.shape[0], N, CW, NC, w_max), NC,
-                       offs.shape[0], True)
+    after = _scan_rows(
+        _shifted(w, base, row, src, 1, j0, j0 + offs.shape[0], N, CW, NC, w_max), NC, offs.shape[0], True
+    )
     f = ()
     for c in tl.static_range(NC):
         f = f + (tl.exp(after[c] + gap[c][None, :]),)
@@ -420,8 +449,12 @@ def _right(w, base, row, j0, offs, T, N: tl.constexpr, CW: tl.constexpr, NC: tl.
     exp(log-decays from the block's start to before each row + gap), and gap grown by the block."""
     src = j0 + offs
     inside = src < T
-    before = _scan_rows(_shifted(w, base, row, src, -1, j0, tl.minimum(j0 + offs.shape[0], T), N, CW, NC, w_max),
-                        NC, offs.shape[0], False)
+    before = _scan_rows(
+        _shifted(w, base, row, src, -1, j0, tl.minimum(j0 + offs.shape[0], T), N, CW, NC, w_max),
+        NC,
+        offs.shape[0],
+        False,
+    )
     f = ()
     for c in tl.static_range(NC):
         f = f + (tl.exp(before[c] + gap[c][None, :]),)
@@ -475,8 +508,19 @@ def _level_pairs(half: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @_helper
-def _level_factor(half: tl.constexpr, w, base, row, rows, first, end, c: tl.constexpr, N: tl.constexpr,
-                  CW: tl.constexpr, w_max):
+def _level_factor(
+    half: tl.constexpr,
+    w,
+    base,
+    row,
+    rows,
+    first,
+    end,
+    c: tl.constexpr,
+    N: tl.constexpr,
+    CW: tl.constexpr,
+    w_max,
+):
     """exp(E) of chunk c of the block's rows at one level: for the level's pairs log D(s, t) =
     E_t + E_s with E_x the log-decays between x and the middle m of x's segment: from m to before
     x for x >= m (a running sum of the log-decays one row back, restarting at m), after x to
@@ -501,8 +545,23 @@ def _level_factor(half: tl.constexpr, w, base, row, rows, first, end, c: tl.cons
 
 
 @_helper
-def _own_pair_weights(ap, bp, w, base, row, rows, ok, first, end, N: tl.constexpr, CW: tl.constexpr,
-                      NC: tl.constexpr, w_max, LEVELS: tl.constexpr, DOT: tl.constexpr):
+def _own_pair_weights(
+    ap,
+    bp,
+    w,
+    base,
+    row,
+    rows,
+    ok,
+    first,
+    end,
+    N: tl.constexpr,
+    CW: tl.constexpr,
+    NC: tl.constexpr,
+    w_max,
+    LEVELS: tl.constexpr,
+    DOT: tl.constexpr,
+):
     """[rows, rows]: sum over channels of a_x D(x, y) b_y for the block's distinct rows x, y
     (a, b its rows of `ap` and `bp`), level by level, each level's product masked to its pairs."""
     BLOCK: tl.constexpr = rows.shape[0]
@@ -510,7 +569,8 @@ def _own_pair_weights(ap, bp, w, base, row, rows, ok, first, end, N: tl.constexp
     for level in tl.static_range(LEVELS):
         weights = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
         for c in tl.static_range(NC):
-            tl.debug_barrier()  # one chunk's product live at a time (see _spread_apart): else the forward spilled
+            # One chunk's product live at a time (see _spread_apart): else the forward spilled.
+            tl.debug_barrier()
             e = _level_factor(BLOCK >> (level + 1), w, base, row, rows, first, end, c, N, CW, w_max)
             a = _tile(ap, base, row, rows, ok, c, N, CW) * e
             b = _tile(bp, base, row, rows, ok, c, N, CW) * e
@@ -520,19 +580,39 @@ def _own_pair_weights(ap, bp, w, base, row, rows, ok, first, end, N: tl.constexp
 
 
 if interpreter_requested():
+
     def _opaque(x):
         return x
 else:
+
     @triton.jit
     def _opaque(x):
         """x, through a copy the compiler may not merge with another: a value derived from it is
         computed again where it is used instead of once and held (in registers) in between."""
-        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=False, pack=1)
+        return tl.inline_asm_elementwise(
+            "mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=False, pack=1
+        )
 
 
 @_helper
-def _own_sides(d, x, w, base, row, rows, first, end, c: tl.constexpr, N: tl.constexpr, CW: tl.constexpr, w_max,
-               below, above, LEVELS: tl.constexpr, DOT: tl.constexpr):
+def _own_sides(
+    d,
+    x,
+    w,
+    base,
+    row,
+    rows,
+    first,
+    end,
+    c: tl.constexpr,
+    N: tl.constexpr,
+    CW: tl.constexpr,
+    w_max,
+    below,
+    above,
+    LEVELS: tl.constexpr,
+    DOT: tl.constexpr,
+):
     """Chunk c: below + sum over the block's rows y < row of d[row, y] D(row, y) x_y, and above +
     the same over y > row, level by level (x: the block's tile c of some input).
 
@@ -574,7 +654,11 @@ def wkv_bi_forward_kernel(
     # The pair weights come out as [s, t], the block's own rows the loop-invariant second operand:
     # Triton keeps that in shared memory and loads its operand layout in each step, where as the
     # first operand each thread would hold its rows' channels across the loop.
-    x = _times(_tiles(r, base, row, rows, ok, N, CW, NC), _edge(w, base, row, rows, first, end, -1, N, CW, NC, w_max), NC)
+    x = _times(
+        _tiles(r, base, row, rows, ok, N, CW, NC),
+        _edge(w, base, row, rows, first, end, -1, N, CW, NC, w_max),
+        NC,
+    )
     gap = _zero_lanes(NC, CW)  # the log-decays of the blocks in between
     for back in range(0, i):
         j0 = (i - 1 - back) * BLOCK
@@ -584,7 +668,11 @@ def wkv_bi_forward_kernel(
         acc = _spread_apart(pair, _tiles(v, base, row, src, src >= 0, N, CW, NC), acc, NC, DOT)
 
     # Sources right of the block: log D = (after t, to the block's end) + gap + (its block start to before s).
-    x = _times(_tiles(r, base, row, rows, ok, N, CW, NC), _edge(w, base, row, rows, first, end, 1, N, CW, NC, w_max), NC)
+    x = _times(
+        _tiles(r, base, row, rows, ok, N, CW, NC),
+        _edge(w, base, row, rows, first, end, 1, N, CW, NC, w_max),
+        NC,
+    )
     gap = _zero_lanes(NC, CW)
     for j in range(i + 1, NBLK):
         src = j * BLOCK + offs
@@ -634,9 +722,15 @@ def wkv_bi_backward_dr_kernel(
     left = _zeros(NC, BLOCK, CW)
     for j in range(0, i):
         src = j * BLOCK + offs
-        d_in = tl.trans(_pair(_tiles(v, base, row, src, src >= 0, N, CW, NC), gt, NC, DOT))  # dA[t in block, s in j]
+        d_in = tl.trans(
+            _pair(_tiles(v, base, row, src, src >= 0, N, CW, NC), gt, NC, DOT)
+        )  # dA[t in block, s in j]
         left = _decayed(left, _through(w, base, row, src, src >= 0, N, CW, NC, w_max), NC)
-        ks = _times(_tiles(k, base, row, src, src >= 0, N, CW, NC), _after(w, base, row, j * BLOCK, offs, N, CW, NC, w_max), NC)
+        ks = _times(
+            _tiles(k, base, row, src, src >= 0, N, CW, NC),
+            _after(w, base, row, j * BLOCK, offs, N, CW, NC, w_max),
+            NC,
+        )
         left = _spread_apart(d_in, ks, left, NC, DOT)
     right = _zeros(NC, BLOCK, CW)
     for back in range(0, NBLK - 1 - i):
@@ -645,13 +739,19 @@ def wkv_bi_backward_dr_kernel(
         inside = src < T
         d_in = tl.trans(_pair(_tiles(v, base, row, src, inside, N, CW, NC), gt, NC, DOT))
         right = _decayed(right, _through(w, base, row, src, inside, N, CW, NC, w_max), NC)
-        ks = _times(_tiles(k, base, row, src, inside, N, CW, NC), _before(w, base, row, j0, offs, T, N, CW, NC, w_max), NC)
+        ks = _times(
+            _tiles(k, base, row, src, inside, N, CW, NC),
+            _before(w, base, row, j0, offs, T, N, CW, NC, w_max),
+            NC,
+        )
         right = _spread_apart(d_in, ks, right, NC, DOT)
 
     # The other blocks' sums decayed to each row, then the pairs inside the block: drL from
     # sources s < t, drR from s > t.
     vt = _tiles(v, base, row, rows, ok, N, CW, NC)
-    gt = _tiles(gy, base, row, rows, ok, N, CW, NC)  # read again: held, it would take registers across the loops
+    gt = _tiles(
+        gy, base, row, rows, ok, N, CW, NC
+    )  # read again: held, it would take registers across the loops
     d_own = _pair(gt, vt, NC, DOT)
     vg = _dot_rows(vt, gt, NC)
     drl = _times(left, _edge(w, base, row, rows, first, end, -1, N, CW, NC, w_max), NC)
@@ -661,7 +761,9 @@ def wkv_bi_backward_dr_kernel(
     for c in tl.static_range(NC):
         tl.debug_barrier()
         kc = _tile(k, base, row, rows, ok, c, N, CW)
-        lo, hi = _own_sides(d_own, kc, w, base, row, rows, first, end, c, N, CW, w_max, drl[c], drr[c], LEVELS, DOT)
+        lo, hi = _own_sides(
+            d_own, kc, w, base, row, rows, first, end, c, N, CW, w_max, drl[c], drr[c], LEVELS, DOT
+        )
         rc = _tile(r, base, row, rows, ok, c, N, CW)
         _store_tile(xs, base, row, rows, ok, c, N, CW, rc * hi)
         _store_tile(ys, base, row, rows, ok, c, N, CW, rc * lo)
@@ -711,9 +813,15 @@ def wkv_bi_backward_dk_kernel(
     left = _zeros(NC, BLOCK, CW)
     for j in range(0, i):  # from the farthest in, as in the dr kernel
         src = j * BLOCK + offs
-        d_out = tl.trans(_pair(_tiles(gy, base, row, src, src >= 0, N, CW, NC), vt, NC, DOT))  # dA[t in j, s], as [s, t]
+        d_out = tl.trans(
+            _pair(_tiles(gy, base, row, src, src >= 0, N, CW, NC), vt, NC, DOT)
+        )  # dA[t in j, s], as [s, t]
         left = _decayed(left, _through(w, base, row, src, src >= 0, N, CW, NC, w_max), NC)
-        rs = _times(_tiles(r, base, row, src, src >= 0, N, CW, NC), _after(w, base, row, j * BLOCK, offs, N, CW, NC, w_max), NC)
+        rs = _times(
+            _tiles(r, base, row, src, src >= 0, N, CW, NC),
+            _after(w, base, row, j * BLOCK, offs, N, CW, NC, w_max),
+            NC,
+        )
         left = _spread_apart(d_out, rs, left, NC, DOT)
     right = _zeros(NC, BLOCK, CW)
     for back in range(0, NBLK - 1 - i):
@@ -722,12 +830,18 @@ def wkv_bi_backward_dk_kernel(
         inside = src < T
         d_out = tl.trans(_pair(_tiles(gy, base, row, src, inside, N, CW, NC), vt, NC, DOT))
         right = _decayed(right, _through(w, base, row, src, inside, N, CW, NC, w_max), NC)
-        rs = _times(_tiles(r, base, row, src, inside, N, CW, NC), _before(w, base, row, j0, offs, T, N, CW, NC, w_max), NC)
+        rs = _times(
+            _tiles(r, base, row, src, inside, N, CW, NC),
+            _before(w, base, row, j0, offs, T, N, CW, NC, w_max),
+            NC,
+        )
         right = _spread_apart(d_out, rs, right, NC, DOT)
 
     # As in the dr kernel: dkL from targets t < s, dkR from t > s.
     gt = _tiles(gy, base, row, rows, ok, N, CW, NC)
-    vt = _tiles(v, base, row, rows, ok, N, CW, NC)  # read again: held, it would take registers across the loops
+    vt = _tiles(
+        v, base, row, rows, ok, N, CW, NC
+    )  # read again: held, it would take registers across the loops
     d_own = _pair(vt, gt, NC, DOT)
     vg = _dot_rows(vt, gt, NC)
     dkl = _times(left, _edge(w, base, row, rows, first, end, -1, N, CW, NC, w_max), NC)
@@ -735,7 +849,9 @@ def wkv_bi_backward_dk_kernel(
     for c in tl.static_range(NC):  # chunk by chunk, as in the dr kernel
         tl.debug_barrier()
         rc = _tile(r, base, row, rows, ok, c, N, CW)
-        lo, hi = _own_sides(d_own, rc, w, base, row, rows, first, end, c, N, CW, w_max, dkl[c], dkr[c], LEVELS, DOT)
+        lo, hi = _own_sides(
+            d_own, rc, w, base, row, rows, first, end, c, N, CW, w_max, dkl[c], dkr[c], LEVELS, DOT
+        )
         kc = _tile(k, base, row, rows, ok, c, N, CW)
         _store_tile(xs, base, row, rows, ok, c, N, CW, _tile(xs, base, row, rows, ok, c, N, CW) + kc * hi)
         _store_tile(ys, base, row, rows, ok, c, N, CW, _tile(ys, base, row, rows, ok, c, N, CW) + kc * lo)
@@ -763,15 +879,25 @@ def wkv_bi_backward_dv_kernel(
 
     # Targets in the other blocks, A taken as [s, t] (this block's k, decayed to the block's edge,
     # the loop-invariant second operand; see the forward kernel).
-    x = _times(_tiles(k, base, row, rows, ok, N, CW, NC), _edge(w, base, row, rows, first, end, -1, N, CW, NC, w_max), NC)
+    x = _times(
+        _tiles(k, base, row, rows, ok, N, CW, NC),
+        _edge(w, base, row, rows, first, end, -1, N, CW, NC, w_max),
+        NC,
+    )
     gap = _zero_lanes(NC, CW)
     for back in range(0, i):
         j0 = (i - 1 - back) * BLOCK
         src = j0 + offs
         f, gap = _left(w, base, row, j0, offs, N, CW, NC, w_max, gap)
-        a_out = tl.trans(_pair(_times(_tiles(r, base, row, src, src >= 0, N, CW, NC), f, NC), x, NC, DOT))  # A[t in j, s], as [s, t]
+        a_out = tl.trans(
+            _pair(_times(_tiles(r, base, row, src, src >= 0, N, CW, NC), f, NC), x, NC, DOT)
+        )  # A[t in j, s], as [s, t]
         acc = _spread_apart(a_out, _tiles(gy, base, row, src, src >= 0, N, CW, NC), acc, NC, DOT)
-    x = _times(_tiles(k, base, row, rows, ok, N, CW, NC), _edge(w, base, row, rows, first, end, 1, N, CW, NC, w_max), NC)
+    x = _times(
+        _tiles(k, base, row, rows, ok, N, CW, NC),
+        _edge(w, base, row, rows, first, end, 1, N, CW, NC, w_max),
+        NC,
+    )
     gap = _zero_lanes(NC, CW)
     for j in range(i + 1, NBLK):
         src = j * BLOCK + offs

@@ -86,7 +86,9 @@ def test_names_under_the_interpreter(interpreted):
 
 
 _CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-_KERNELS = {f"wkv_bi_{name}" for name in ("forward", "backward_dr", "backward_dk", "backward_dv", "backward_dw")}
+_KERNELS = {
+    f"wkv_bi_{name}" for name in ("forward", "backward_dr", "backward_dk", "backward_dv", "backward_dw")
+}
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +136,9 @@ def test_auto_keeps_fla_on_cuda_when_both_can_run(monkeypatch):
         resolve_wkv_impl("bi_triton", "cuda")
 
 
-@pytest.mark.parametrize("size,chunks", [(80, 5), (64, 4), (48, 3), (40, 3), (16, 1), (17, 2), (100, 7), (1, 1)])
+@pytest.mark.parametrize(
+    "size,chunks", [(80, 5), (64, 4), (48, 3), (40, 3), (16, 1), (17, 2), (100, 7), (1, 1)]
+)
 def test_head_sizes_are_covered_by_chunks_of_16_channels(size, chunks):
     assert bi_binding.CHANNELS == 16
     assert bi_binding.channel_chunks(size) == chunks
@@ -144,7 +148,9 @@ def test_head_sizes_outside_what_the_kernels_take_are_refused():
     with pytest.raises(ValueError, match="head size must be positive, got 0"):
         bi_binding.channel_chunks(0)
     assert bi_binding.channel_chunks(128) == bi_binding.MAX_CHUNKS
-    with pytest.raises(ValueError, match="heads of up to 128 channels, got 129; use --wkv-impl fla or chunked"):
+    with pytest.raises(
+        ValueError, match="heads of up to 128 channels, got 129; use --wkv-impl fla or chunked"
+    ):
         bi_binding.channel_chunks(129)
 
 

@@ -15,8 +15,10 @@ batch_size=${BATCH_SIZE:-256}  # images per forward pass while extracting featur
 protocol=${PROTOCOL:-paper}    # paper (L-BFGS, CLIP's sweep) or clip_benchmark
 source shell/_eval_common.sh  # the shared settings: MODEL_NAME, MODEL_WEIGHT, OUTPUT_DIR, DATA_ROOT, DEVICE, WORKERS
 
-# The paper's linear-probe datasets: its zero-shot ones without ImageNet.
-find_datasets cifar10 cifar100 food101 pets flowers sun397 stanford_car dtd caltech101 aircraft
+# The paper's linear-probe datasets (its zero-shot ones without ImageNet), as linear_probe.py has them.
+probe_names=$("$PYTHON" -c 'from src.evaluation.probe_settings import LINEAR_PROBE_DATASETS as d; print(*d)')
+# shellcheck disable=SC2086  # one word per dataset name
+find_datasets $probe_names
 
 echo "######################## Linear Probe Start ########################"
 echo "datasets: ${datasets[*]}"

@@ -118,6 +118,20 @@ def blocks(time: int) -> int:
     return max(1, -(-time // BLOCK))
 
 
+def _block_constants(heads: int, size: int) -> dict[str, object]:
+    """The compile-time constants of the blocked kernels (forward, dr, dk, dv) at `heads` heads of
+    `size` channels: what a launch passes and what `static_launches` compiles."""
+    return dict(
+        H=heads,
+        N=size,
+        CW=CHANNELS,
+        NC=channel_chunks(size),
+        BLOCK=BLOCK,
+        LEVELS=LEVELS,
+        DOT=DOT_PRECISION,
+    )
+
+
 def _launch_shape(r: Tensor, u: Tensor) -> tuple[int, int, int, int]:
     batch, time, channels = r.shape
     heads, size = u.shape
@@ -139,8 +153,7 @@ def wkv_bi_triton_op(r: Tensor, k: Tensor, v: Tensor, w: Tensor, u: Tensor, w_ma
         with device_guard(r):
             _kernels().wkv_bi_forward_kernel[(batch * heads * nblk,)](
                 r, k, v, w, u, y, time, nblk, w_max,
-                H=heads, N=size, CW=CHANNELS, NC=channel_chunks(size), BLOCK=BLOCK, LEVELS=LEVELS,
-                DOT=DOT_PRECISION, num_warps=NUM_WARPS, num_stages=STAGES,
+                **_block_constants(heads, size), num_warps=NUM_WARPS, num_stages=STAGES,
             )  # fmt: skip
     return y
 
@@ -165,16 +178,7 @@ def wkv_bi_triton_backward_op(
         terms = torch.empty((2, *r.shape), dtype=torch.float32, device=r.device)
         with device_guard(r):
             grid = (batch * heads * nblk,)
-            meta = dict(
-                H=heads,
-                N=size,
-                CW=CHANNELS,
-                NC=channel_chunks(size),
-                BLOCK=BLOCK,
-                LEVELS=LEVELS,
-                DOT=DOT_PRECISION,
-                num_stages=STAGES,
-            )
+            meta = {**_block_constants(heads, size), "num_stages": STAGES}
             _kernels().wkv_bi_backward_dr_kernel[grid](
                 k, v, w, u, grad, r, dr, terms[0], terms[1], time, nblk, w_max, num_warps=NUM_WARPS, **meta
             )  # fmt: skip
@@ -261,16 +265,7 @@ def static_launches(batch: int, time: int, heads: int, size: int, dtype: str, w_
     their gradients ("bf16"), `w_dtype` that of w, u and theirs."""
     k = _kernels()
     nblk = blocks(time)
-    const = {
-        "H": heads,
-        "N": size,
-        "CW": CHANNELS,
-        "NC": channel_chunks(size),
-        "BLOCK": BLOCK,
-        "LEVELS": LEVELS,
-        "DOT": DOT_PRECISION,
-    }
-    const = {name: ("constexpr", value) for name, value in const.items()}
+    const = {name: ("constexpr", value) for name, value in _block_constants(heads, size).items()}
     # u is a parameter next to w: float32 where w is (the image tower), else in r's dtype.
     inputs = {name: (f"*{dtype}", None) for name in ("r", "k", "v")} | {
         n: (f"*{w_dtype}", None) for n in ("w", "u")

@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from src.install import TESTED_TORCH
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VENV_ROOT = Path(os.environ.get("RWKV_CLIP_TEST_VENVS", REPO_ROOT / ".cache" / "venvs"))
 
@@ -134,14 +136,11 @@ def run_oracle(
 # wants torchvision) is never run. One process answers many requests over a pipe,
 # so a hypothesis test can ask per example without paying interpreter start-up.
 OPEN_CLIP_VERSION = "3.3.0"
-# regex is pinned to the project venv's version: its Unicode tables decide what is a letter.
-CLIP_REF_PACKAGES = (
-    f"open_clip_torch=={OPEN_CLIP_VERSION}",
-    "ftfy==6.3.1",
-    "wcwidth",
-    "regex==2026.11.19",
-    "numpy",
-    "torch==2.13.0",
+# What open_clip's tokenizer imports; regex is pinned to the project venv's version: its Unicode
+# tables decide what is a letter.
+TOKENIZER_PACKAGES = ("ftfy==6.3.1", "wcwidth", "regex==2026.11.19")
+# torch's own dependencies, for venvs installed with --no-deps.
+TORCH_DEPENDENCIES = (
     "typing-extensions",
     "filelock",
     "sympy",
@@ -150,6 +149,13 @@ CLIP_REF_PACKAGES = (
     "jinja2",
     "MarkupSafe",
     "fsspec",
+)
+CLIP_REF_PACKAGES = (
+    f"open_clip_torch=={OPEN_CLIP_VERSION}",
+    *TOKENIZER_PACKAGES,
+    "numpy",
+    f"torch=={TESTED_TORCH}",
+    *TORCH_DEPENDENCIES,
 )
 
 _SERVER = r"""
@@ -240,17 +246,8 @@ CLIP_BENCHMARK_PACKAGES = (
     "numpy>=2",
     "tqdm",
     "pillow",
-    "typing-extensions",
-    "filelock",
-    "sympy",
-    "mpmath",
-    "networkx",
-    "jinja2",
-    "MarkupSafe",
-    "fsspec",
-    "ftfy==6.3.1",
-    "wcwidth",
-    "regex==2026.11.19",
+    *TORCH_DEPENDENCIES,
+    *TOKENIZER_PACKAGES,
     "safetensors",
 )
 # Named apart from the venv of the list that installed its own torch: two checkouts with the two

@@ -272,7 +272,8 @@ def test_a_missing_fla_leaves_the_sections_running_in_child_processes_and_each_s
     }
     assert all("ms" in c for c in wkv if c["impl"] == "chunked")
     assert "== summary" in proc.stdout and "fla missing: fla.ops.rwkv6" in proc.stdout
-    assert "child process, up to 45 s" in proc.stdout  # the bound, printed
+    # The bound, printed: the H200's 45 s, scaled for a CPU shared with the rest of the suite.
+    assert f"child process, up to {45 * gpu.CPU_TEST_BOUND_SCALE} s" in proc.stdout
 
 
 def test_kernel_names_sort_into_kinds_and_shares():
@@ -373,6 +374,11 @@ def test_the_sections_run_in_order_of_value():
     ]
     assert all(s.child for s in sections[:5])  # each compiles: a child process, killed at its bound
     cpu = gpu.parse_args(["--cpu-test", "--output", "r.json"])
+    # On a CPU the bounds are the H200's times a scale: no test waits on a CPU's speed.
+    assert [s.bound_s for s in gpu.build_sections(cpu)] == [
+        s.bound_s * gpu.CPU_TEST_BOUND_SCALE for s in sections
+    ]
+    assert cpu.time_limit == gpu.DEFAULT_TIME_LIMIT * gpu.CPU_TEST_BOUND_SCALE
     check = gpu_report.Check(cpu, torch.device("cpu"))
     skipped = {s.name for s in gpu.build_sections(cpu) if s.unavailable and s.unavailable(check)}
     assert {

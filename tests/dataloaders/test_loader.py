@@ -675,7 +675,12 @@ def test_ctrl_c_stops_the_run_with_one_interrupt_and_no_reader_left(shards, cach
     # Ctrl-C signals the terminal's whole process group, the reader processes too: they must leave
     # the interrupt to the training process (no "reader ended" error, no traceback of their own)
     # and be gone when it exits.
+    # A Python started from a terminal raises KeyboardInterrupt on SIGINT. A test suite started
+    # with SIGINT ignored (a script's `make test &`, nohup) passes that on to every child, and
+    # Python keeps an inherited SIG_IGN: the run would rightly ignore Ctrl-C, as under nohup.
     script = (
+        "import signal\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from dataloaders.imagenet import build_loader\n"
         f"loader = build_loader({str(shards)!r}, 4, input_size=32, device='cpu', num_threads=1, "
         f"cache_dir={str(cache)!r}, reader_workers=2)\n"

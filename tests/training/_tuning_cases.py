@@ -20,7 +20,8 @@ from src.open_alip import get_model_config
 from src.open_alip.wkv_fla import fla_problem
 from src.training import warmup
 
-TINY = dict(
+# The tiny model the warm-up tests use (tests/training/test_warmup.py imports it).
+WARMUP_TINY = dict(
     n_layer=1,
     image_depth=1,
     n_embd=32,
@@ -30,8 +31,9 @@ TINY = dict(
     input_size=16,
     dim_att=32,
     dim_ffn=64,
-    ctx_len=12,
 )
+# Short captions here: the interpreter runs every candidate.
+TINY = dict(WARMUP_TINY, ctx_len=12)
 
 
 def main() -> dict:

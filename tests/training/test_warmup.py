@@ -9,18 +9,7 @@ import torch
 from src.open_alip import get_model_config
 from src.perf.cost_model import BATCHES, wkv_batches
 from src.training.warmup import autotuners, forget_tuning, warm_wkv
-
-TINY = dict(
-    n_layer=1,
-    image_depth=1,
-    n_embd=32,
-    image_embed_dims=32,
-    head_size=16,
-    image_num_heads=2,
-    input_size=16,
-    dim_att=32,
-    dim_ffn=64,
-)
+from tests.training._tuning_cases import WARMUP_TINY as TINY
 
 
 def test_fla_autotuner_choices_are_forgotten():
